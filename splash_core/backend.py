@@ -1,0 +1,82 @@
+"""The typed façade the core calls backends through (never raw ``pm.hook``).
+
+A hook the selected backend leaves unanswered falls back along ``specializes`` (hopper ->
+cuda) and finally to the reference backend, whose torch code runs on any device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import plugins
+from .interfaces import BackendInfo, Collectives, KDAKernels, MLAKernels, StreamOps
+
+
+class Backend:
+    """One selected backend plugin."""
+
+    def __init__(self, registry: plugins.Registry, name: str):
+        self.registry = registry
+        self.name = name
+        self.info: BackendInfo = registry.info(name)
+        self.chain = self._chain(name)
+
+    def _chain(self, name: str) -> list[str]:
+        chain, seen = [], set()
+        while name and name not in seen and name in self.registry.plugins:
+            chain.append(name)
+            seen.add(name)
+            name = self.registry.info(name).specializes
+        if "reference" in self.registry.plugins and "reference" not in chain:
+            chain.append("reference")
+        return chain
+
+    def _first(self, hook: str, **kwargs) -> Any:
+        for name in self.chain:
+            result = plugins._call_one(self.registry, name, hook, **kwargs)
+            if result is not None:
+                return result
+        raise plugins.BackendError(f"backend {self.name!r} (and its fallbacks {self.chain}) answer no {hook}")
+
+    def device(self, local_rank: int = 0):
+        return self._first("splash_device", local_rank=local_rank)
+
+    def process_group_backend(self) -> str:
+        return self._first("splash_process_group_backend")
+
+    def collectives(self, group, device) -> Collectives:
+        return self._first("splash_make_collectives", group=group, device=device)
+
+    def stream_ops(self, device) -> StreamOps:
+        return self._first("splash_stream_ops", device=device)
+
+    def mla_kernels(self, device, dtype) -> MLAKernels:
+        return self._first("splash_mla_kernels", device=device, dtype=dtype)
+
+    def kda_kernels(self, device, dtype) -> KDAKernels:
+        return self._first("splash_kda_kernels", device=device, dtype=dtype)
+
+    def hardware_profile(self) -> str | None:
+        for name in self.chain:
+            result = plugins._call_one(self.registry, name, "splash_hardware_profile")
+            if result is not None:
+                return result
+        return None
+
+    def calibrate(self, collectives, device, options: dict) -> dict | None:
+        """The backend's own θ measurement, or None for the core's generic one."""
+        for name in self.chain:
+            result = plugins._call_one(self.registry, name, "splash_calibrate",
+                                       collectives=collectives, device=device, options=options)
+            if result is not None:
+                return result
+        return None
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, chain={self.chain})"
+
+
+def get_backend(name: str = "auto", registry: plugins.Registry | None = None) -> Backend:
+    """Load plugins (unless given a registry) and select ``name`` (or ``auto``)."""
+    registry = registry or plugins.load()
+    return Backend(registry, plugins.select(registry, name))

@@ -1,0 +1,1 @@
+"""The ``splash`` command line: one module per subcommand, each with ``--json``."""

@@ -1,0 +1,138 @@
+"""Hook specifications every SPLASH backend plugin implements (project name ``splash``).
+
+A backend is one plugin object (usually a module) registered under the entry-point group
+``splash``. The core never calls these hooks on every plugin at once except
+``splash_backend_info`` and ``splash_backend_check``: the selected backend's hooks are called
+through :class:`splash_core.backend.Backend`, and a hook a backend leaves unimplemented (or
+answers with None) falls back to the backend it ``specializes``, then to the reference
+backend. Hooks marked firstresult stop at the first non-None result.
+
+docs/plugins.md is checked against this file by the test suite, so the two never drift.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("splash")
+hookimpl = pluggy.HookimplMarker("splash")
+
+
+@hookspec
+def splash_backend_info():
+    """Describe this backend.
+
+    Called once per plugin when plugins load and by ``splash backends``; must be cheap and
+    must not touch a device.
+
+    :returns: :class:`splash_core.interfaces.BackendInfo` (name, version, summary,
+        device_type, accelerator, specializes). Every backend plugin answers for itself
+        (not firstresult).
+    """
+
+
+@hookspec(firstresult=True)
+def splash_backend_check():
+    """Say whether this backend can run on this machine.
+
+    Called when listing backends and before selecting one; must not raise and must not
+    initialise a process group or compile kernels.
+
+    :returns: None when usable, else a one-line reason (``"no CUDA device"``,
+        ``"needs sm_90, found sm_100"``). firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_device(local_rank):
+    """The torch device rank ``local_rank`` of this host computes on.
+
+    Called once per rank before the process group is created.
+
+    :param int local_rank: rank within the host.
+    :returns: ``torch.device``. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_process_group_backend():
+    """Name of the torch.distributed backend to create groups with.
+
+    Called before ``torch.distributed.init_process_group`` and for every side communicator.
+
+    :returns: a torch.distributed backend name, e.g. ``"gloo"``. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_make_collectives(group, device):
+    """Collectives over an initialised process group.
+
+    Called once per group (the main one and each side communicator a switch uses).
+
+    :param group: a ``torch.distributed.ProcessGroup`` made with this backend's
+        :func:`splash_process_group_backend`.
+    :param device: the rank's ``torch.device``.
+    :returns: an object satisfying :class:`splash_core.interfaces.Collectives` (uneven
+        all-to-all and zero-row ranks included). firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_stream_ops(device):
+    """Streams and events used to overlap a switch's transfers with compute.
+
+    :param device: the rank's ``torch.device``.
+    :returns: :class:`splash_core.interfaces.StreamOps`. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_mla_kernels(device, dtype):
+    """MLA attention kernels for this device and compute dtype.
+
+    Called once per runtime; may choose tuned configs for the device it finds.
+
+    :param device: ``torch.device`` the cache lives on.
+    :param dtype: ``torch.dtype`` of queries and cache.
+    :returns: :class:`splash_core.interfaces.MLAKernels`, or None to fall back. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_kda_kernels(device, dtype):
+    """KDA (gated delta rule) kernels for this device and compute dtype.
+
+    :param device: ``torch.device``.
+    :param dtype: ``torch.dtype`` of activations.
+    :returns: :class:`splash_core.interfaces.KDAKernels`, or None to fall back. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_hardware_profile():
+    """The hardware profile this backend ships for the machine it runs on.
+
+    Called when a deployment leaves ``hardware`` to the backend and by ``splash calibrate``
+    to find the profile to start from.
+
+    :returns: a profile name or path (str), or None. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_calibrate(collectives, device, options):
+    """Measure θ on this machine.
+
+    Called on every rank of a group by ``splash calibrate``; the core writes rank 0's answer
+    into a hardware profile, each number marked ``measured`` with date, machine and command.
+
+    :param collectives: :class:`splash_core.interfaces.Collectives` of the group.
+    :param device: the rank's ``torch.device``.
+    :param dict options: ``{"quick": bool}``; quick runs fewer sizes and repeats.
+    :returns: dict of profile key -> float (``matmul_tflops``, ``weight_read_gbps``,
+        ``kv_read_gbps``, ``all_gather_gbps``, ``all_to_all_gbps``, ``all_reduce_gbps``,
+        ``collective_latency_us``, ...) plus optional ``"collective_samples"`` (list of
+        dicts op/ranks/bytes/seconds), or None to use the core's generic measurement.
+        firstresult.
+    """

@@ -1,0 +1,141 @@
+"""What a backend hands the core: descriptions, collectives, streams and kernels.
+
+These are the value types and protocols named by :mod:`splash_core.hookspecs`. The shapes and
+meanings written here are the contract every backend is tested against
+(:mod:`splash_core.testing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ContextManager, Protocol, Sequence, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """Who a backend is. ``specializes`` names the backend it refines (e.g. hopper refines
+    cuda): ``auto`` prefers the more specific one and hooks it leaves unanswered fall back to
+    the one it refines, then to the reference backend."""
+
+    name: str
+    version: str
+    summary: str
+    device_type: str  # torch device type it computes on: "cpu", "cuda", ...
+    accelerator: bool  # False only for the CPU reference backend
+    specializes: str | None = None
+
+
+@runtime_checkable
+class Work(Protocol):
+    """Handle of an asynchronous collective."""
+
+    def wait(self) -> Any: ...
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """Collectives over one process group of ``size`` ranks, this one being ``rank``.
+
+    Every method is a collective: all ranks of the group call it in the same order, ranks
+    with nothing to send included (zero-length splits). ``async_op=True`` returns a
+    :class:`Work`; otherwise the call returns when the result is ready to use.
+    """
+
+    rank: int
+    size: int
+
+    def all_gather_into(self, out, inp, async_op: bool = False) -> Work | None:
+        """``out`` [size * n, ...] receives every rank's ``inp`` [n, ...] in rank order."""
+
+    def all_to_all(self, out, inp, out_splits: Sequence[int], in_splits: Sequence[int],
+                   async_op: bool = False) -> Work | None:
+        """Uneven all-to-all over dim 0: rank r sends ``inp`` rows split by ``in_splits`` (one
+        count per peer) and receives ``out`` rows split by ``out_splits``."""
+
+    def all_reduce(self, tensor, async_op: bool = False) -> Work | None:
+        """In-place sum over the group."""
+
+    def broadcast(self, tensor, src: int, async_op: bool = False) -> Work | None:
+        """``tensor`` of rank ``src`` replaces it on every rank."""
+
+    def all_gather_object(self, obj: Any) -> list:
+        """Small picklable metadata from every rank, in rank order."""
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable object, on every rank."""
+
+    def barrier(self) -> None: ...
+
+
+@runtime_checkable
+class StreamOps(Protocol):
+    """Streams and events for overlapping transfers with compute on one device."""
+
+    def current_stream(self) -> Any: ...
+
+    def new_stream(self) -> Any:
+        """A stream whose work may run concurrently with the current stream's."""
+
+    def use_stream(self, stream: Any) -> ContextManager:
+        """Context in which launched work goes to ``stream``."""
+
+    def new_event(self, timing: bool = False) -> Any:
+        """An event with ``record(stream=None)``, ``wait(stream=None)`` (make a stream wait for
+        it), ``synchronize()``, ``query()`` and, when ``timing``, ``elapsed_time(end)`` in ms."""
+
+    def synchronize(self) -> None:
+        """Wait for all work on the device."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAKernels:
+    """Absorbed-MLA attention over a paged latent cache, plus merge and page packing.
+
+    Cache of one layer: ``kv_cache`` [num_pages, page_size, d_c + d_r]; channels [0, d_c) are
+    the latent (also the value), [d_c, d_c + d_r) the rotary key.
+
+    ``decode`` and ``extend`` share one signature::
+
+        fn(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim) -> (out, lse)
+
+    - q [N, H, d_c + d_r]: absorbed queries (q_nope · W_UK ++ q_rope), one row per query token
+    - block_table [R, P] int32: physical page of each page a request holds here, -1 = none
+    - page_index [R, P] int32: which page of the request's history that is (position // page_size)
+    - row_req [N] int32: request slot (row of block_table) of each query row
+    - row_pos [N] int32: absolute position of each query row; it attends to keys at positions
+      ``<= row_pos`` among the pages listed (causal, and exactly the written slots)
+    - scale: softmax scale; v_dim: d_c, the leading channels that are also the value
+    - out [N, H, d_c] in q's dtype: softmax-weighted latent values over the listed keys
+    - lse [N, H] float32: natural log-sum-exp of the scaled scores; rows with no visible key
+      give out = 0 and lse = -inf
+
+    ``decode`` may assume one row per request at the request's last position (N == R);
+    ``extend`` handles any rows (chunked prefill). ``merge(outs [P, N, H, D], lses [P, N, H])``
+    combines partial results by log-sum-exp. ``pack(cache, pages [n]) -> [n, page_size, W]`` and
+    ``unpack(cache, pages, buf)`` move whole pages to and from contiguous buffers.
+    """
+
+    decode: Callable
+    extend: Callable
+    merge: Callable
+    pack: Callable
+    unpack: Callable
+    name: str = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
+class KDAKernels:
+    """Kimi delta attention (gated delta rule with per-channel decay), as fla's ``naive_recurrent_kda``.
+
+    ``chunk(q, k, v, g, beta, state, scale) -> (o, state)`` for prefill chunks and
+    ``step(q, k, v, g, beta, state, scale) -> (o, state)`` for decode (T = 1):
+
+    - q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K] (log decay, <= 0), beta [B, T, H]
+    - state [B, H, K, V] float32; per token: S <- diag(exp g_t) S, then
+      S <- S + β_t k_t (v_t - Sᵀ k_t)ᵀ, and o_t = Sᵀ (scale · q_t)
+    - o [B, T, H, V] in v's dtype; the returned state is the one after the last token
+    """
+
+    chunk: Callable
+    step: Callable
+    name: str = "reference"

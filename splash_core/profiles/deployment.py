@@ -1,0 +1,92 @@
+"""Deployment profiles: backend + hardware + model + group size + memory policy + scheduler."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+from .. import dtypes
+from ..layouts import Layout
+from .hardware import GIB, HardwareProfile
+from .model import LayerKind, ModelProfile
+from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
+
+
+def _default_overlap():
+    # η of Eq 10: the fraction of attention work a layout's communication may hide behind.
+    return types.MappingProxyType({Layout.TP: 0.0, Layout.CP: 0.5, Layout.DP: 0.0, Layout.DOP: 0.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """How π(x; θ) turns predicted step times into a layout choice (paper §4.2)."""
+
+    margin: float = field(
+        "switch only when another layout's predicted step is at least this fraction faster",
+        default=0.05,
+        checks=[unit_interval],
+    )
+    min_steps_between_switches: int = field(
+        "steps to stay in a layout after a switch before another is considered", default=0, checks=[non_negative]
+    )
+    overlap: dict[Layout, float] = field(
+        "η per layout: fraction of attention time that hides communication (Eq 10)",
+        default_factory=_default_overlap,
+    )
+
+    def problems(self):
+        for layout, eta in self.overlap.items():
+            if not 0 <= eta <= 1:
+                yield Problem(f"overlap.{layout}", "must be in [0, 1]", eta)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentProfile:
+    """One serving deployment: what runs where, with how much memory, switching how."""
+
+    profile_kind = "deployment"
+
+    name: str = field("profile name")
+    hardware: HardwareProfile = field("hardware profile (name or path)")
+    model: ModelProfile = field("model profile (name or path)")
+    T: int = field("ranks in the group that switches together", checks=[positive])
+    backend: str = field("backend plugin name, or auto", default="auto")
+    memory_fraction: float = field("fraction of device memory SPLASH may use", default=0.9, checks=[fraction])
+    reserve_gib: float = field("R_r of Eq 5/6: reserve kept free per rank, GiB", default=1.0, checks=[non_negative])
+    common_gib: float = field(
+        "M_0 of Eq 6: per-rank memory of state outside attention (dense/MoE shards, activations), GiB",
+        default=0.0,
+        checks=[non_negative],
+    )
+    page_size: int = field("tokens per KV page", default=64, checks=[positive])
+    initial_layout: Layout = field("layout the group starts in", default=Layout.TP)
+    compute_dtype: str = field("activation/weight format the runtime computes in", default="bf16", checks=[one_of(*dtypes.NAMES)])
+    layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
+    collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
+    seed: int = field("seed for generated weights", default=0)
+    scheduler: SchedulerConfig = field("scheduler settings", default=SchedulerConfig())
+    notes: str = field("caveats", default="")
+
+    def problems(self):
+        mla, kda = self.model.mla, self.model.kda
+        if mla is not None and LayerKind.MLA in self.model.layer_kinds and mla.heads % self.T:
+            yield Problem("T", f"must divide the model's {mla.heads} MLA heads", self.T)
+        if kda is not None and LayerKind.KDA in self.model.layer_kinds and kda.heads % self.T:
+            yield Problem("T", f"must divide the model's {kda.heads} KDA heads", self.T)
+        if self.page_size & (self.page_size - 1):
+            yield Problem("page_size", "must be a power of two", self.page_size)
+        if self.layers is not None and not 0 < self.layers <= self.model.num_layers:
+            yield Problem("layers", f"must be in 1..{self.model.num_layers}", self.layers)
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        """H_r scaled by the memory fraction: what SPLASH may use per rank."""
+        return self.hardware.memory_bytes * self.memory_fraction
+
+    @property
+    def reserve_bytes(self) -> float:
+        return self.reserve_gib * GIB
+
+    @property
+    def common_bytes(self) -> float:
+        return self.common_gib * GIB

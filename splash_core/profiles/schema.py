@@ -1,0 +1,196 @@
+"""Typed, frozen profile dataclasses built from YAML mappings, validated at load.
+
+Every field carries a docstring (``doc``) and optional checks. A bad value raises
+:class:`ProfileError` rendered as ``file: key.path: reason (got X)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, Callable, Iterable, Mapping
+
+_MISSING = object()
+# Set by the loader: (kind, reference, referring file) -> profile. Lets a deployment name its
+# hardware and model profiles while errors keep naming the file they are in.
+_resolver = None
+
+
+def set_reference_resolver(resolver) -> None:
+    global _resolver
+    _resolver = resolver
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be loaded; names the file, the key path and the reason."""
+
+    def __init__(self, file: str, path: str, reason: str, got: Any = _MISSING):
+        self.file, self.path, self.reason, self.got = str(file), path or "(top)", reason, got
+        text = f"{self.file}: {self.path}: {reason}"
+        if got is not _MISSING:
+            text += f" (got {_show(got)})"
+        super().__init__(text)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+Check = Callable[[Any], "str | None"]
+
+
+def field(doc: str, *, default: Any = _MISSING, default_factory: Any = _MISSING,
+          checks: Iterable[Check] = ()) -> Any:
+    """A dataclass field with a docstring and value checks (each returns a reason or None)."""
+    meta = {"doc": doc, "checks": tuple(checks)}
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    if default is _MISSING:
+        return dataclasses.field(metadata=meta)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("mutable defaults are not allowed in frozen profiles")
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# ---- reusable checks -------------------------------------------------------------------
+
+def positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def fraction(v: Any) -> str | None:
+    """A fraction in (0, 1]."""
+    return None if 0 < v <= 1 else "must be in (0, 1]"
+
+
+def unit_interval(v: Any) -> str | None:
+    return None if 0 <= v <= 1 else "must be in [0, 1]"
+
+
+def one_of(*choices: str) -> Check:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+# ---- building ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A cross-field validation failure reported by a profile's ``problems()``."""
+
+    path: str
+    reason: str
+    got: Any = _MISSING
+
+
+def build(cls: type, data: Any, *, file: str, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a YAML mapping, rejecting unknown keys and bad values."""
+    if not isinstance(data, Mapping):
+        raise ProfileError(file, path, f"expected a mapping for {cls.__name__}", data)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(map(str, data)) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ProfileError(file, _join(path, unknown[0]), f"unknown key (known keys: {known})")
+    values = {}
+    for name, f in fields.items():
+        sub = _join(path, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProfileError(file, sub, "required key is missing")
+            continue
+        value = convert(hints[name], data[name], file=file, path=sub)
+        for check in f.metadata.get("checks", ()):
+            reason = check(value)
+            if reason:
+                raise ProfileError(file, sub, reason, data[name])
+        values[name] = value
+    obj = cls(**values)
+    for problem in getattr(obj, "problems", lambda: ())():
+        got = problem.got
+        raise ProfileError(file, _join(path, problem.path), problem.reason, got)
+    return obj
+
+
+def convert(tp: Any, value: Any, *, file: str, path: str) -> Any:
+    """Convert one YAML value to type ``tp`` (int, float, str, bool, Enum, Optional,
+    tuple[X, ...], dict[K, V] or a nested dataclass)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return convert(inner[0], value, file=file, path=path)
+        raise TypeError(f"unsupported union {tp}")
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        kind = getattr(tp, "profile_kind", None)
+        if kind and isinstance(value, str) and _resolver is not None:
+            return _resolver(kind, value, file)  # a reference to another profile by name or path
+        if hasattr(tp, "from_yaml_value"):
+            return tp.from_yaml_value(value, file=file, path=path)
+        return build(tp, value, file=file, path=path)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        parse = getattr(tp, "parse", None)
+        try:
+            return parse(value) if parse else tp(value)
+        except (ValueError, TypeError):
+            choices = ", ".join(str(m.value) for m in tp)
+            raise ProfileError(file, path, f"must be one of {choices}", value) from None
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ProfileError(file, path, "expected a list", value)
+        item = args[0]
+        return tuple(convert(item, v, file=file, path=f"{path}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping, typing.Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ProfileError(file, path, "expected a mapping", value)
+        kt, vt = args if args else (str, Any)
+        out = {}
+        for k, v in value.items():
+            key = convert(kt, k, file=file, path=_join(path, str(k)))
+            out[key] = convert(vt, v, file=file, path=_join(path, str(k)))
+        return types.MappingProxyType(out)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProfileError(file, path, "expected true or false", value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProfileError(file, path, "expected an integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(file, path, "expected a number", value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ProfileError(file, path, "expected a string", value)
+        return value
+    raise TypeError(f"unsupported profile field type {tp!r} at {path}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def describe_fields(cls: type) -> list[tuple[str, str, str]]:
+    """(name, type, doc) for every field of a profile class: used by docs and ``--help``."""
+    hints = typing.get_type_hints(cls)
+    return [
+        (f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), f.metadata.get("doc", ""))
+        for f in dataclasses.fields(cls)
+    ]

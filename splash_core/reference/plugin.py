@@ -1,0 +1,66 @@
+"""Hook implementations of the reference backend (entry point ``splash = reference``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import __version__
+from ..collectives import DistCollectives
+from ..hookspecs import hookimpl
+from ..interfaces import BackendInfo, KDAKernels, MLAKernels
+from . import kda, mla
+from .streams import HostStreamOps
+
+
+@hookimpl
+def splash_backend_info():
+    return BackendInfo(
+        name="reference",
+        version=__version__,
+        summary="torch ops + gloo on CPU: the executable spec every backend is tested against",
+        device_type="cpu",
+        accelerator=False,
+    )
+
+
+@hookimpl
+def splash_backend_check():
+    return None  # CPU and gloo are always there
+
+
+@hookimpl
+def splash_device(local_rank):
+    return torch.device("cpu")
+
+
+@hookimpl
+def splash_process_group_backend():
+    return "gloo"
+
+
+@hookimpl
+def splash_make_collectives(group, device):
+    return DistCollectives(group, device)
+
+
+@hookimpl
+def splash_stream_ops(device):
+    return HostStreamOps()
+
+
+@hookimpl
+def splash_mla_kernels(device, dtype):
+    return MLAKernels(
+        decode=mla.attention, extend=mla.attention, merge=mla.merge, pack=mla.pack,
+        unpack=mla.unpack, name="reference",
+    )
+
+
+@hookimpl
+def splash_kda_kernels(device, dtype):
+    return KDAKernels(chunk=kda.recurrent, step=kda.recurrent, name="reference")
+
+
+@hookimpl
+def splash_hardware_profile():
+    return "cpu"

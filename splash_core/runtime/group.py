@@ -1,0 +1,99 @@
+"""A rank of the group: process group, device, collectives and streams from the backend.
+
+Created by torchrun (``from_env``) or by :mod:`splash_core.runtime.spawn`. The group's
+collectives time out after ``timeout_s``, so a crashed or hung peer becomes an error on every
+other rank instead of a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from ..backend import Backend, get_backend
+from ..interfaces import Collectives, StreamOps
+
+
+@dataclasses.dataclass
+class RankContext:
+    """Everything one rank needs to take part in the group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: Backend
+    device: Any
+    group: Any
+    collectives: Collectives
+    streams: StreamOps
+    timeout_s: float
+    _side: Collectives | None = None
+
+    def side_collectives(self) -> Collectives:
+        """A second communicator over the same ranks, for transfers that overlap compute.
+
+        Created collectively on first use: every rank must call it at the same point."""
+        if self._side is None:
+            group = dist.new_group(
+                list(range(self.world_size)),
+                backend=self.backend.process_group_backend(),
+                timeout=datetime.timedelta(seconds=self.timeout_s),
+            )
+            self._side = self.backend.collectives(group, self.device)
+        return self._side
+
+
+def init_rank(
+    rank: int,
+    world_size: int,
+    *,
+    backend: str | Backend = "auto",
+    init_method: str | None = None,
+    local_rank: int | None = None,
+    timeout_s: float = 300.0,
+) -> RankContext:
+    """Join (or create) the default process group through the selected backend."""
+    be = backend if isinstance(backend, Backend) else get_backend(backend)
+    local_rank = rank if local_rank is None else local_rank
+    device = be.device(local_rank)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (shared hosts)
+    pg_backend = be.process_group_backend()
+    kwargs = dict(rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    if init_method:
+        kwargs["init_method"] = init_method
+    if getattr(device, "type", "cpu") != "cpu":
+        kwargs["device_id"] = device  # eager init: communicators bound to this rank's device
+    dist.init_process_group(backend=pg_backend, **kwargs)
+    group = dist.group.WORLD
+    return RankContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        backend=be,
+        device=device,
+        group=group,
+        collectives=be.collectives(group, device),
+        streams=be.stream_ops(device),
+        timeout_s=timeout_s,
+    )
+
+
+def from_env(backend: str = "auto", timeout_s: float = 300.0) -> RankContext:
+    """Join the group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+    return init_rank(
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        backend=backend,
+        local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+        timeout_s=timeout_s,
+        init_method="env://",
+    )
+
+
+def shutdown(ctx: RankContext | None = None) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

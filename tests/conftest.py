@@ -1,0 +1,30 @@
+"""Shared fixtures. Multi-rank tests share one gloo pool per group size for the session
+(spawning ranks costs seconds each)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("SPLASH_BACKENDS", "")  # tests see every installed plugin unless a test narrows it
+
+
+@pytest.fixture(scope="session")
+def rank_pools():
+    """``rank_pools(T)`` -> a live :class:`~splash_core.runtime.spawn.RankPool` of T gloo ranks.
+
+    A pool that lost a rank (a test raised on some rank) is replaced on the next request."""
+    from splash_core.runtime.spawn import RankPool
+
+    pools: dict[int, RankPool] = {}
+
+    def get(world_size: int) -> RankPool:
+        pool = pools.get(world_size)
+        if pool is None or not pool.alive:
+            pool = pools[world_size] = RankPool(world_size, backend="reference", timeout_s=300)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()
