@@ -1,0 +1,166 @@
+"""One schema for every benchmark result (bench/results/<platform>/*.json).
+
+Every file carries where and how it was produced (platform, machine, backend, model, T,
+dtype, command, date, git commit), whether its numbers were ``measured`` here or copied from
+the ``paper``, the raw samples and a summary. :func:`read_result` validates on read, so a
+report never renders a malformed file silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform as _platform
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+REQUIRED = {
+    "schema": int,
+    "benchmark": str,  # which benchmark wrote it (e.g. "switch_overhead", "mla_decode")
+    "platform": str,  # results folder: cpu, h200, h200x8, b200, dcu ...
+    "machine": str,
+    "backend": str,
+    "model": str,
+    "T": int,
+    "dtype": str,
+    "command": str,
+    "date": str,
+    "git_commit": str,
+    "source": str,  # measured | paper
+    "samples": list,
+    "summary": dict,
+}
+
+
+class ResultError(ValueError):
+    """A results file that does not follow the schema; names the file and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A validated benchmark result."""
+
+    path: str
+    data: dict
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def benchmark(self) -> str:
+        return self.data["benchmark"]
+
+    @property
+    def platform(self) -> str:
+        return self.data["platform"]
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             cwd=cwd or Path(__file__).resolve().parents[1], timeout=10)
+        commit = out.stdout.strip() if out.returncode == 0 else "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=cwd or Path(__file__).resolve().parents[1], timeout=10)
+        return commit + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("SPLASH_GIT_COMMIT", "unknown")
+
+
+def machine_description() -> str:
+    """Host, CPU and accelerator in words (e.g. '2x NVIDIA H200 on host-x, torch 2.11')."""
+    parts = [socket.gethostname(), _platform.machine()]
+    try:
+        import torch
+
+        parts.append(f"torch {torch.__version__}")
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            parts.append(f"{n}x {torch.cuda.get_device_name(0)}")
+        else:
+            parts.append(f"{os.cpu_count()} CPU cores")
+    except Exception:  # machine description must never fail a benchmark
+        parts.append(f"{os.cpu_count()} CPU cores")
+    return ", ".join(parts)
+
+
+def make_result(*, benchmark: str, platform: str, backend: str, model: str, T: int, dtype: str,
+                samples: list, summary: dict, source: str = "measured", command: str | None = None,
+                machine: str | None = None, extra: dict | None = None) -> dict:
+    """A result dict with the envelope filled in (date now, command from argv, git commit)."""
+    data = {
+        "schema": SCHEMA_VERSION,
+        "benchmark": benchmark,
+        "platform": platform,
+        "machine": machine or machine_description(),
+        "backend": backend,
+        "model": model,
+        "T": int(T),
+        "dtype": dtype,
+        "command": command or " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git_commit": git_commit(),
+        "source": source,
+        "samples": samples,
+        "summary": summary,
+    }
+    if extra:
+        clash = set(extra) & set(data)
+        if clash:
+            raise ValueError(f"extra keys clash with the envelope: {sorted(clash)}")
+        data.update(extra)
+    validate(data, "<new result>")
+    return data
+
+
+def write_result(data: dict, root: str | Path = "bench/results", name: str | None = None) -> Path:
+    """Validate and write ``data`` to ``root/<platform>/<name or benchmark>.json``."""
+    validate(data, "<new result>")
+    folder = Path(root) / data["platform"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name or data['benchmark']}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)  # never leave a half-written result
+    return path
+
+
+def validate(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ResultError(f"{where}: expected a JSON object")
+    for key, tp in REQUIRED.items():
+        if key not in data:
+            raise ResultError(f"{where}: missing field {key!r}")
+        value = data[key]
+        if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ResultError(f"{where}: field {key!r} must be an integer (got {value!r})")
+        if tp is not int and not isinstance(value, tp):
+            raise ResultError(f"{where}: field {key!r} must be a {tp.__name__} (got {type(value).__name__})")
+    if data["schema"] != SCHEMA_VERSION:
+        raise ResultError(f"{where}: schema {data['schema']} is not {SCHEMA_VERSION}")
+    if data["source"] not in ("measured", "paper"):
+        raise ResultError(f"{where}: source must be measured or paper (got {data['source']!r})")
+    if data["source"] == "measured" and not data["samples"]:
+        raise ResultError(f"{where}: a measured result needs its raw samples")
+
+
+def read_result(path: str | Path) -> Result:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    validate(data, str(path))
+    return Result(str(path), data)
+
+
+def read_results(root: str | Path = "bench/results") -> list[Result]:
+    """Every result under ``root`` (sorted by path), each validated."""
+    return [read_result(p) for p in sorted(Path(root).glob("*/*.json"))]
