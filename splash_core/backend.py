@@ -1,7 +1,7 @@
 """The typed façade the core calls backends through (never raw ``pm.hook``).
 
-A hook the selected backend leaves unanswered falls back along ``specializes`` (hopper ->
-cuda) and finally to the reference backend, whose torch code runs on any device.
+A hook the selected backend leaves unanswered falls back along ``specializes`` (a tuned
+backend to the generic one it refines) and finally to the reference backend, whose torch code runs on any device.
 """
 
 from __future__ import annotations
@@ -57,7 +57,11 @@ class Backend:
         return self._first("splash_kda_kernels", device=device, dtype=dtype)
 
     def hardware_profile(self) -> str | None:
+        """The profile of the first backend in the chain that ships one for this device
+        type (the reference's host profile never stands in for an accelerator's)."""
         for name in self.chain:
+            if self.registry.info(name).device_type != self.info.device_type:
+                continue
             result = plugins._call_one(self.registry, name, "splash_hardware_profile")
             if result is not None:
                 return result

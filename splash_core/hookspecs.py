@@ -38,8 +38,8 @@ def splash_backend_check():
     Called when listing backends and before selecting one; must not raise and must not
     initialise a process group or compile kernels.
 
-    :returns: None when usable, else a one-line reason (``"no CUDA device"``,
-        ``"needs sm_90, found sm_100"``). firstresult.
+    :returns: None when usable, else a one-line reason (``"no accelerator device"``,
+        ``"needs compute capability 9.0, found 10.0"``). firstresult.
     """
 
 
@@ -129,10 +129,13 @@ def splash_calibrate(collectives, device, options):
 
     :param collectives: :class:`splash_core.interfaces.Collectives` of the group.
     :param device: the rank's ``torch.device``.
-    :param dict options: ``{"quick": bool}``; quick runs fewer sizes and repeats.
+    :param dict options: ``{"quick": bool, "dtype": torch.dtype}``; quick runs fewer sizes
+        and repeats, dtype is the compute dtype to measure in.
     :returns: dict of profile key -> float (``matmul_tflops``, ``weight_read_gbps``,
         ``kv_read_gbps``, ``all_gather_gbps``, ``all_to_all_gbps``, ``all_reduce_gbps``,
-        ``collective_latency_us``, ...) plus optional ``"collective_samples"`` (list of
-        dicts op/ranks/bytes/seconds), or None to use the core's generic measurement.
+        ``collective_latency_us``, ``memory_gib`` ...) plus optional ``"collective_samples"``
+        (list of dicts op/ranks/bytes/seconds) and ``"methods"`` (key -> how it was measured,
+        written as the number's ``ref``), or None to use the core's generic measurement
+        (:func:`splash_core.calibrate.measure`, which a backend may call and extend).
         firstresult.
     """

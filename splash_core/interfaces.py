@@ -13,14 +13,14 @@ from typing import Any, Callable, ContextManager, Protocol, Sequence, runtime_ch
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
-    """Who a backend is. ``specializes`` names the backend it refines (e.g. hopper refines
-    cuda): ``auto`` prefers the more specific one and hooks it leaves unanswered fall back to
+    """Who a backend is. ``specializes`` names the backend it refines (a chip-tuned
+    backend refines its vendor's generic one): ``auto`` prefers the more specific one and hooks it leaves unanswered fall back to
     the one it refines, then to the reference backend."""
 
     name: str
     version: str
     summary: str
-    device_type: str  # torch device type it computes on: "cpu", "cuda", ...
+    device_type: str  # torch device type it computes on ("cpu" or the accelerator's type)
     accelerator: bool  # False only for the CPU reference backend
     specializes: str | None = None
 

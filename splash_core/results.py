@@ -1,9 +1,13 @@
 """One schema for every benchmark result (bench/results/<platform>/*.json).
 
 Every file carries where and how it was produced (platform, machine, backend, model, T,
-dtype, command, date, git commit), whether its numbers were ``measured`` here or copied from
-the ``paper``, the raw samples and a summary. :func:`read_result` validates on read, so a
-report never renders a malformed file silently.
+dtype, command, date, git commit), where its numbers come from (``source``: ``measured`` here,
+copied from the ``paper`` with the table or figure in ``reference``, or computed by SPLASH's
+cost ``model``), the raw samples and a summary. The shape of ``summary`` and ``samples`` of
+each benchmark is fixed in :mod:`splash_core.result_shapes` and documented in docs/results.md.
+:func:`make_result`, :func:`write_result` and :func:`read_result` all validate, so a writer
+learns of a mistake when it writes and a report never renders a malformed file silently;
+errors name the file and the field.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .result_shapes import shape_error
+
 SCHEMA_VERSION = 1
 REQUIRED = {
     "schema": int,
@@ -33,10 +39,15 @@ REQUIRED = {
     "command": str,
     "date": str,
     "git_commit": str,
-    "source": str,  # measured | paper
+    "source": str,  # measured | paper | model
     "samples": list,
     "summary": dict,
 }
+OPTIONAL = {
+    "reference": str,  # the paper's table or figure; required when source is paper
+    "notes": str,  # caveats a reader of the report must see
+}
+SOURCES = ("measured", "paper", "model")
 
 
 class ResultError(ValueError):
@@ -75,15 +86,18 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
 
 def machine_description() -> str:
-    """Host, CPU and accelerator in words (e.g. '2x NVIDIA H200 on host-x, torch 2.11')."""
+    """Host, CPU and accelerator in words (e.g. 'host-x, x86_64, torch 2.11, 2x <device name>').
+
+    Uses torch's device-neutral accelerator API, so the core names no vendor."""
     parts = [socket.gethostname(), _platform.machine()]
     try:
         import torch
 
         parts.append(f"torch {torch.__version__}")
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            parts.append(f"{n}x {torch.cuda.get_device_name(0)}")
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if accelerator is not None:
+            name = torch.get_device_module(accelerator).get_device_name(0)
+            parts.append(f"{torch.accelerator.device_count()}x {name}")
         else:
             parts.append(f"{os.cpu_count()} CPU cores")
     except Exception:  # machine description must never fail a benchmark
@@ -93,8 +107,12 @@ def machine_description() -> str:
 
 def make_result(*, benchmark: str, platform: str, backend: str, model: str, T: int, dtype: str,
                 samples: list, summary: dict, source: str = "measured", command: str | None = None,
-                machine: str | None = None, extra: dict | None = None) -> dict:
-    """A result dict with the envelope filled in (date now, command from argv, git commit)."""
+                machine: str | None = None, reference: str | None = None, notes: str | None = None,
+                extra: dict | None = None) -> dict:
+    """A result dict with the envelope filled in (date now, command from argv, git commit).
+
+    Raises :class:`ResultError` if the envelope or the benchmark's summary/samples shape
+    (docs/results.md) is wrong, before anything is written."""
     data = {
         "schema": SCHEMA_VERSION,
         "benchmark": benchmark,
@@ -111,6 +129,9 @@ def make_result(*, benchmark: str, platform: str, backend: str, model: str, T: i
         "samples": samples,
         "summary": summary,
     }
+    for key, value in (("reference", reference), ("notes", notes)):
+        if value is not None:
+            data[key] = value
     if extra:
         clash = set(extra) & set(data)
         if clash:
@@ -145,13 +166,22 @@ def validate(data: Any, where: str) -> None:
             raise ResultError(f"{where}: field {key!r} must be a {tp.__name__} (got {type(value).__name__})")
     if data["schema"] != SCHEMA_VERSION:
         raise ResultError(f"{where}: schema {data['schema']} is not {SCHEMA_VERSION}")
-    if data["source"] not in ("measured", "paper"):
-        raise ResultError(f"{where}: source must be measured or paper (got {data['source']!r})")
+    for key, tp in OPTIONAL.items():
+        if key in data and not isinstance(data[key], tp):
+            raise ResultError(f"{where}: field {key!r} must be a {tp.__name__} (got {type(data[key]).__name__})")
+    if data["source"] not in SOURCES:
+        raise ResultError(f"{where}: field 'source' must be one of {', '.join(SOURCES)} (got {data['source']!r})")
     if data["source"] == "measured" and not data["samples"]:
-        raise ResultError(f"{where}: a measured result needs its raw samples")
+        raise ResultError(f"{where}: field 'samples': a measured result needs its raw samples")
+    if data["source"] == "paper" and not data.get("reference"):
+        raise ResultError(f"{where}: field 'reference': a paper result must name its table or figure")
+    error = shape_error(data, where)
+    if error:
+        raise ResultError(error)
 
 
 def read_result(path: str | Path) -> Result:
+    """Read and validate one results file; :class:`ResultError` names the file and field."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -162,5 +192,13 @@ def read_result(path: str | Path) -> Result:
 
 
 def read_results(root: str | Path = "bench/results") -> list[Result]:
-    """Every result under ``root`` (sorted by path), each validated."""
-    return [read_result(p) for p in sorted(Path(root).glob("*/*.json"))]
+    """Every result under ``root`` (sorted by path), each validated; a file must sit in the
+    folder named by its ``platform`` (as :func:`write_result` puts it)."""
+    results = []
+    for p in sorted(Path(root).glob("*/*.json")):
+        result = read_result(p)
+        if result.platform != p.parent.name:
+            raise ResultError(f"{p}: field 'platform' is {result.platform!r} but the file is in folder "
+                              f"{p.parent.name!r}")
+        results.append(result)
+    return results

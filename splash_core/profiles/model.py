@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 
 from .. import dtypes
 from .schema import Problem, field, non_negative, one_of, positive
@@ -74,7 +75,7 @@ class LayerStack:
         if not self.pattern:
             yield Problem("pattern", "needs at least one layer kind", list(self.pattern))
 
-    @property
+    @functools.cached_property
     def kinds(self) -> tuple[LayerKind, ...]:
         return tuple(self.pattern[i % len(self.pattern)] for i in range(self.count))
 

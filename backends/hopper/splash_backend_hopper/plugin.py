@@ -1,0 +1,82 @@
+"""Hook implementations of the Hopper backend (entry point ``splash = hopper``).
+
+Refines ``cuda``: same device, NCCL and stream handling (shared code), plus the kernel
+tiles measured on an H200 (``tuned/h200.json``) and the calibrated ``h200`` profile.
+"""
+
+from __future__ import annotations
+
+from splash_backend_cuda import common, detect
+from splash_core.hookspecs import hookimpl
+from splash_core.interfaces import BackendInfo
+
+from . import __version__, tuned
+
+
+@hookimpl
+def splash_backend_info():
+    return BackendInfo(
+        name="hopper",
+        version=__version__,
+        summary="NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile",
+        device_type="cuda",
+        accelerator=True,
+        specializes="cuda",
+    )
+
+
+@hookimpl
+def splash_backend_check():
+    reason = detect.unavailable_reason()
+    if reason:
+        return reason
+    if detect.capability(0) != (9, 0):
+        return f"needs sm_90 (H100/H200), found {detect.sm(0)} ({detect.name(0)})"
+    return None
+
+
+@hookimpl
+def splash_device(local_rank):
+    return common.device(local_rank)
+
+
+@hookimpl
+def splash_process_group_backend():
+    return common.process_group_backend()
+
+
+@hookimpl
+def splash_make_collectives(group, device):
+    return common.collectives(group, device)
+
+
+@hookimpl
+def splash_stream_ops(device):
+    return common.stream_ops(device)
+
+
+@hookimpl
+def splash_mla_kernels(device, dtype):
+    from splash_core.kernels import triton_mla_kernels
+
+    config, _ = tuned.load()
+    return triton_mla_kernels(config.with_processors(detect.processors(device)))
+
+
+@hookimpl
+def splash_kda_kernels(device, dtype):
+    from splash_core.kernels import fla_kda_kernels
+
+    return fla_kda_kernels()  # None without fla-core: the reference's torch recurrence runs instead
+
+
+@hookimpl
+def splash_hardware_profile():
+    if detect.unavailable_reason() is None and "H200" in detect.name(0):
+        return "h200"
+    return None
+
+
+@hookimpl
+def splash_calibrate(collectives, device, options):
+    return common.calibrate(collectives, device, options, splash_mla_kernels(device, options.get("dtype")))

@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""The distributed MLA runtime on real collectives: equivalence, then one timed prefill and one
+timed decode step per layout (issue 4).
+
+On the lent nvidia-h200-x2 machine (T = 2, NCCL through the selected backend)::
+
+    python bench/runtime_step.py --out $OUT
+
+1. Equivalence in bf16: tiny-mla (3 layers, chunked prefill + 21 greedy tokens) and DeepSeek-V3
+   dims (first 2 layers) in every layout against a float32 reference on rank 0 that uses the same
+   bf16-rounded weights, teacher-forced with the reference's tokens. Stated tolerance: max
+   |logit error| <= --tolerance (default 0.05) x max |reference logit|, and greedy tokens agree
+   except where the reference's top-2 margin is within twice that error.
+2. Timing with DeepSeek-V3 attention dims: B = 16 balanced requests at each context (8K, 32K,
+   128K by default) over a synthetic history; one decode step (1 row per request) and one prefill
+   chunk (--prefill-chunk rows per request) per layout, with as many layers as fit in the
+   busiest layout at the largest context (computed from the ownership footprint; --max-layers
+   caps it). Step time per repetition is the slowest rank's wall time, device synchronised.
+
+Writes ``<out>/<platform>/runtime_equivalence.json`` and ``runtime_step.json`` through
+:mod:`splash_core.results` and prints a table. Exit code 1 if a layout fails equivalence.
+``--smoke`` runs the same code on tiny shapes (CPU, gloo) in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from splash_core import dtypes, results  # noqa: E402
+from splash_core.layouts import Layout  # noqa: E402
+from splash_core.profiles.loader import load  # noqa: E402
+from splash_core.runtime import step_bench  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results", help="results root; files go to <out>/<platform>/")
+    p.add_argument("--T", type=int, default=2, help="ranks (one per device)")
+    p.add_argument("--backend", default="auto", help="backend plugin (auto: the accelerator's, else reference)")
+    p.add_argument("--kernels", choices=("backend", "reference"), default="backend",
+                   help="MLA kernels: the backend's, or the torch reference on the backend's device")
+    p.add_argument("--platform", default=None, help="results folder (default: the backend's hardware profile)")
+    p.add_argument("--model", default="deepseek-v3", help="model profile for the timing")
+    p.add_argument("--dtype", default="bf16", help="compute and KV format")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--contexts", default="8192,32768,131072", help="comma-separated history lengths")
+    p.add_argument("--prefill-chunk", type=int, default=16, help="query rows per request in the prefill step")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--max-layers", type=int, default=0, help="cap on the layers that fit (0: no cap)")
+    p.add_argument("--memory-fraction", type=float, default=0.85, help="share of free device memory to plan with")
+    p.add_argument("--margin-gib", type=float, default=2.0, help="memory kept free for activations and the allocator")
+    p.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--matmul-precision", default="high", choices=("highest", "high", "medium"),
+                   help="float32 matmul precision while timing (the torch reference kernels compute in float32; "
+                        "equivalence always runs at 'highest')")
+    p.add_argument("--budget-s", type=float, default=130.0, help="skip timing cases that would start after this")
+    p.add_argument("--skip-equivalence", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.backend, args.model, args.batch, args.contexts = "reference", "tiny-mla", 4, "48,96"
+        args.page_size, args.prefill_chunk, args.reps, args.platform = 16, 8, 2, args.platform or "cpu"
+        args.margin_gib = 0.0
+    args.contexts = sorted(int(c) for c in str(args.contexts).split(","))
+    if min(args.contexts) <= args.prefill_chunk:
+        p.error(f"every context must exceed --prefill-chunk {args.prefill_chunk}")
+    return args
+
+
+def equivalence_specs(args) -> list[dict]:
+    layouts = [str(l) for l in Layout]
+    common = dict(dtype=args.dtype, seed=args.seed, layouts=layouts, kernels=args.kernels, tolerance=args.tolerance)
+    tiny = dict(model="tiny-mla", layers=None, prompts=[37, 5, 20, 1, 50], new_tokens=21, chunk=16, page_size=16)
+    if args.smoke:
+        return [{**common, **tiny, "new_tokens": 6}]
+    big = dict(model="deepseek-v3", layers=2, prompts=[70, 3, 130], new_tokens=4, chunk=64, page_size=64)
+    return [{**common, **tiny}, {**common, **big}]
+
+
+def run(args, pool) -> int:
+    start = time.time()
+    info = pool.run(step_bench.describe_rank)
+    platform = args.platform or info[0]["profile"] or "cpu"
+    print(f"{args.T} ranks, backend {info[0]['backend']} on {info[0]['device']}, kernels {args.kernels}", flush=True)
+    if args.backend == "auto" and info[0]["device"] == "cpu" and not args.smoke:
+        raise SystemExit("backend auto found no accelerator backend and chose the CPU reference; install one "
+                         "(pip install --no-deps -e backends/cuda -e backends/hopper) or pass --backend reference")
+    failed = []
+    if not args.skip_equivalence:
+        rows = []
+        for spec in equivalence_specs(args):
+            metrics = pool.run(step_bench.check_equivalence, spec)[0]
+            for layout, m in metrics.items():
+                rows.append({"model": spec["model"], "layout": layout, **m})
+                print(f"equivalence {spec['model']:12s} {layout:4s} rel err {m['rel_err']:.2e} "
+                      f"mismatches {m['greedy_mismatches']} (decisive {m['decisive_mismatches']}) "
+                      f"{'ok' if m['passed'] else 'FAILED'}", flush=True)
+        failed = [f"{r['model']}/{r['layout']}" for r in rows if not r["passed"]]
+        data = results.make_result(
+            benchmark="runtime_equivalence", platform=platform, backend=info[0]["backend"], model="tiny-mla+deepseek-v3",
+            T=args.T, dtype=args.dtype, samples=rows,
+            summary={"passed": not failed, "failed": failed, "tolerance": args.tolerance, "kernels": args.kernels},
+            notes="float32 reference on rank 0 with the same rounded weights; teacher-forced greedy decoding")
+        print("wrote", results.write_result(data, args.out), flush=True)
+
+    profile = load("model", args.model)
+    elem = dtypes.nbytes(args.dtype)
+    memory = [i["memory"] for i in info]
+    budget = (min(m[0] for m in memory) * args.memory_fraction if all(memory) else args.cpu_budget_gib * (1 << 30))
+    fit, accounting = step_bench.layers_that_fit(profile, args.T, args.batch, max(args.contexts), args.page_size,
+                                                 elem, budget, args.prefill_chunk, args.margin_gib)
+    layers = min(fit, args.max_layers) if args.max_layers else fit
+    if layers < 1:
+        raise SystemExit(f"not even one layer fits: {json.dumps(accounting)}")
+    print(f"{fit} layers fit the busiest layout at {max(args.contexts)} tokens; timing {layers}", flush=True)
+    deadline = start + args.budget_s
+    samples = []
+    for layout in Layout:
+        spec = dict(model=args.model, layout=str(layout), layers=layers, batch=args.batch, contexts=args.contexts,
+                    prefill_chunk=args.prefill_chunk, page_size=args.page_size, dtype=args.dtype, seed=args.seed,
+                    kernels=args.kernels, reps=args.reps, warmup=args.warmup, deadline=deadline,
+                    matmul_precision=args.matmul_precision)
+        per_rank = pool.run(step_bench.measure_layout, spec)
+        for i, sample in enumerate(per_rank[0]):
+            if "step_ms" in sample:  # the step's time is the slowest rank's
+                sample = {**sample, "step_ms": [max(r[i]["step_ms"][k] for r in per_rank)
+                                                for k in range(len(sample["step_ms"]))]}
+            samples.append(sample)
+            print(_line(sample), flush=True)
+    timed = [s for s in samples if "step_ms" in s]
+    summary = {"layers": layers, "layers_fit": fit, "memory": accounting, "points": [
+        {"layout": s["layout"], "phase": s["phase"], "context": s["context"], "batch": s["batch"],
+         "rows": s["rows"], "median_ms": statistics.median(s["step_ms"])} for s in timed],
+        "skipped": [f"{s['layout']}/{s['phase']}/{s['context']}" for s in samples if "skipped" in s]}
+    data = results.make_result(
+        benchmark="runtime_step", platform=platform, backend=info[0]["backend"], model=args.model, T=args.T,
+        dtype=args.dtype, samples=timed or samples, summary=summary,
+        notes=f"kernels: {args.kernels}; float32 matmul precision {args.matmul_precision}; synthetic history; "
+              f"prefill = one chunk of {args.prefill_chunk} rows per request; step time = slowest rank")
+    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    return 1 if failed else 0
+
+
+def _line(s: dict) -> str:
+    if "skipped" in s:
+        return f"{s['layout']:4s} {s['phase']:7s} {s['context']:>7d}  skipped ({s['skipped']})"
+    return (f"{s['layout']:4s} {s['phase']:7s} {s['context']:>7d}  B={s['batch']} rows={s['rows']} "
+            f"layers={s['layers']}  median {statistics.median(s['step_ms']):9.2f} ms")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with RankPool(args.T, backend=args.backend, timeout_s=600) as pool:
+        return run(args, pool)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Portable Triton kernels (Triton targets several GPU families; nothing here is specific
+to one). A backend picks an :class:`MLAKernelConfig` for its device and calls
+:func:`triton_mla_kernels`; KDA kernels come from flash-linear-attention through
+:func:`fla_kda_kernels` when it is installed.
+
+Importing this package is cheap: the Triton modules load when kernels are first asked for
+(``TRITON_INTERPRET=1`` must be set before that to run them on a CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..interfaces import MLAKernels
+from .config import PORTABLE, AttentionTile, MLAKernelConfig
+from .kda import fla_kda_kernels, fla_missing_reason
+
+
+def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
+    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config``."""
+    from . import attention, interpreter, merge, pages
+
+    if interpreter.interpreting():
+        interpreter.patch_scalar_index()
+    return MLAKernels(
+        decode=functools.partial(attention.paged_attention, config=config, tile=config.decode),
+        extend=functools.partial(attention.paged_attention, config=config, tile=config.extend),
+        merge=merge.merge,
+        pack=functools.partial(pages.pack, config=config),
+        unpack=functools.partial(pages.unpack, config=config),
+        name=f"triton:{config.name}",
+    )
+
+
+__all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "fla_kda_kernels", "fla_missing_reason",
+           "triton_mla_kernels"]

@@ -1,0 +1,11 @@
+"""Switch manifests: the per-layer, per-state, per-rank plan of one layout switch.
+
+:func:`plan_switch` is the entry point; :class:`Manifest` holds one :class:`LayerPlan` per
+planned layer, each with a :class:`StatePlan` per state, whose :meth:`StatePlan.rank` gives
+the explicit key arrays (:class:`RankBlocks`) a rank executes.
+"""
+
+from .diff import RankBlocks
+from .plan import Fit, LayerPlan, Manifest, StatePlan, plan_switch
+
+__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "plan_switch"]

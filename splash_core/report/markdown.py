@@ -1,0 +1,91 @@
+"""Markdown building blocks shared by the report's sections: tables, number formats and the
+provenance line that labels every block measured, paper or model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..results import Result
+
+LABELS = {
+    "measured": "measured",
+    "paper": "paper",
+    "model": "model (computed by SPLASH's cost model, not a measurement)",
+}
+MISSING = "n/a"  # a value the result does not carry
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> list[str]:
+    """A GitHub Markdown table; ``align`` has one 'l'/'r' per column (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def fixed(value: float | None, digits: int) -> str:
+    """``value`` with ``digits`` decimals and thousands separators; ``n/a`` for None."""
+    return MISSING if value is None else f"{value:,.{digits}f}"
+
+
+def rate(value: float | None) -> str:
+    """Throughput-like numbers: whole units from 100 up, three significant digits below."""
+    if value is None:
+        return MISSING
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def sig(value: float | None) -> str:
+    """Rates (GB/s, TFLOP/s): one decimal from 100 up, three significant digits below, so a
+    CPU's 0.157 TFLOP/s and an H200's 4,012.5 GB/s both read right."""
+    if value is None:
+        return MISSING
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def ms(value: float | None) -> str:
+    """Milliseconds: two decimals (the paper's precision for step times and overheads); three
+    significant digits for values under 0.1 ms so CPU-scale timings stay readable."""
+    if value is None:
+        return MISSING
+    return f"{value:,.2f}" if value == 0 or abs(value) >= 0.1 else f"{value:.3g}"
+
+
+def tokens(n: int) -> str:
+    """Token counts the way the paper labels axes: 1K = 1,024 when exact, else the number."""
+    if n >= 1024 and n % 1024 == 0:
+        k = n // 1024
+        return f"{k // 1024}M" if k % 1024 == 0 else f"{k}K"
+    return f"{n:,}"
+
+
+def bold(text: str) -> str:
+    return f"**{text}**"
+
+
+def provenance(result: Result) -> str:
+    """One line that says where a block's numbers come from; paper blocks cite the table."""
+    d = result.data
+    if d["source"] == "paper":
+        machine = d["machine"].removeprefix("paper: ")
+        return f"**paper** — {d['reference']} of the SPLASH paper: {d['model']}, T = {d['T']}, {d['dtype']}; {machine}."
+    return (f"{bold(LABELS[d['source']])} — {d['platform']} · {d['machine']} · backend {d['backend']} · "
+            f"model {d['model']} · T = {d['T']} · {d['dtype']} · {d['date']} · commit {d['git_commit']} · "
+            f"command `{d['command']}` · file `{result.path}`.")
+
+
+def block_heading(result: Result) -> str:
+    """The heading of one result's block, e.g. '#### paper: Table 4, Figure 4' or '#### measured: h200x2'."""
+    d = result.data
+    if d["source"] == "paper":
+        return f"#### paper: {d['reference']}"
+    return f"#### {d['source']}: {d['platform']}, {d['model']}, T = {d['T']}"
+
+
+def block_intro(result: Result) -> list[str]:
+    lines = [block_heading(result), "", provenance(result)]
+    if result.data.get("notes"):
+        lines += ["", f"*Note:* {result.data['notes']}"]
+    return lines + [""]

@@ -1,0 +1,69 @@
+"""The activation exchanges of the layouts, over the backend's collectives.
+
+Rows are in :class:`~splash_core.runtime.step_batch.StepBatch` order (owner-major), so rank r's
+rows are one slice and every split size is known to every rank without a metadata exchange.
+Every function is a collective: all ranks call it, ranks with zero rows included (paper
+appendix E: "ranks that own no rows in a batch still enter both collectives").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .step_context import StepContext
+
+
+def gather_rows(step: StepContext, local: torch.Tensor) -> torch.Tensor:
+    """Every rank's owner rows [n_r, ...] -> all rows [N, ...] in batch order, on every rank.
+
+    A padded all-gather (to the largest owner's row count) then a selection of the real rows:
+    the gather DP-attention engines do before the dense part."""
+    counts = step.batch.owner_rows
+    width = int(counts.max())
+    tail = local.shape[1:]
+    flat = local.reshape(local.shape[0], int(np.prod(tail)))
+    padded = flat.new_zeros(width, flat.shape[1])
+    padded[: flat.shape[0]] = flat
+    out = flat.new_empty(step.T * width, flat.shape[1])
+    step.collectives.all_gather_into(out, padded)
+    return out.index_select(0, step.gather_index).view(-1, *tail)
+
+
+def rows_to_owners(step: StepContext, q: torch.Tensor) -> torch.Tensor:
+    """DOP, before attention: [N, H/T, W] (all rows, this rank's heads) -> [N_r, H, W] (own rows, all heads).
+
+    Rank p's head shard arrives as heads ``[p H/T, (p + 1) H/T)``, so the result is in global head order."""
+    n, h, w = q.shape
+    T, mine = step.T, step.num_own_rows
+    out = q.new_empty(T * mine, h * w)
+    step.collectives.all_to_all(out, q.reshape(n, h * w), [mine] * T, step.batch.owner_rows.tolist())
+    return out.view(T, mine, h, w).transpose(0, 1).reshape(mine, T * h, w)
+
+
+def owners_to_rows(step: StepContext, out_own: torch.Tensor) -> torch.Tensor:
+    """DOP, after attention: [N_r, H, W] (own rows, all heads) -> [N, H/T, W] (all rows, this rank's heads)."""
+    mine, heads, w = out_own.shape
+    T = step.T
+    h = heads // T
+    send = out_own.view(mine, T, h, w).transpose(0, 1).reshape(T * mine, h * w)
+    out = out_own.new_empty(step.batch.num_rows, h * w)
+    step.collectives.all_to_all(out, send, step.batch.owner_rows.tolist(), [mine] * T)
+    return out.view(-1, h, w)
+
+
+def partials_to_owners(step: StepContext, out: torch.Tensor, lse: torch.Tensor):
+    """CP, after attention: every rank's partial (out [N, H, W], lse [N, H] fp32) of every row ->
+    each owner's T partials of its rows (outs [T, N_r, H, W], lses [T, N_r, H]), in one all-to-all.
+
+    ``out`` and ``lse`` travel as bytes side by side so their formats may differ."""
+    n, heads, w = out.shape
+    T, mine = step.T, step.num_own_rows
+    out_bytes = out.reshape(n, heads * w).contiguous().view(torch.uint8)
+    payload = torch.cat([out_bytes, lse.float().contiguous().view(torch.uint8)], dim=1)
+    recv = payload.new_empty(T * mine, payload.shape[1])
+    step.collectives.all_to_all(recv, payload, [mine] * T, step.batch.owner_rows.tolist())
+    split = out_bytes.shape[1]
+    outs = recv[:, :split].contiguous().view(out.dtype).view(T, mine, heads, w)
+    lses = recv[:, split:].contiguous().view(torch.float32).view(T, mine, heads)
+    return outs, lses

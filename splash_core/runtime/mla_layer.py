@@ -1,0 +1,139 @@
+"""One MLA layer on one rank, computing in its own current layout (paper §2, §3, appendix E).
+
+The layout is a property of the layer, not of the model: during a live switch layer i already
+computes in the destination layout while layer i+1 still holds the source's state. A layer
+therefore owns its ``layout``, its ``weights`` (all heads, or this rank's head shard) and its
+pages (``kv``, a :class:`~splash_core.runtime.kv_pool.LayerKV`). The switch executor changes
+them through :meth:`MLALayer.set_layout` (which checks the weights fit the layout) and the
+``LayerKV`` API; :meth:`~splash_core.runtime.model.Model.check_placement` checks the pages.
+
+Contract of :meth:`MLALayer.forward`: input ``x`` [N, d] is the normalised hidden state of all
+rows of the step, the same on every rank; the output [N, d] is the attention output of all
+rows, the same on every rank. In between, per layout:
+
+- TP: this rank's heads for all rows; every rank stores every new token; O partials all-reduced.
+- DP: all heads for the owner's rows only; no attention communication; the owners' outputs are
+  all-gathered (the gather DP-attention engines do before the dense part).
+- DOP: this rank's heads for all rows; a variable all-to-all sends query rows to their owners
+  (all heads), which attend over the request's whole history; the reverse all-to-all returns
+  head slices; sharded W_UV and O; an all-reduce sums the O partials of all rows before each
+  owner selects its rows for the next layer (appendix E).
+- CP: all heads for the owner's rows; queries and new cache entries are all-gathered; each rank
+  attends every row over the pages it holds (page p of request i on rank (p + i) mod T) and
+  sends its partial (out, lse) to the row's owner, which merges them by log-sum-exp, applies
+  W_UV and O and all-gathers. A rank holding none of a row's keys returns lse = -inf.
+
+New tokens' cache entries are written before attention, so a row attends to itself and to the
+earlier rows of its chunk (causal by position).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layouts import Layout, Placement
+from . import exchange
+from .kv_pool import LayerKV
+from .mla import MLAMath, MLAWeights
+from .step_context import StepContext
+from .weights import head_shard
+
+
+class MLALayer:
+    """Layout, weights and pages of one MLA layer on one rank."""
+
+    def __init__(self, index: int, layout: Layout, weights: MLAWeights, kv: LayerKV, math: MLAMath,
+                 rank: int, T: int):
+        self.index = index
+        self.math = math
+        self.kv = kv
+        self.rank, self.T = rank, T
+        self.layout: Layout
+        self.weights: MLAWeights
+        self.set_layout(layout, weights)
+
+    def set_layout(self, layout: Layout, weights: MLAWeights | None = None) -> None:
+        """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to fit
+        its placement: this rank's head shard when sharded, all heads when replicated."""
+        weights = self.weights if weights is None else weights
+        want = (head_shard(weights.total_heads, self.rank, self.T) if layout.placement is Placement.SHARDED
+                else range(weights.total_heads))
+        if weights.heads != want:
+            raise ValueError(f"layer {self.index}: {layout} on rank {self.rank} needs heads {want}, "
+                             f"the weights hold {weights.heads}")
+        self.layout, self.weights = layout, weights
+
+    def nbytes(self) -> dict[str, int]:
+        return {**self.weights.nbytes(), **self.kv.nbytes()}
+
+    # ---- forward --------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
+        return _FORWARD[self.layout](self, x, step)
+
+    def _store(self, step: StepContext, entries, keys, all_rows: bool) -> None:
+        """Write the new tokens this rank holds. ``entries``/``keys`` cover all rows of the step
+        (``all_rows``) or exactly this rank's own rows (owner layouts, whose holder rows they are)."""
+        rows, index = step.holder_rows(self.layout)
+        if rows.size == 0:
+            return
+        if all_rows and rows.size != step.batch.num_rows:
+            entries = entries.index_select(0, index)
+            keys = None if keys is None else keys.index_select(0, index)
+        self.kv.write(step.write_slots(self.kv, rows), entries, keys)
+
+    def _attend(self, q: torch.Tensor, step: StepContext):
+        view = step.attention_view(self.kv, self.layout)
+        return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
+
+    def _tp(self, x, step):
+        m, w = self.math, self.weights
+        q = m.queries(w, x, step.positions)
+        entries, keys = m.latent(w, x, step.positions), m.indexer_keys(w, x)
+        self._store(step, entries, keys, all_rows=True)
+        out, _ = self._attend(q, step)
+        o = m.output(w, out)
+        step.collectives.all_reduce(o)
+        return o
+
+    def _owner_rows(self, x, step):
+        """(own rows of x, their positions, cache entries, indexer keys) computed on the owner."""
+        m, w = self.math, self.weights
+        xr, pos = x[step.own_rows], step.positions[step.own_rows]
+        return xr, pos, m.latent(w, xr, pos), m.indexer_keys(w, xr)
+
+    def _dp(self, x, step):
+        m, w = self.math, self.weights
+        xr, pos, entries, keys = self._owner_rows(x, step)
+        self._store(step, entries, keys, all_rows=False)
+        out, _ = self._attend(m.queries(w, xr, pos), step)
+        return exchange.gather_rows(step, m.output(w, out))
+
+    def _dop(self, x, step):
+        m, w = self.math, self.weights
+        q = m.queries(w, x, step.positions)  # [N, H/T, W]: this rank's heads, all rows
+        _, _, entries, keys = self._owner_rows(x, step)
+        self._store(step, entries, keys, all_rows=False)
+        out_own, _ = self._attend(exchange.rows_to_owners(step, q), step)
+        o = m.output(w, exchange.owners_to_rows(step, out_own))
+        step.collectives.all_reduce(o)
+        return o
+
+    def _cp(self, x, step):
+        m, w = self.math, self.weights
+        xr, pos, entries, keys = self._owner_rows(x, step)
+        q_own = m.queries(w, xr, pos)
+        n, heads, width = q_own.shape
+        parts = [q_own.reshape(n, heads * width), entries] + ([keys] if keys is not None else [])
+        gathered = exchange.gather_rows(step, torch.cat(parts, dim=1))
+        q = gathered[:, : heads * width].reshape(-1, heads, width).contiguous()
+        all_entries = gathered[:, heads * width: heads * width + m.kv_width].contiguous()
+        all_keys = gathered[:, heads * width + m.kv_width:].contiguous() if keys is not None else None
+        self._store(step, all_entries, all_keys, all_rows=True)
+        out, lse = self._attend(q, step)
+        outs, lses = exchange.partials_to_owners(step, out, lse)
+        merged, _ = step.kernels.merge(outs, lses)
+        return exchange.gather_rows(step, m.output(w, merged))
+
+
+_FORWARD = {Layout.TP: MLALayer._tp, Layout.DP: MLALayer._dp, Layout.DOP: MLALayer._dop, Layout.CP: MLALayer._cp}

@@ -1,0 +1,224 @@
+"""The runtime's small model on one rank: embedding, L blocks of MLA + dense MLP, LM head.
+
+Data flow of :meth:`Model.step` (DESIGN.md §3): the residual stream of all rows of the step is
+the same on every rank between blocks. Each MLA layer computes in its own layout (see
+:mod:`~splash_core.runtime.mla_layer`) and returns all rows; the dense MLP is always
+tensor-parallel over the group (gate/up split by rows of the intermediate width, down by its
+columns, one all-reduce), so DP/DOP/CP rows are gathered to every rank before it and each owner
+selects its rows again at the next attention layer, as DP-attention engines do.
+
+Logits are those of each request's last row, vocabulary-parallel (each rank computes
+ceil(V/T) rows of the LM head) and all-gathered, so logits and greedy tokens are identical on
+every rank.
+
+Pages for a step's new tokens are reserved in every layer before any computation: when the
+step opens a page anywhere (a property of the batch every rank knows), the ranks all-reduce
+their shortfalls and, if any rank lacks pages in any layer, all raise
+:class:`~splash_core.runtime.kv_pool.PoolFullError` with nothing allocated or written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..dtypes import torch_dtype
+from ..interfaces import Collectives
+from ..layouts import Layout, Placement
+from ..profiles.model import LayerKind, ModelProfile
+from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages
+from .mla import MLAMath, MLAWeights, rms_norm
+from .mla_layer import MLALayer
+from .step_batch import StepBatch
+from .step_context import StepContext
+from .weights import SeededWeights, WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
+
+
+class Model:
+    """One rank's part of the model. ``layouts`` is one layout for every layer or one per layer."""
+
+    def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
+                 profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
+                 pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
+                 num_layers: int | None = None):
+        count = profile.num_layers if num_layers is None else num_layers
+        kinds = profile.layer_kinds[:count]
+        if any(k is not LayerKind.MLA for k in kinds):
+            raise ValueError(f"model {profile.name!r} has layers of kinds {sorted(set(map(str, kinds)))}; "
+                             "this runtime runs MLA layers only (KDA layers are not implemented yet)")
+        layouts = [layouts] * count if isinstance(layouts, Layout) else list(layouts)
+        if len(layouts) != count:
+            raise ValueError(f"{len(layouts)} layouts given for {count} layers")
+        self.rank, self.T, self.device = rank, T, device
+        self.collectives, self.kernels = collectives, kernels
+        self.profile, self.dtype, self.page_size = profile, dtype, page_size
+        self.math = MLAMath(profile)
+        shapes = tensor_shapes(profile, count)
+        kw = dict(device=device, dtype=dtype)
+
+        def get(name, **cut):
+            return source.get(name, shapes[name], **cut, **kw)
+
+        fmt = PageFormat(page_size, self.math.kv_width, kv_dtype or dtype,
+                         profile.indexer.head_dim if profile.indexer else 0,
+                         _indexer_dtype(profile) if profile.indexer else torch.float32)
+        self.pool = KVPool(range(count), pages_per_layer, fmt, device)
+        self.embed = get("model.embed_tokens.weight")
+        inter = even_shard(profile.intermediate_size, rank, T)
+        self.layers: list[MLALayer] = []
+        self.norms: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.mlps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
+        for i, layout in enumerate(layouts):
+            p = layer_prefix(i)
+            heads = head_shard(profile.mla.heads, rank, T) if layout.placement is Placement.SHARDED else None
+            weights = MLAWeights.load(source, profile, i, heads, **kw)
+            self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
+            self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
+            self.mlps.append(None if not profile.intermediate_size else (
+                get(f"{p}.mlp.gate_proj.weight", rows=slice(inter.start, inter.stop)),
+                get(f"{p}.mlp.up_proj.weight", rows=slice(inter.start, inter.stop)),
+                get(f"{p}.mlp.down_proj.weight", cols=slice(inter.start, inter.stop))))
+        self.final_norm = get("model.norm.weight")
+        vocab = even_shard(profile.vocab_size, rank, T)
+        self.vocab_per_rank = -(-profile.vocab_size // T)
+        head = get("lm_head.weight", rows=slice(vocab.start, vocab.stop))
+        self.lm_head = torch.cat([head, head.new_zeros(self.vocab_per_rank - head.shape[0], head.shape[1])])
+
+    @classmethod
+    def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
+                     page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None) -> "Model":
+        """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA kernels."""
+        return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
+                   kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
+                   layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
+                   kv_dtype=kv_dtype, num_layers=num_layers)
+
+    @classmethod
+    def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
+                        layouts=None) -> "Model":
+        """Build from a deployment profile: its model, page size, compute format, layer count, seed
+        (unless ``source`` is given) and initial layout (unless ``layouts`` is given); the KV pool
+        stores the model's cache format (latent and rotary key must share one format)."""
+        kv = deployment.model.kv_cache
+        if kv.latent_dtype != kv.rope_dtype or kv.scale_bytes:
+            raise ValueError(f"model {deployment.model.name!r}: the runtime stores latent and rotary key in one "
+                             f"format without scales (got {kv.latent_dtype}/{kv.rope_dtype}, {kv.scale_bytes} scale bytes)")
+        if ctx.world_size != deployment.T:
+            raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
+        return cls.from_context(ctx, deployment.model, source or SeededWeights(deployment.seed),
+                                deployment.initial_layout if layouts is None else layouts,
+                                pages_per_layer=pages_per_layer, page_size=deployment.page_size,
+                                dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
+                                num_layers=deployment.layers)
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def step(self, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """Run ``tokens`` [N] (rows in batch order) through the model; logits [R, V] float32 of each
+        request's last row, in batch request order, identical on every rank."""
+        if batch.page_size != self.page_size or batch.T != self.T:
+            raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={self.T}, page {self.page_size}")
+        if tokens.numel() != batch.num_rows:
+            raise ValueError(f"{tokens.numel()} tokens for a batch of {batch.num_rows} rows")
+        self.reserve(batch)
+        step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
+        h = self.embed.index_select(0, tokens.to(self.device).long())
+        eps = self.profile.rms_norm_eps
+        for layer, (in_norm, post_norm), mlp in zip(self.layers, self.norms, self.mlps):
+            h = h + layer.forward(rms_norm(h, in_norm, eps), step)
+            if mlp is not None:
+                h = h + self._mlp(rms_norm(h, post_norm, eps), mlp)
+        last = rms_norm(h.index_select(0, step.last_rows), self.final_norm, eps)
+        local = last @ self.lm_head.t()  # [R, ceil(V/T)]
+        out = local.new_empty(self.T * local.shape[0], local.shape[1])
+        self.collectives.all_gather_into(out, local.contiguous())
+        logits = out.view(self.T, -1, local.shape[1]).transpose(0, 1).reshape(local.shape[0], -1)
+        return logits[:, : self.profile.vocab_size].float()
+
+    def _mlp(self, x, weights):
+        gate, up, down = weights
+        partial = (torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+        self.collectives.all_reduce(partial)
+        return partial
+
+    # ---- pages ----------------------------------------------------------------------------
+
+    def _new_pages(self, batch: StepBatch):
+        """{layer: [(request id, logical pages this rank must add)]} for the step's new tokens."""
+        first, end = batch.new_pages()
+        out = {}
+        for layer in self.layers:
+            out[layer.index] = [
+                (int(rid), held_pages(layer.layout, int(rid), int(owner), np.arange(a, b), self.rank, self.T))
+                for rid, owner, a, b in zip(batch.ids, batch.owners, first, end) if b > a]
+        return out
+
+    def reserve(self, batch: StepBatch) -> None:
+        """Allocate the pages this step's new tokens need in every layer, or raise
+        :class:`PoolFullError` on every rank with nothing allocated (a collective when the batch
+        opens a page)."""
+        if not batch.opens_pages:
+            return
+        plan = self._new_pages(batch)
+        need = np.array([sum(p.size for _, p in plan[layer.index]) for layer in self.layers], dtype=np.int64)
+        free = np.array([layer.kv.free_pages for layer in self.layers], dtype=np.int64)
+        table = torch.zeros(2, self.T, len(self.layers), dtype=torch.int64)
+        table[0, self.rank], table[1, self.rank] = torch.as_tensor(need), torch.as_tensor(free)
+        table = table.to(self.device)
+        self.collectives.all_reduce(table)
+        need_all, free_all = table.cpu().numpy()
+        short = np.argwhere(need_all > free_all)
+        if short.size:
+            r, i = short[0]
+            raise PoolFullError(f"KV pool full: rank {r} layer {self.layers[i].index} needs {need_all[r, i]} "
+                                f"new pages, {free_all[r, i]} free ({len(short)} rank-layer pairs short); nothing was written")
+        for layer in self.layers:
+            for rid, pages in plan[layer.index]:
+                layer.kv.alloc(rid, pages)
+
+    def release(self, request_id: int) -> None:
+        """Free a finished request's pages in every layer (call on every rank)."""
+        self.pool.release(request_id)
+
+    def check_placement(self, batch: StepBatch) -> None:
+        """Raise unless every layer holds exactly the pages its layout assigns this rank for
+        ``batch``'s contexts (after the step), and nothing for other requests."""
+        ids = set(int(i) for i in batch.ids)
+        for layer in self.layers:
+            for rid, owner, ctx in zip(batch.ids, batch.owners, batch.contexts):
+                pages = np.arange(-(-int(ctx) // self.page_size))
+                want = held_pages(layer.layout, int(rid), int(owner), pages, self.rank, self.T)
+                have, _ = layer.kv.pages_of(int(rid))
+                if not np.array_equal(np.sort(have), want):
+                    raise AssertionError(f"rank {self.rank} layer {layer.index} ({layer.layout}) request {rid}: "
+                                         f"holds pages {have.tolist()}, the layout assigns {want.tolist()}")
+            stray = set(layer.kv.requests) - ids
+            if stray:
+                raise AssertionError(f"rank {self.rank} layer {layer.index} holds pages of requests {sorted(stray)} not in the batch")
+
+    # ---- memory ---------------------------------------------------------------------------
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes this rank holds, per state of the ownership model: 'weights' (Q-B, KV-B, O of every
+        MLA layer: W_A or W_A/T), 'kv' and 'indexer' (pages in use), 'recurrent' (KDA state: 0 here),
+        and 'other' (embedding, norms, Q-A/KV-A, dense MLP shard, LM head shard)."""
+        size = lambda t: t.numel() * t.element_size()  # noqa: E731
+        out = {"weights": 0, "kv": 0, "indexer": 0, "recurrent": 0, "other": 0}
+        for layer, norms, mlp in zip(self.layers, self.norms, self.mlps):
+            w = layer.weights.nbytes()
+            out["weights"] += w["projections"]
+            out["other"] += w["replicated"] + sum(map(size, norms)) + (sum(map(size, mlp)) if mlp else 0)
+        out.update(self.pool.nbytes())
+        out["other"] += size(self.embed) + size(self.final_norm) + size(self.lm_head)
+        return out
+
+
+def _indexer_dtype(profile: ModelProfile) -> torch.dtype:
+    return torch_dtype(profile.indexer.dtype)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy next tokens [R] (lowest index on ties, as torch.argmax)."""
+    return logits.argmax(dim=-1)

@@ -1,0 +1,179 @@
+"""Model weights: where they come from (a seed or a safetensors checkpoint) and the slices a
+rank keeps.
+
+Tensor names follow DeepSeek's Hugging Face checkpoints (``nn.Linear`` weights are
+``[out_features, in_features]``)::
+
+    model.embed_tokens.weight                              [V, d]
+    model.layers.{i}.input_layernorm.weight                [d]
+    model.layers.{i}.self_attn.q_a_proj.weight             [r_q, d]         (q_lora_rank > 0)
+    model.layers.{i}.self_attn.q_a_layernorm.weight        [r_q]
+    model.layers.{i}.self_attn.q_b_proj.weight             [H (d_n + d_r), r_q]
+    model.layers.{i}.self_attn.q_proj.weight               [H (d_n + d_r), d]  (q_lora_rank = 0)
+    model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight   [d_c + d_r, d]
+    model.layers.{i}.self_attn.kv_a_layernorm.weight       [d_c]
+    model.layers.{i}.self_attn.kv_b_proj.weight            [H (d_n + d_v), d_c]
+    model.layers.{i}.self_attn.o_proj.weight               [d, H d_v]
+    model.layers.{i}.self_attn.indexer.wk.weight           [indexer_dim, d]  (indexer models)
+    model.layers.{i}.post_attention_layernorm.weight       [d]
+    model.layers.{i}.mlp.{gate,up}_proj.weight             [I, d]
+    model.layers.{i}.mlp.down_proj.weight                  [d, I]
+    model.norm.weight [d],  lm_head.weight [V, d]
+
+Head h owns rows ``h (d_n + d_r) ..`` of Q-B, rows ``h (d_n + d_v) ..`` of KV-B (first d_n the
+key up-projection W_UK, then d_v the value up-projection W_UV) and columns ``h d_v ..`` of O.
+Real DeepSeek-V3 checkpoints also hold FP8 block scales and MoE experts; this loader reads the
+dense BF16/FP32 subset above.
+
+:class:`SeededWeights` makes every tensor a pure function of ``(seed, name)``, generated on
+the rank's device, so each rank builds exactly its own shard without a broadcast and without
+depending on T (it generates the full tensor, which on an accelerator costs milliseconds, and
+keeps its slice). :class:`SafetensorsWeights` reads only the slice asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from ..profiles.model import LayerKind, ModelProfile
+
+
+def layer_prefix(layer: int) -> str:
+    return f"model.layers.{layer}"
+
+
+def tensor_shapes(profile: ModelProfile, layers: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the runtime's model reads for the first ``layers`` layers, with its full shape."""
+    d, m = profile.hidden_size, profile.mla
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (profile.vocab_size, d)}
+    count = profile.num_layers if layers is None else layers
+    for i, kind in enumerate(profile.layer_kinds[:count]):
+        p = layer_prefix(i)
+        shapes[f"{p}.input_layernorm.weight"] = (d,)
+        shapes[f"{p}.post_attention_layernorm.weight"] = (d,)
+        if kind is LayerKind.MLA:
+            a = f"{p}.self_attn"
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank:
+                shapes[f"{a}.q_a_proj.weight"] = (m.q_lora_rank, d)
+                shapes[f"{a}.q_a_layernorm.weight"] = (m.q_lora_rank,)
+                shapes[f"{a}.q_b_proj.weight"] = (m.heads * qk, m.q_lora_rank)
+            else:
+                shapes[f"{a}.q_proj.weight"] = (m.heads * qk, d)
+            shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (m.kv_lora_rank + m.qk_rope_head_dim, d)
+            shapes[f"{a}.kv_a_layernorm.weight"] = (m.kv_lora_rank,)
+            shapes[f"{a}.kv_b_proj.weight"] = (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+            shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
+            if profile.indexer is not None:
+                shapes[f"{a}.indexer.wk.weight"] = (profile.indexer.head_dim, d)
+        if profile.intermediate_size:
+            shapes[f"{p}.mlp.gate_proj.weight"] = (profile.intermediate_size, d)
+            shapes[f"{p}.mlp.up_proj.weight"] = (profile.intermediate_size, d)
+            shapes[f"{p}.mlp.down_proj.weight"] = (d, profile.intermediate_size)
+    shapes["model.norm.weight"] = (d,)
+    shapes["lm_head.weight"] = (profile.vocab_size, d)
+    return shapes
+
+
+class WeightSource(Protocol):
+    """Where weights come from. ``get`` returns ``name``'s slice ``[rows, cols]`` of a tensor whose
+    full shape is ``shape``, on ``device`` in ``dtype`` (cols only for 2-D tensors)."""
+
+    def get(self, name: str, shape: Sequence[int], *, rows: slice | None = None,
+            cols: slice | None = None, device=None, dtype=None) -> torch.Tensor: ...
+
+
+def _take(t: torch.Tensor, rows: slice | None, cols: slice | None) -> torch.Tensor:
+    if rows is not None:
+        t = t[rows]
+    if cols is not None:
+        t = t[:, cols]
+    return t
+
+
+class SeededWeights:
+    """Weights drawn from ``seed``: each tensor from its own generator seeded by (seed, name).
+
+    Linear weights are N(0, 1/fan_in) so activations keep unit scale through the stack; norm
+    weights are 1 + N(0, 0.1²) so a missing norm weight shows in the output; the embedding is
+    N(0, 1)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+
+    def get(self, name, shape, *, rows=None, cols=None, device=None, dtype=None):
+        device = torch.device(device or "cpu")
+        gen = torch.Generator(device=device)
+        gen.manual_seed(zlib.crc32(f"{self.seed}:{name}".encode()))
+        full = torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32)
+        if "norm" in name:
+            full = 1.0 + 0.1 * full
+        elif len(shape) == 2 and "embed_tokens" not in name:
+            full = full / math.sqrt(shape[1])
+        return _take(full, rows, cols).to(dtype or torch.float32).contiguous()
+
+
+class SafetensorsWeights:
+    """Weights read lazily from one or more ``.safetensors`` files (a file or a directory)."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        path = Path(path)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise FileNotFoundError(f"no safetensors checkpoint at {path}")
+        self._handles = {}
+        self._where: dict[str, str] = {}
+        for f in files:
+            handle = safe_open(str(f), framework="pt")
+            self._handles[str(f)] = handle
+            for key in handle.keys():
+                self._where[key] = str(f)
+
+    def get(self, name, shape, *, rows=None, cols=None, device=None, dtype=None):
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name!r} ({len(self._where)} tensors)")
+        part = self._handles[self._where[name]].get_slice(name)
+        got = tuple(part.get_shape())
+        if got != tuple(shape):
+            raise ValueError(f"checkpoint tensor {name!r} has shape {list(got)}, the model profile expects {list(shape)}")
+        if rows is None and cols is None:
+            t = part[:]
+        elif cols is None:
+            t = part[rows]
+        else:
+            t = part[rows or slice(None), cols]
+        return t.to(device=device or "cpu", dtype=dtype or t.dtype).contiguous()
+
+
+def save_checkpoint(source: WeightSource, profile: ModelProfile, path: str | Path,
+                    layers: int | None = None, dtype=torch.float32) -> Path:
+    """Write every tensor of the first ``layers`` layers from ``source`` to one safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors = {name: source.get(name, shape, dtype=dtype) for name, shape in tensor_shapes(profile, layers).items()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    return path
+
+
+def head_shard(heads: int, rank: int, T: int) -> range:
+    """Heads of rank ``rank`` in a sharded layout: ``[rank H/T, (rank + 1) H/T)``."""
+    if heads % T:
+        raise ValueError(f"{heads} heads do not split over T = {T} ranks")
+    per = heads // T
+    return range(rank * per, (rank + 1) * per)
+
+
+def even_shard(size: int, rank: int, T: int) -> range:
+    """Rank ``rank``'s part of ``size`` rows split into shards of ceil(size / T) (the last ones
+    short or empty): the LM head's vocabulary and the dense MLP's intermediate width."""
+    per = -(-size // T)
+    return range(min(rank * per, size), min((rank + 1) * per, size))

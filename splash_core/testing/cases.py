@@ -1,0 +1,81 @@
+"""Checks that run on every rank of a conformance pool (module-level, so ranks can import
+them). Each raises AssertionError naming what differed; the pool reports it with the rank."""
+
+from __future__ import annotations
+
+import torch
+
+from ..interfaces import Collectives, Work
+
+WIDTH = 3  # channels per row in the collective checks
+
+
+def _rows(src: int, dst: int, count: int, device, dtype=torch.float32):
+    """Rows ``src`` sends ``dst``: each value says who sent it to whom and which row it is."""
+    values = src * 1000 + dst * 100 + torch.arange(count, dtype=torch.float32)
+    return values[:, None].expand(count, WIDTH).to(device=device, dtype=dtype)
+
+
+def _exchange(ctx, send_count, dtype=torch.float32, async_op=False):
+    """All-to-all where rank s sends ``send_count(s, d)`` rows to rank d; checks what arrives."""
+    coll: Collectives = ctx.collectives
+    me, size = coll.rank, coll.size
+    in_splits = [send_count(me, d) for d in range(size)]
+    out_splits = [send_count(s, me) for s in range(size)]
+    parts = [_rows(me, d, n, ctx.device, dtype) for d, n in enumerate(in_splits)]
+    inp = torch.cat(parts) if sum(in_splits) else torch.empty(0, WIDTH, device=ctx.device, dtype=dtype)
+    out = torch.full((sum(out_splits), WIDTH), -1.0, device=ctx.device, dtype=dtype)
+    work = coll.all_to_all(out, inp, out_splits, in_splits, async_op=async_op)
+    if async_op:
+        assert isinstance(work, Work), f"all_to_all(async_op=True) returned {work!r}, not a Work handle"
+        work.wait()
+    expected = [_rows(s, me, n, ctx.device, dtype) for s, n in enumerate(out_splits)]
+    expected = torch.cat(expected) if sum(out_splits) else out
+    assert torch.equal(out, expected), f"rank {me}: all_to_all splits {in_splits}->{out_splits} delivered {out.tolist()}"
+    return out_splits
+
+
+def all_gather(ctx, dtype):
+    coll = ctx.collectives
+    inp = torch.full((2, WIDTH), coll.rank + 1.0, device=ctx.device, dtype=dtype)
+    out = torch.empty(2 * coll.size, WIDTH, device=ctx.device, dtype=dtype)
+    work = coll.all_gather_into(out, inp, async_op=True)
+    assert isinstance(work, Work), f"all_gather_into(async_op=True) returned {work!r}"
+    work.wait()
+    expected = torch.arange(1, coll.size + 1, device=ctx.device).repeat_interleave(2)[:, None].expand(-1, WIDTH)
+    assert torch.equal(out, expected.to(dtype)), f"rank {coll.rank}: all_gather_into gave {out.tolist()}"
+
+
+def uneven_all_to_all(ctx, dtype):
+    """Different counts per pair, zeros included (rank s sends (s + 2d) % 3 rows to d)."""
+    return _exchange(ctx, lambda s, d: (s + 2 * d) % 3, dtype)
+
+
+def idle_rank_all_to_all(ctx, async_op):
+    """Rank 0 sends and receives nothing while the others exchange."""
+    return _exchange(ctx, lambda s, d: 0 if 0 in (s, d) else 1 + s + d, async_op=async_op)
+
+
+def reduce_broadcast_objects(ctx):
+    coll = ctx.collectives
+    size, me = coll.size, coll.rank
+    t = torch.full((4,), me + 1.0, device=ctx.device)
+    coll.all_reduce(t)
+    assert torch.equal(t, torch.full_like(t, size * (size + 1) / 2)), f"all_reduce gave {t.tolist()}"
+    b = torch.full((3,), float(me), device=ctx.device)
+    coll.broadcast(b, src=size - 1)
+    assert torch.equal(b, torch.full_like(b, size - 1.0)), f"broadcast from {size - 1} gave {b.tolist()}"
+    assert coll.all_gather_object({"rank": me}) == [{"rank": r} for r in range(size)]
+    assert coll.broadcast_object(("from", me), src=0) == ("from", 0)
+    coll.barrier()
+
+
+def side_communicator(ctx):
+    """A second communicator over the same ranks works beside the first."""
+    side = ctx.side_collectives()
+    t = torch.ones(2, device=ctx.device)
+    work = side.all_reduce(t, async_op=True)
+    main = torch.ones(2, device=ctx.device)
+    ctx.collectives.all_reduce(main)
+    work.wait()
+    assert torch.equal(t, main) and t[0].item() == side.size, f"side all_reduce gave {t.tolist()}"

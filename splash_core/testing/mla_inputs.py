@@ -1,0 +1,70 @@
+"""Paged-MLA inputs with the awkward parts of real serving: pages shuffled in the cache,
+requests of different lengths, a CP-style request holding every other page only, a request
+holding nothing, and extend rows of several requests interleaved (some seeing no key).
+
+Shared by the conformance suite, the CPU tests and the GPU benchmark.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MLA_DIMS = (512, 64)  # d_c, d_r
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) for a kernel against the float32 reference on the same inputs."""
+    return (2e-2, 2e-2) if dtype in (torch.bfloat16, torch.float16) else (2e-4, 2e-4)
+
+
+def paged_cache(lengths, held, *, page: int, width: int, device, dtype, seed: int = 0, spare_pages: int = 2):
+    """(kv_cache, block_table, page_index) for requests of ``lengths`` tokens where request i
+    holds the logical pages ``held[i]`` (None: all of them), at shuffled physical pages."""
+    g = torch.Generator().manual_seed(seed)
+    logical = [list(range(-(-n // page))) if h is None else list(h) for n, h in zip(lengths, held)]
+    total = sum(len(p) for p in logical)
+    physical = torch.randperm(total + spare_pages, generator=g)[:total].tolist()
+    cache = torch.randn(total + spare_pages, page, width, generator=g) / 2
+    width_p = max([len(p) for p in logical] + [1]) + 1  # one unused column of -1
+    table = torch.full((len(lengths), width_p), -1, dtype=torch.int32)
+    index = torch.zeros((len(lengths), width_p), dtype=torch.int32)
+    for r, pages in enumerate(logical):
+        for slot, logical_page in enumerate(pages):
+            table[r, slot] = physical.pop()
+            index[r, slot] = logical_page
+    return cache.to(device=device, dtype=dtype), table.to(device), index.to(device)
+
+
+def _queries(rows: int, heads: int, width: int, device, dtype, seed: int):
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(rows, heads, width, generator=g).to(device=device, dtype=dtype)
+
+
+# Request lengths (tokens) and held pages for page size 16: a long one, one ending mid-page,
+# a CP-style one holding odd pages only, and one holding nothing here.
+LENGTHS = (150, 37, 100, 20)
+HELD = (None, None, (1, 3, 5), ())
+
+
+def decode_case(device, dtype, *, heads: int = 16, dims=MLA_DIMS, page: int = 16, seed: int = 0):
+    """Arguments of ``decode``: one row per request at its last position."""
+    d_c, d_r = dims
+    cache, table, index = paged_cache(LENGTHS, HELD, page=page, width=d_c + d_r, device=device, dtype=dtype, seed=seed)
+    rows = torch.arange(len(LENGTHS), dtype=torch.int32, device=device)
+    pos = torch.tensor([n - 1 for n in LENGTHS], dtype=torch.int32, device=device)
+    q = _queries(len(LENGTHS), heads, d_c + d_r, device, dtype, seed)
+    return q, cache, table, index, rows, pos, (d_c + d_r) ** -0.5, d_c
+
+
+def extend_case(device, dtype, *, heads: int = 16, dims=MLA_DIMS, page: int = 16, seed: int = 0):
+    """Arguments of ``extend``: chunks of several requests, rows interleaved; request 2's row
+    at position 5 sees no key (it holds no page starting at or before it)."""
+    d_c, d_r = dims
+    cache, table, index = paged_cache(LENGTHS, HELD, page=page, width=d_c + d_r, device=device, dtype=dtype, seed=seed)
+    rows = [(0, p) for p in range(140, 150)] + [(1, p) for p in range(30, 37)] + [(2, 5), (2, 99), (3, 19)]
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 2)).tolist()
+    rows = [rows[i] for i in order]
+    req = torch.tensor([r for r, _ in rows], dtype=torch.int32, device=device)
+    pos = torch.tensor([p for _, p in rows], dtype=torch.int32, device=device)
+    q = _queries(len(rows), heads, d_c + d_r, device, dtype, seed)
+    return q, cache, table, index, req, pos, (d_c + d_r) ** -0.5, d_c

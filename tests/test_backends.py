@@ -1,0 +1,131 @@
+"""The cuda, hopper and dcu backends: unavailable here with a clear reason, and selected
+correctly on faked NVIDIA (sm_90, sm_100) and ROCm machines (no such machine exists here)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from splash_core import plugins
+from splash_core.backend import Backend
+from splash_core.cli.main import main
+
+GIB = 1 << 30
+
+
+def _fake_device(monkeypatch, *, name, capability=(9, 0), hip=None, arch="", processors=132,
+                 shared=232448, count=2):
+    props = types.SimpleNamespace(name=name, multi_processor_count=processors, total_memory=141 * GIB,
+                                  shared_memory_per_block_optin=shared, gcnArchName=arch)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.version, "cuda", None if hip else "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+    monkeypatch.delenv(plugins.ALLOW_ENV, raising=False)
+
+
+def _registry():
+    return plugins.load(entry_points=True)
+
+
+def test_unavailable_here_with_reasons(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["backends", "--json"]) == 0
+    listed = {b["name"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
+    for name in ("cuda", "hopper", "dcu"):
+        assert not listed[name]["available"] and listed[name]["reason"], name
+    assert "built without CUDA" in listed["cuda"]["reason"]
+    assert "not a ROCm/HIP build" in listed["dcu"]["reason"]
+    assert listed["hopper"]["specializes"] == "cuda"
+    assert main(["backends"]) == 0
+    assert "hopper" in capsys.readouterr().out
+
+
+def test_h200_selects_hopper_which_refines_cuda(monkeypatch):
+    _fake_device(monkeypatch, name="NVIDIA H200")
+    registry = _registry()
+    assert plugins.select(registry, "auto") == "hopper"
+    backend = Backend(registry, "hopper")
+    assert backend.chain[:2] == ["hopper", "cuda"]
+    assert backend.hardware_profile() == "h200"
+    assert backend.process_group_backend() == "nccl"
+    monkeypatch.setenv(plugins.ALLOW_ENV, "cuda,reference")
+    assert plugins.select(plugins.load(), "auto") == "cuda"  # generic NVIDIA path on the same GPU
+
+
+def test_nccl_multicast_stays_off(monkeypatch):
+    _fake_device(monkeypatch, name="NVIDIA H200")
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    Backend(_registry(), "hopper").process_group_backend()
+    import os
+
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_b200_runs_the_cuda_backend_with_its_tiles(monkeypatch):
+    _fake_device(monkeypatch, name="NVIDIA B200", capability=(10, 0), processors=148)
+    registry = _registry()
+    assert registry.check("hopper") == "needs sm_90 (H100/H200), found sm_100 (NVIDIA B200)"
+    assert plugins.select(registry, "auto") == "cuda"
+    from splash_backend_cuda import plugin
+
+    config = plugin.kernel_config(torch.device("cuda", 0))
+    assert config.name == "b200-untuned" and config.processors == 148
+    assert Backend(registry, "cuda").hardware_profile() == "b200"
+
+
+def test_small_shared_memory_gets_the_small_tiles(monkeypatch):
+    _fake_device(monkeypatch, name="NVIDIA T4", capability=(7, 5), processors=40, shared=65536)
+    from splash_backend_cuda import plugin
+
+    assert plugin.kernel_config(torch.device("cuda", 0)).name == "cuda-small"
+    assert Backend(_registry(), "cuda").hardware_profile() is None
+
+
+def test_rocm_selects_dcu_and_its_64k_tiles(monkeypatch):
+    _fake_device(monkeypatch, name="BW1000", hip="6.3.42131", arch="gfx936:sramecc+:xnack-", processors=80)
+    registry = _registry()
+    assert "ROCm/HIP build" in registry.check("cuda") and "ROCm/HIP build" in registry.check("hopper")
+    assert plugins.select(registry, "auto") == "dcu"
+    backend = Backend(registry, "dcu")
+    assert backend.hardware_profile() == "dcu-bw1000" and backend.process_group_backend() == "nccl"
+    from splash_backend_dcu import plugin
+
+    config = plugin.kernel_config(torch.device("cuda", 0))
+    assert config.shared_memory_bytes == 64 * 1024 and config.processors == 80
+    for tile in (config.decode, config.extend):
+        assert tile.shared_bytes(512, 64, 2) <= 64 * 1024
+    assert dict(config.launch_options) == {"waves_per_eu": 1}
+    assert plugin.supported_formats().kv == ("bf16", "fp16", "fp8")
+
+
+def test_rocm_formats_follow_the_architecture():
+    from splash_backend_dcu.formats import formats_for
+
+    assert formats_for("gfx942").fp8_torch_dtype == "float8_e4m3fnuz"
+    assert "fp8" not in formats_for("gfx90a", "AMD Instinct MI250X").kv
+    assert "int8" in formats_for("gfx90a").weights
+
+
+def test_hip_without_a_device_is_unavailable(monkeypatch):
+    _fake_device(monkeypatch, name="BW1000", hip="6.3", arch="gfx936")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "no HIP device visible" in _registry().check("dcu")
+
+
+def test_hopper_tuned_config_is_data(tmp_path):
+    from splash_backend_hopper import tuned
+
+    config, provenance = tuned.load()
+    assert config.validate(512, 64, 2) is config and provenance["source"] in ("default", "measured")
+    bad = tmp_path / "h200.json"
+    bad.write_text(json.dumps({"config": {"name": "x", "decode": {"keys": 24}}}))
+    with pytest.raises(ValueError, match="h200.json: not a tuned kernel config: .*power of two"):
+        tuned.load(bad)

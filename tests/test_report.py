@@ -1,0 +1,280 @@
+"""`splash report`: renders from committed files alone, every section for every platform,
+paper and measured numbers labelled and equal to their inputs, clear errors for bad files."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from result_examples import examples, make, write_all
+from splash_core.cli.main import main
+from splash_core.report.sections import SECTIONS
+from splash_core.results import make_result, write_result
+
+REFERENCE = Path(__file__).resolve().parents[1] / "bench" / "reference"
+CHAPTERS = {"b200": "B200", "h200": "H200", "dcu": "DCU (BW1000)", "cpu": "CPU (reference backend)"}
+PAPER = {"b200": "B200/GLM-5.3", "h200": "H200/DeepSeek-V3.2", "dcu": "DCU-BW1000/GLM-5.3-Flash"}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """Example results of every benchmark on cpu and h200x2, rendered once with --json."""
+    root = tmp_path_factory.mktemp("rendered")
+    results, out = root / "results", root / "report"
+    write_all(results, "cpu")
+    write_all(results, "h200x2")
+    write_result(make_result_without_renderer(), results)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["report", "--results", str(results), "--reference", str(REFERENCE), "--out", str(out), "--json"])
+    assert rc == 0
+    return (out / "README.md").read_text(), out, json.loads(stdout.getvalue())
+
+
+def make_result_without_renderer() -> dict:
+    return make_result(benchmark="rollout_throughput", platform="cpu", backend="reference", model="tiny-mla", T=2,
+                       dtype="fp32", samples=[1.0], summary={"ratio": 1.1}, machine="test machine", command="pytest")
+
+
+def chapter(md: str, key: str) -> str:
+    return re.search(rf"^## {re.escape(CHAPTERS[key])}\n(.*?)(?=^## |\Z)", md, re.S | re.M)[1]
+
+
+def section(text: str, title: str) -> str:
+    return re.search(rf"^### {re.escape(title)}\n(.*?)(?=^### |\Z)", text, re.S | re.M)[1]
+
+
+def blocks(text: str) -> list[str]:
+    """The labelled result blocks of a section, each from its '#### ' heading."""
+    return ["#### " + b for b in re.split(r"^#### ", text, flags=re.M)[1:]]
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """Every Markdown table in ``text``: rows of cells without the header and rule, bold removed."""
+    found, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([c.strip().replace("**", "") for c in line.strip().strip("|").split("|")])
+        elif current:
+            found.append(current[2:])
+            current = []
+    return found
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").replace("%", ""))
+
+
+def csv_rows(name: str, platform_prefix: str) -> list[dict]:
+    with (REFERENCE / name).open() as f:
+        return [r for r in csv.DictReader(f) if r["platform"].startswith(platform_prefix)]
+
+
+def test_every_platform_has_every_section_and_says_what_is_missing(rendered):
+    md, _, status = rendered
+    assert md.startswith("# SPLASH benchmark report")
+    for key in CHAPTERS:
+        text = chapter(md, key)
+        for s in SECTIONS:
+            body = section(text, s.title)
+            if not blocks(body):
+                assert "not measured on this platform" in body, (key, s.title)
+        assert set(status["status"][key]) == {s.benchmark for s in SECTIONS}
+    for s in SECTIONS:  # nothing of ours on B200 or DCU: each section says so plainly
+        for key in ("b200", "dcu"):
+            body = section(chapter(md, key), s.title)
+            assert ("not measured on this platform" in body) or ("no cost-model prediction" in body)
+            assert all(b.startswith("#### paper:") for b in blocks(body))
+    overview = md.split("## Overview", 1)[1].split("\n## ", 1)[0]
+    assert [r[0] for r in tables(overview)[0]] == [s.title for s in SECTIONS]
+
+
+def test_paper_and_measured_blocks_are_labelled_and_kept_apart(rendered):
+    md, _, status = rendered
+    h200 = section(chapter(md, "h200"), "Fixed-layout throughput sweeps")
+    paper, measured = blocks(h200)
+    assert paper.startswith("#### paper: Table 6, Figure 10") and "**paper** — Table 6, Figure 10 of the SPLASH paper" in paper
+    assert "**measured** — h200x2" in measured and "paper" not in measured.split("\n", 3)[2]
+    assert status["status"]["h200"]["fixed_layout_sweep"] == ["paper", "measured (h200x2)"]
+    assert "**paper**" not in chapter(md, "cpu")
+    crossovers = section(chapter(md, "cpu"), "Predicted vs measured crossovers")
+    assert "**model (computed by SPLASH's cost model, not a measurement)**" in crossovers
+    for key in ("b200", "dcu"):
+        assert "**measured**" not in chapter(md, key)
+
+
+def test_paper_sweep_tables_equal_the_reference_csv(rendered):
+    md, _, _ = rendered
+    for key, label in PAPER.items():
+        paper = blocks(section(chapter(md, key), "Fixed-layout throughput sweeps"))[0]
+        rendered_rows = [row for t in tables(paper) for row in t]
+        expected = csv_rows("fixed_layout_sweeps.csv", label)
+        assert len(rendered_rows) == len(expected)
+        for row, ref in zip(rendered_rows, expected):
+            values = {l: float(ref[l]) * 1000 for l in ("TP", "CP", "DP", "DOP")}
+            assert [number(c) for c in row[2:6]] == pytest.approx(list(values.values()), abs=1e-6)
+            assert row[6] == max(values, key=values.get)
+            assert {number(row[0]), number(row[1])} == {float(ref["input_tokens"]), float(ref["batch"])}
+
+
+def test_paper_switch_capacity_and_primitive_tables_equal_the_reference_csv(rendered):
+    md, _, _ = rendered
+    for key, label in PAPER.items():
+        text = chapter(md, key)
+        (switch,) = tables(blocks(section(text, "Switch overhead"))[0])
+        by_direction = {r[0]: r for r in switch}
+        for ref in csv_rows("switch_overheads.csv", label):
+            row = by_direction[f"{ref['src']} → {ref['dst']}"]
+            assert [number(c) for c in row[1:4]] == [float(ref[k]) for k in ("ready_p50_ms", "blocking_p50_ms", "splash_p50_ms")]
+            assert row[4] == f"{float(ref['blocking_overhead_p50_ms']):,.2f} ({float(ref['blocking_overhead_p95_ms']):,.2f})"
+            assert row[5] == f"{float(ref['splash_overhead_p50_ms']):,.2f} ({float(ref['splash_overhead_p95_ms']):,.2f})"
+        (capacity,) = tables(blocks(section(text, "KV capacity per layout"))[0])
+        for row, ref in zip(sorted(capacity), sorted(csv_rows("kv_capacity.csv", label), key=lambda r: r["layout"])):
+            assert row[0] == ref["layout"]
+            assert [number(c) for c in row[1:4]] == [float(ref["pool_gib_per_card"]), float(ref["pool_gib_per_group"]),
+                                                     float(ref["distinct_tokens"])]
+        weights, kv = tables(blocks(section(text, "Switch primitive costs"))[0])
+        for ref in csv_rows("primitive_costs.csv", label):
+            matrix = weights if ref["state"] == "weights" else kv
+            row = next(r for r in matrix if r[0] == ref["src"])
+            assert number(row[1 + ("TP", "CP", "DP", "DOP").index(ref["dst"])]) == float(ref["per_layer_ms"])
+
+
+def test_paper_crossovers_meet_the_paper_sweeps(rendered):
+    md, _, _ = rendered
+    (rows,) = tables(blocks(section(chapter(md, "b200"), "Predicted vs measured crossovers"))[0])
+    # Figure 1's 18.1k falls outside the sampled TP->DP change; its last two fall between, as §5.2 says
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("TP → DP", "18,534 (18.1K)", "4,096 – 16,384", "no"),
+        ("DP → CP", "125,952 (123.0K)", "65,536 – 131,072", "yes"),
+        ("CP → DOP", "259,482 (253.4K)", "131,072 – 262,144", "yes"),
+    ]
+
+
+def test_measured_tables_equal_their_inputs(rendered):
+    md, _, _ = rendered
+    ex = examples()
+    cpu = chapter(md, "cpu")
+    (sweep,) = tables(section(cpu, "Fixed-layout throughput sweeps"))
+    points = {(p["layout"], p["input_tokens"]): p["tokens_per_s"] for p in ex["fixed_layout_sweep"][0]["points"]}
+    for row in sweep:
+        assert [number(c) for c in row[2:6]] == [points[(l, number(row[0]))] for l in ("TP", "CP", "DP", "DOP")]
+    (switch,) = tables(section(cpu, "Switch overhead"))
+    for row, d in zip(switch, ex["switch_overhead"][0]["directions"]):
+        assert row[0] == f"{d['src']} → {d['dst']}"
+        assert [number(c) for c in row[1:4]] == pytest.approx([d["ready_p50_ms"], d["blocking_p50_ms"], d["splash_p50_ms"]], abs=0.005)
+        assert number(row[5].split()[0]) == pytest.approx(d["splash_overhead_p50_ms"], abs=0.005)
+    (capacity,) = tables(section(cpu, "KV capacity per layout"))
+    assert [(r[0], number(r[1]), number(r[3])) for r in capacity] == [
+        (l["layout"], l["pool_bytes_per_rank"] / 2**30, l["distinct_tokens"])
+        for l in sorted(ex["kv_capacity"][0]["layouts"], key=lambda l: ("TP", "DOP", "CP", "DP").index(l["layout"]))]
+    (decode,) = tables(section(cpu, "MLA decode bandwidth against the roofline"))
+    assert [(number(r[2]), number(r[3]), number(r[4])) for r in decode] == [
+        (p["context"], p["time_ms"], p["achieved_gbps"]) for p in ex["mla_decode"][0]["points"]]
+    (timing,) = tables(section(cpu, "Scheduler decision speed"))
+    case = ex["scheduler_speed"][0]["cases"][0]
+    assert timing == [[case["case"], f"{case['p50_us']:.1f}", f"{case['p95_us']:.1f}", str(case["runs"])]]
+    (crossovers,) = tables(section(cpu, "Predicted vs measured crossovers"))
+    assert [r[3] for r in crossovers] == ["yes", "no"]  # 2,000 in 1,024-4,096; 20,000 not in 4,096-16,384
+
+
+def test_images_are_linked_present_and_small(rendered):
+    md, out, status = rendered
+    linked = re.findall(r"\]\(([^)]+\.png)\)", md)
+    assert sorted(linked) == sorted(status["images"]) and len(set(linked)) == len(linked)
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(linked)
+    for name in linked:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sum((out / n).stat().st_size for n in linked) < 600_000
+
+
+def test_unknown_benchmarks_are_listed_not_dropped(rendered):
+    md, _, status = rendered
+    listing = md.split("## Results without a renderer", 1)[1].split("\n## ", 1)[0]
+    assert "rollout_throughput" in listing and "rollout_throughput.json" in listing
+    assert status["unrendered"][0].endswith("rollout_throughput.json")
+
+
+def test_a_malformed_results_file_is_a_one_line_error_naming_file_and_field(tmp_path, capsys):
+    bad = make("kv_capacity")
+    bad["summary"]["layouts"][1]["distinct_tokens"] = -5
+    path = tmp_path / "results" / "cpu" / "kv_capacity.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(bad))
+    rc = main(["report", "--results", str(tmp_path / "results"), "--reference", str(REFERENCE), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert f"{path}: summary.layouts[1].distinct_tokens: must be an integer >= 0 (got -5)" in err
+    assert not (tmp_path / "o" / "README.md").exists()
+
+
+def test_a_missing_results_folder_given_explicitly_is_an_error(tmp_path, capsys):
+    rc = main(["report", "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "results folder" in capsys.readouterr().err
+
+
+def test_bad_reference_data_names_file_and_line(tmp_path, capsys):
+    reference = tmp_path / "reference"
+    shutil.copytree(REFERENCE, reference)
+    path = reference / "kv_capacity.csv"
+    path.write_text(path.read_text().replace("H200/DeepSeek-V3.2,0.9,CP,22.93", "H200/DeepSeek-V3.2,0.9,CP,lots"))
+    (tmp_path / "results").mkdir()
+    rc = main(["report", "--results", str(tmp_path / "results"), "--reference", str(reference), "--out", str(tmp_path / "o")])
+    assert rc == 2 and f"{path}:8: column 'pool_gib_per_card' is not a number" in capsys.readouterr().err
+
+
+def headers_only_reference(tmp_path: Path) -> Path:
+    """The reference folder with the paper's rows removed: a valid, fast-rendering reference."""
+    reference = tmp_path / "reference"
+    shutil.copytree(REFERENCE, reference)
+    for path in reference.glob("*.csv"):
+        path.write_text(path.read_text().splitlines()[0] + "\n")
+    return reference
+
+
+def test_rerendering_removes_only_its_own_stale_images(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "report"
+    for benchmark in ("mla_decode", "prefill"):
+        write_result(make(benchmark), results)
+    reference = headers_only_reference(tmp_path)
+    args = ["report", "--results", str(results), "--reference", str(reference), "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name for p in out.glob("*.png")}
+    (out / "keep.png").write_bytes(b"not ours")
+    (results / "cpu" / "prefill.json").unlink()
+    assert main(args) == 0
+    after = {p.name for p in out.glob("*.png")}
+    gone = before - after
+    assert len(gone) == 1 and "prefill" in gone.pop()
+    assert "keep.png" in after
+    assert "not measured on this platform" in section(chapter((out / "README.md").read_text(), "cpu"),
+                                                       "Prefill compute rate against the matmul rate")
+
+
+def test_without_a_results_folder_the_report_says_nothing_was_measured(tmp_path):
+    from splash_core.report import render_report
+
+    report = render_report(None, tmp_path / "o", headers_only_reference(tmp_path))
+    assert "no results folder `bench/results` (nothing measured yet)" in report.markdown
+    assert all(labels == [] for chapter_status in report.status.values() for labels in chapter_status.values())
+    assert report.markdown.count("not measured on this platform") == 4 * (len(SECTIONS) - 1)
+
+
+def test_the_committed_results_render(tmp_path):
+    """Every file under bench/results is valid and the report renders from them (the CI check
+    that keeps the committed report reproducible)."""
+    from splash_core.report import render_report
+
+    committed = REFERENCE.parent / "results"
+    report = render_report(committed if committed.is_dir() else None, tmp_path / "o", REFERENCE)
+    paper_sections = ("fixed_layout_sweep", "crossovers", "primitive_costs", "switch_overhead", "kv_capacity")
+    for key in PAPER:
+        assert all("paper" in report.status[key][b] for b in paper_sections), key
+    assert all((tmp_path / "o" / name).is_file() for name in report.images)

@@ -1,0 +1,163 @@
+"""The results schema: envelope, per-benchmark shapes (docs/results.md), and the summary helpers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from result_examples import examples, make
+from splash_core.result_shapes import SHAPES, percentile, switch_overhead_summary
+from splash_core.results import ResultError, make_result, read_result, read_results, validate, write_result
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+
+
+@pytest.mark.parametrize("benchmark", sorted(SHAPES))
+def test_every_shape_round_trips_through_a_file(tmp_path, benchmark):
+    data = make(benchmark)
+    path = write_result(data, tmp_path)
+    assert path == tmp_path / "cpu" / f"{benchmark}.json"
+    assert read_result(path).data == data
+    assert [r.benchmark for r in read_results(tmp_path)] == [benchmark]
+
+
+def test_writers_without_the_new_arguments_still_work(tmp_path):
+    # the original API: a benchmark without a shape, no reference/notes arguments
+    data = make_result(benchmark="my_new_bench", platform="h200", backend="hopper", model="deepseek-v3", T=2,
+                       dtype="bf16", samples=[1.0, 2.0], summary={"anything": 1}, extra={"rank_count": 2})
+    assert read_result(write_result(data, tmp_path, name="x")).data["rank_count"] == 2
+
+
+def _bad(tmp_path: Path, data: dict, name: str = "bad") -> str:
+    path = tmp_path / data["platform"] / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultError) as err:
+        read_result(path)
+    assert str(path) in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("benchmark,mutate,field", [
+    ("fixed_layout_sweep", lambda s: s["points"][1].update(layout="tp"), "summary.points[1].layout"),
+    ("fixed_layout_sweep", lambda s: s["points"][0].pop("tokens_per_s"), "summary.points[0]: missing field 'tokens_per_s'"),
+    ("fixed_layout_sweep", lambda s: s["points"][2].update(batch=0), "summary.points[2].batch"),
+    ("fixed_layout_sweep", lambda s: s.update(point=[]), "unknown field 'point'"),
+    ("fixed_layout_sweep", lambda s: s.update(points=[]), "summary.points: must be a non-empty list"),
+    ("fixed_layout_sweep", lambda s: s["points"].append(dict(s["points"][0])), "summary.points[12]: repeats row 0"),
+    ("primitive_costs", lambda s: s["costs"][0].update(state="latent"), "summary.costs[0].state"),
+    ("primitive_costs", lambda s: s["costs"][0].update(dst="TP"), "src and dst must differ"),
+    ("primitive_costs", lambda s: s["costs"][1].pop("bytes"), "summary.costs[1]: missing field 'bytes'"),
+    ("switch_overhead", lambda s: s["directions"][0].update(ready_p50_ms=-1.0), "summary.directions[0].ready_p50_ms"),
+    ("switch_overhead", lambda s: s["directions"][0].update(splash_overhead_p50_ms=float("nan")),
+     "summary.directions[0].splash_overhead_p50_ms"),
+    ("kv_capacity", lambda s: s.update(memory_fraction=1.5), "summary.memory_fraction"),
+    ("kv_capacity", lambda s: s["layouts"][0].update(distinct_tokens=True), "summary.layouts[0].distinct_tokens"),
+    ("mla_decode", lambda s: s.pop("copy_gbps"), "summary: missing field 'copy_gbps'"),
+    ("prefill", lambda s: s["points"][0].update(kernel=""), "summary.points[0].kernel"),
+    ("plan_speed", lambda s: s["cases"][0].update(p50_us="fast"), "summary.cases[0].p50_us"),
+    ("crossovers", lambda s: s.pop("batch"), "summary.batch: required when axis is input_tokens"),
+    ("crossovers", lambda s: s.update(axis="context"), "summary.axis"),
+])
+def test_a_malformed_summary_names_the_file_and_field(tmp_path, benchmark, mutate, field):
+    data = make(benchmark)
+    mutate(data["summary"])
+    assert field in _bad(tmp_path, data)
+
+
+def test_a_sample_missing_its_fields_is_named(tmp_path):
+    data = make("switch_overhead")
+    del data["samples"][4]["splash_ms"]
+    assert "samples[4]: missing field 'splash_ms'" in _bad(tmp_path, data)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.pop("T"), "missing field 'T'"),
+    (lambda d: d.update(T="2"), "field 'T' must be an integer"),
+    (lambda d: d.update(source="guess"), "field 'source' must be one of measured, paper, model"),
+    (lambda d: d.update(samples=[]), "field 'samples': a measured result needs its raw samples"),
+    (lambda d: d.update(source="paper", samples=[]), "field 'reference': a paper result must name its table"),
+    (lambda d: d.update(notes=3), "field 'notes' must be a str"),
+])
+def test_a_malformed_envelope_names_the_field(tmp_path, mutate, message):
+    data = make("plan_speed")
+    mutate(data)
+    assert message in _bad(tmp_path, data)
+
+
+def test_predictions_are_never_labelled_measured(tmp_path):
+    data = make("crossovers", samples=[{"at": 1}])
+    data["source"] = "measured"
+    assert "source: crossovers results must be model or paper" in _bad(tmp_path, data)
+
+
+def test_a_paper_result_needs_no_samples_but_its_reference():
+    data = make("kv_capacity", source="paper", samples=[], reference="Table 3")
+    validate(data, "x")
+    assert data["reference"] == "Table 3"
+
+
+def test_measured_only_fields_are_optional_for_paper_numbers():
+    data = make("primitive_costs", source="paper", samples=[], reference="Figure 5b/c")
+    for row in data["summary"]["costs"]:
+        row.pop("bytes"), row.pop("primitive")
+    validate(data, "x")
+
+
+def test_invalid_json_names_file_and_line(tmp_path):
+    path = tmp_path / "cpu" / "broken.json"
+    path.parent.mkdir()
+    path.write_text('{"schema": 1,\n  "benchmark": }')
+    with pytest.raises(ResultError, match=re.escape(str(path)) + ": not valid JSON at line 2"):
+        read_result(path)
+
+
+def test_a_file_in_the_wrong_platform_folder_is_rejected(tmp_path):
+    data = make("plan_speed", platform="cpu")
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "plan_speed.json").write_text(json.dumps(data))
+    with pytest.raises(ResultError, match="field 'platform' is 'cpu' but the file is in folder 'h200'"):
+        read_results(tmp_path)
+
+
+def test_make_result_refuses_to_build_a_malformed_result():
+    summary, samples = copy.deepcopy(examples()["kv_capacity"])
+    summary["layouts"][0]["layout"] = "DP-attention"
+    with pytest.raises(ResultError, match=r"<new result>: summary.layouts\[0\].layout: must be one of TP, CP, DP, DOP"):
+        make_result(benchmark="kv_capacity", platform="cpu", backend="reference", model="m", T=2, dtype="fp32",
+                    samples=samples, summary=summary)
+
+
+@pytest.mark.parametrize("q", [0, 5, 50, 95, 100])
+def test_percentile_is_numpys_linear_definition(q):
+    values = [3.0, 1.0, 7.5, 2.25, 9.0, 4.0, 11.0]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_switch_overhead_summary_differences_matched_runs():
+    runs = [(10.0, 30.0, 11.0), (12.0, 20.0, 12.5), (11.0, 50.0, 14.0), (13.0, 33.0, 13.0)]
+    samples = [{"src": "TP", "dst": "DP", "ready_ms": r, "blocking_ms": b, "splash_ms": s} for r, b, s in runs]
+    (row,) = switch_overhead_summary(samples)
+    blocking = [b - r for r, b, _ in runs]
+    splash = [s - r for r, _, s in runs]
+    assert row["ready_p50_ms"] == pytest.approx(np.percentile([r for r, _, _ in runs], 50))
+    assert row["blocking_overhead_p50_ms"] == pytest.approx(np.percentile(blocking, 50))
+    assert row["blocking_overhead_p95_ms"] == pytest.approx(np.percentile(blocking, 95))
+    assert row["splash_overhead_p95_ms"] == pytest.approx(np.percentile(splash, 95))
+    assert row["runs"] == 4 and (row["src"], row["dst"]) == ("TP", "DP")
+    # a per-run difference, not a difference of quantiles
+    assert row["splash_overhead_p50_ms"] != pytest.approx(row["splash_p50_ms"] - row["ready_p50_ms"])
+
+
+def test_the_contract_document_lists_every_benchmark_and_field():
+    text = DOCS.read_text()
+    for name, shape in SHAPES.items():
+        assert f"`{name}`" in text, name
+        fields = set(shape.summary) | set(shape.sample) | {f for rows in shape.rows.values() for f in rows}
+        for field in fields:
+            assert f"`{field}`" in text, f"{name}.{field} is not documented in {DOCS}"

@@ -1,0 +1,139 @@
+"""The scheduler π(x; θ): argmin over the feasible set, the switching margin (no flapping
+near a crossover), min steps between switches, forced switches, hold admission, and Eq 5
+refusing a switch into TP that would overflow (paper §5.5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from splash_core.cli.main import main
+from splash_core.costmodel import BatchArrays
+from splash_core.layouts import LAYOUTS, Layout
+from splash_core.manifest import plan_switch
+from splash_core.profiles import load
+from splash_core.scheduler import FORCED, HOLD, STAY, SWITCH, Scheduler
+
+TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
+GIB = float(1 << 30)
+
+
+def deployment(margin=0.05, min_steps=0, memory_gib=None, model="deepseek-v3.2"):
+    dep = load("deployment", "h200-x8-deepseek-v3.2")
+    hw = dep.hardware
+    if memory_gib is not None:
+        hw = dataclasses.replace(hw, memory_gib=dataclasses.replace(hw.memory_gib, value=memory_gib))
+    sched = dataclasses.replace(dep.scheduler, margin=margin, min_steps_between_switches=min_steps)
+    return dataclasses.replace(dep, hardware=hw, scheduler=sched, model=load("model", model), memory_fraction=1.0)
+
+
+def batch(contexts, T=8, reserved=None):
+    return BatchArrays.of(contexts, np.arange(len(contexts)) % T, reserved=reserved)
+
+
+def crossover(scheduler, B):
+    """The context where the fastest layout for B requests first changes, and the two layouts."""
+    def fastest(context):
+        return LAYOUTS[int(np.argmin(scheduler.cost.evaluate(batch([int(context)] * B)).total_s))]
+
+    grid = np.geomspace(1024, 1 << 20, 100).astype(int)
+    for lo, hi in zip(grid[:-1], grid[1:]):
+        below, above = fastest(lo), fastest(hi)
+        if below is not above:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fastest(mid) is below else (lo, mid)
+            return int(hi), below, above
+    raise AssertionError("no crossover found")
+
+
+def test_margin_prevents_flapping_near_a_crossover():
+    flappy, steady = Scheduler(deployment(margin=0.0)), Scheduler(deployment(margin=0.05))
+    context, below, above = crossover(steady, 16)
+    # the load hovers around the crossover, 2% either way
+    contexts = [int(context * f) for f in (0.98, 1.02) * 20]
+    for s in (flappy, steady):
+        s.current = below
+    flaps = sum(flappy.step(batch([c] * 16)).switch for c in contexts)
+    steps = [steady.step(batch([c] * 16)) for c in contexts]
+    assert flaps >= 10  # without a margin every crossing switches
+    assert sum(d.switch for d in steps) <= 1
+    assert any("under the 5% margin" in d.reason or "fastest feasible" in d.reason for d in steps)
+
+
+def test_min_steps_between_switches():
+    s = Scheduler(deployment(margin=0.0, min_steps=3))
+    context, below, above = crossover(s, 16)
+    lo, hi = batch([int(context * 0.8)] * 16), batch([int(context * 1.25)] * 16)
+    s.current = below
+    assert s.step(hi).switch
+    held = [s.step(lo) for _ in range(3)]
+    assert not any(d.switch for d in held) and "minimum 3" in held[0].reason
+    assert s.step(lo).switch  # the fourth step may switch back
+
+
+def test_argmin_and_explanation():
+    s = Scheduler(deployment())
+    decision = s.decide(batch([131072] * 16), TP)
+    assert decision.action == SWITCH
+    feasible = [l for l in LAYOUTS if decision.fits_steady(l)]
+    assert decision.layout == min(feasible, key=decision.time_s)
+    rows = decision.as_dict()["layouts"]
+    assert [r["layout"] for r in rows] == list(LAYOUTS) and all(r["time_s"] > 0 and r["need_gib"] > 0 for r in rows)
+    assert f"switch TP -> {decision.layout}" in decision.reason and "margin 5%" in decision.reason
+    assert str(decision.layout) in decision.explain()
+
+
+def test_infeasible_current_layout_forces_a_switch():
+    s = Scheduler(deployment(memory_gib=80))
+    # small live contexts, but each request reserves 150k more tokens: TP cannot hold them all
+    x = batch([2048] * 16, reserved=[2048 + 150_000] * 16)
+    decision = s.decide(x, TP, steps_since_switch=0)  # forced even right after a switch
+    assert not decision.fits_steady(TP)
+    assert decision.action == FORCED and decision.layout is not TP and decision.fits_steady(decision.layout)
+    assert decision.switch_checks[decision.layout].fits
+    assert "no longer fits" in decision.reason
+
+
+def test_no_feasible_layout_holds_admission_with_the_reason():
+    s = Scheduler(deployment(memory_gib=40))
+    decision = s.decide(batch([1 << 20] * 64), DOP)
+    assert decision.action == HOLD and decision.layout is DOP and not decision.switch
+    assert "no layout fits" in decision.reason and "GiB" in decision.reason
+
+
+def test_eq5_refuses_a_switch_into_tp_that_would_overflow():
+    """TP fits in steady state (Eq 6) and is fastest, but one layer of its KV all-gather on top
+    of max(M_DOP, M_TP) exceeds memory (Eq 5): the scheduler stays, as SPLASH does in §5.5."""
+    x = batch([40_000, 40_000])
+    roomy = Scheduler(deployment(memory_gib=1000))
+    est = roomy.cost.evaluate(x)
+    assert LAYOUTS[int(np.argmin(est.total_s))] is TP
+    need_tp = roomy.decide(x, DOP).need_bytes[LAYOUTS.index(TP)]
+    dep = roomy.deployment
+    manifest = plan_switch(DOP, TP, x.to_batch(), dep.model, 8, dep.page_size)
+    scratch = est.scratch_bytes[[LAYOUTS.index(DOP), LAYOUTS.index(TP)]].max()
+    peak = manifest.peak.max() + dep.reserve_bytes + dep.common_bytes + scratch
+    assert need_tp < peak
+    tight = Scheduler(deployment(memory_gib=(need_tp + peak) / 2 / GIB))
+    decision = tight.decide(x, DOP)
+    assert decision.fits_steady(TP) and decision.fits_steady(DOP)
+    check = decision.switch_checks[TP]
+    assert not check.fits and check.how == "planned" and check.peak_bytes == pytest.approx(peak)
+    assert decision.action == STAY and decision.layout is DOP and "Eq 5" in decision.reason
+    assert roomy.decide(x, DOP).action == SWITCH  # with room, the same switch is taken
+
+
+def test_decide_cli(capsys):
+    assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", "--requests", "4x8k,2x100k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["layouts"]) == 4 and out["requests"] == 6 and out["total_context"] == 4 * 8192 + 2 * 102400
+    assert "not measured" in out["note"]
+    assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", "--requests", "16x128k", "--current", "DP"]) == 0
+    assert "decision:" in capsys.readouterr().out
+    for bad in (["--requests", "16by128k"], ["--requests", "4x8q"], ["--requests", "4x8k", "--current", "XP"]):
+        assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", *bad]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
