@@ -183,7 +183,7 @@ def test_weight_volume_is_the_unheld_shards():
 
 def test_kv_volume_dop_to_cp_matches_page_rotation():
     """DOP→CP at B = 16, 128K, T = 8: every rank receives 14 of the 16 × 256 pages it holds
-    under CP from their owners (page 64), the volume hardware/h200.yaml derives its
+    under CP from their owners (page 64), the volume hardware/h200-paper.yaml derives its
     all-to-all bandwidth from."""
     model = load("model", "deepseek-v3.2")
     man = plan_switch(Layout.DOP, Layout.CP, Batch.balanced(16, 131072, 8), model, 8, 64, layers=[0])

@@ -115,7 +115,7 @@ def test_list_and_show(capsys):
     assert main(["profiles", "show", "model", "deepseek-v3", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["kind"] == "model" and shown["mla"]["heads"] == 128
-    assert main(["profiles", "show", "hardware", "h200"]) == 0
+    assert main(["profiles", "show", "hardware", "h200-paper"]) == 0
     out = capsys.readouterr().out
     # provenance travels with every number: paper figures are labelled as such
     assert "all_gather_gbps" in out and "(paper: Figure 11b" in out

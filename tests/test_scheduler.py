@@ -22,12 +22,15 @@ GIB = float(1 << 30)
 
 
 def deployment(margin=0.05, min_steps=0, memory_gib=None, model="deepseek-v3.2"):
+    """The H200 deployment with only attention state in memory (M_0 = 0), so the memory
+    numbers below are about SPLASH's own state."""
     dep = load("deployment", "h200-x8-deepseek-v3.2")
     hw = dep.hardware
     if memory_gib is not None:
         hw = dataclasses.replace(hw, memory_gib=dataclasses.replace(hw.memory_gib, value=memory_gib))
     sched = dataclasses.replace(dep.scheduler, margin=margin, min_steps_between_switches=min_steps)
-    return dataclasses.replace(dep, hardware=hw, scheduler=sched, model=load("model", model), memory_fraction=1.0)
+    return dataclasses.replace(dep, hardware=hw, scheduler=sched, model=load("model", model), memory_fraction=1.0,
+                               common_gib=0.0)
 
 
 def batch(contexts, T=8, reserved=None):
