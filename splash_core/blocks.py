@@ -66,7 +66,7 @@ def rank_blocks(layout: Layout, batch: Batch, model: ModelProfile, T: int, page_
                         out.add((layer, "kv", req.id, page))
                         if model.indexer is not None:
                             out.add((layer, "indexer", req.id, page))
-            elif kind is LayerKind.KDA:
+            elif kind is LayerKind.KDA and req.context > 0:  # state exists once there is a history
                 if layout is Layout.TP:
                     out.add((layer, "recurrent", req.id, rank))
                 elif req.owner == rank:

@@ -8,7 +8,8 @@ Placement rules every part of SPLASH shares (planner, runtime, cost model):
   DP and DOP put a request's pages on its owner; CP puts page p of request i on rank
   ``(p + i) mod T`` (:func:`cp_rank_of_page`), which balances stored tokens to within a page.
 - recurrent (per request, KDA): TP splits it by head shard like the projections; DP, DOP and
-  CP keep the whole state on the request's owner (CP has no position axis to split it by).
+  CP keep the whole state on the request's owner (CP has no position axis to split it by). A
+  request holds it once it has a history (context > 0), like its first page.
 
 Owners are chosen at admission for every request, whatever the layout, so a later switch into
 DP or DOP knows where each history goes.
@@ -280,11 +281,12 @@ def _footprint(layout, contexts, ids, owners, model, T, page_size, layers) -> Fo
     rec = np.zeros(T, dtype=np.int64)
     if n_kda and model.kda is not None:
         per_request = model.recurrent_bytes_per_request_layer * n_kda
+        started = np.asarray(contexts) > 0  # state exists once a request has a history
         if layout is Layout.TP:
             weights.check_divides(T, model.kda.heads, "kda heads")
-            rec += len(contexts) * (per_request // T)
+            rec += int(started.sum()) * (per_request // T)
         else:
-            np.add.at(rec, owners, per_request)
+            np.add.at(rec, np.asarray(owners)[started], per_request)
     return Footprint(layout, w, kv, indexer, rec)
 
 

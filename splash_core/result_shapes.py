@@ -143,6 +143,15 @@ SHAPES: dict[str, Shape] = {
     ),
     "plan_speed": _TIMING,
     "scheduler_speed": _TIMING,
+    "rollout_serving": Shape(
+        doc="one workload served end to end by the engine under SPLASH and under each fixed layout",
+        summary={"workload": "text", "output_tokens": "count", "best_fixed": "layout",
+                 "splash_over_best_fixed": "nonneg", "policies": "rows"},
+        rows={"policies": {"policy": "text", "tokens_per_s": "nonneg", "elapsed_s": "nonneg", "steps": "positive",
+                           "switches": "count", "served": "count", "layout_steps": "text"}},
+        row_key={"policies": ("policy",)},
+        sample={"policy": "text", "tokens_per_s": "nonneg"},
+    ),
     "crossovers": Shape(
         doc="where the cost model predicts the fastest layout changes along one axis",
         summary={"axis": "axis", "batch": "positive?", "input_tokens": "positive?", "scenario": "text?",

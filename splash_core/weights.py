@@ -3,7 +3,10 @@ placement changes between layouts, per layer kind, in a transfer format.
 
 Only head-indexed projections change placement: TP and DOP hold head shard r of each on rank
 r, DP and CP hold all of them. Everything replicated in every layout (Q-A, KV-A, the rotary
-key rows, norms, KDA's low-rank gate down-projections) is left out, as appendix A says.
+key rows, norms, KDA's low-rank gate down-projections and its short-convolution taps) is left
+out, as appendix A says. The q/k/v convolution taps (3 H K c parameters, 0.05% of a
+GLM-5.3-Flash KDA layer) are replicated because DOP's owner convolves every head of its rows with the conv cache
+it holds, which needs the taps of every head.
 
 MLA (DeepSeek naming; d hidden, H heads, r_q query rank, d_c latent, d_n/d_r/d_v widths)::
 
@@ -15,8 +18,7 @@ KDA (Kimi-Linear naming; H heads of width K = V = head_dim, conv width c)::
 
     q, k, v   d x H K            o      H V x d
     beta      d x H              f_b    K x H K     (decay-gate up-projection)
-    g_b       V x H V            conv   3 H K x c   (q/k/v short-convolution taps)
-    decay     H + H K            (A_log and dt_bias)
+    g_b       V x H V            decay  H + H K     (A_log and dt_bias)
 
 Sizes are parameters times the transfer format's bytes; quantization scales (S_meta of Eq 9)
 are not counted because model profiles do not describe them.
@@ -86,8 +88,7 @@ def projections(model: ModelProfile, kind: LayerKind, dtype: str | None = None) 
         h, w = k.heads, k.head_dim
         rows = [
             ("q", (d, h * w)), ("k", (d, h * w)), ("v", (d, h * w)), ("o", (h * w, d)),
-            ("beta", (d, h)), ("f_b", (w, h * w)), ("g_b", (w, h * w)),
-            ("conv", (3 * h * w, k.conv_size)), ("decay", (h * (1 + w),)),
+            ("beta", (d, h)), ("f_b", (w, h * w)), ("g_b", (w, h * w)), ("decay", (h * (1 + w),)),
         ]
         heads = h
     else:

@@ -59,6 +59,17 @@ def examples() -> dict[str, tuple[dict, list]]:
                        [{"case": "plan TP->CP, 16 requests", "us": 250.5}]),
         "scheduler_speed": ({"cases": [{"case": "decide, 256 running", "p50_us": 80.0, "p95_us": 95.5, "runs": 100}]},
                             [{"case": "decide, 256 running", "us": 80.0}]),
+        "rollout_serving": (
+            {"workload": "rollout-tiny", "output_tokens": 200, "best_fixed": "TP", "splash_over_best_fixed": 1.25,
+             "policies": [
+                 {"policy": "SPLASH", "tokens_per_s": 1250.0, "elapsed_s": 1.5, "steps": 64, "switches": 1,
+                  "served": 12, "layout_steps": "TP 13, CP 51"},
+                 {"policy": "TP", "tokens_per_s": 1000.0, "elapsed_s": 1.875, "steps": 64, "switches": 0,
+                  "served": 12, "layout_steps": "TP 64"},
+                 {"policy": "CP", "tokens_per_s": 800.0, "elapsed_s": 2.5, "steps": 64, "switches": 0,
+                  "served": 12, "layout_steps": "CP 64"}]},
+            [{"policy": "SPLASH", "tokens_per_s": 1250.0}, {"policy": "TP", "tokens_per_s": 1000.0},
+             {"policy": "CP", "tokens_per_s": 800.0}]),
         "crossovers": ({"axis": "input_tokens", "batch": 4, "scenario": "profiles/deployments/cpu-tiny.yaml",
                         "predicted": [{"at": 2000.0, "from": "TP", "to": "DP"},
                                       {"at": 20000.0, "from": "DP", "to": "DOP"}]}, []),

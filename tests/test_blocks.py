@@ -77,10 +77,11 @@ def test_weights_and_recurrent_shards(layout):
             rec = {(b[2], b[3]) for b in s if b[0] == layer and blocks.state_of(b) is State.RECURRENT}
             if kind.value == "mla":
                 assert not rec
-            elif layout is Layout.TP:
-                assert rec == {(req.id, r) for req in BATCH.requests}
+            elif layout is Layout.TP:  # request 8 has no history yet, so no state
+                assert rec == {(req.id, r) for req in BATCH.requests if req.context}
             else:
-                assert rec == {(req.id, k) for req in BATCH.requests if req.owner == r for k in range(T)}
+                assert rec == {(req.id, k) for req in BATCH.requests if req.owner == r and req.context
+                               for k in range(T)}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

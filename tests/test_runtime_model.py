@@ -66,7 +66,9 @@ def _build(ctx, profile, layouts):
 
 def test_unsupported_models_fail_clearly(rank_pools):
     pool = rank_pools(2)
-    assert "this runtime runs MLA layers only" in pool.run(_build, load("model", "tiny-hybrid"), Layout.TP)[0]
+    hybrid = load("model", "tiny-hybrid")
+    odd_kda = dataclasses.replace(hybrid, kda=dataclasses.replace(hybrid.kda, heads=3))
+    assert "3 heads do not split over T = 2" in pool.run(_build, odd_kda, Layout.TP)[0]
     assert "2 layouts given for 3 layers" in pool.run(_build, load("model", "tiny-mla"), [Layout.TP, Layout.CP])[0]
     odd = dataclasses.replace(load("model", "tiny-mla"), mla=dataclasses.replace(load("model", "tiny-mla").mla, heads=3))
     assert "3 heads do not split over T = 2" in pool.run(_build, odd, Layout.DOP)[0]

@@ -46,7 +46,7 @@ def test_kda_projections():
     sizes = {p.name: p.params for p in projections(model, LayerKind.KDA)}
     hk = 12 * 16
     assert sizes == {"q": 96 * hk, "k": 96 * hk, "v": 96 * hk, "o": hk * 96, "beta": 96 * 12,
-                     "f_b": 16 * hk, "g_b": 16 * hk, "conv": 3 * hk * 4, "decay": 12 + hk}
+                     "f_b": 16 * hk, "g_b": 16 * hk, "decay": 12 + hk}
     report = weight_report(model, 3)
     assert [k.kind for k in report.kinds] == [LayerKind.MLA, LayerKind.KDA]
     assert report.model_bytes == sum(k.layers * k.layer_bytes for k in report.kinds)

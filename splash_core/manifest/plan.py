@@ -257,8 +257,10 @@ def _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size) -> di
                                                 [page_size * model.indexer_bytes_per_token_layer])
     elif kind is LayerKind.KDA:
         check_divides(T, model.kda.heads, "kda heads")
-        u = U.shard_universe(ids, T, sized_by_first=False)
-        diff = BlockDiff(u, U.recurrent_masks(src, u, owners, T), U.recurrent_masks(dst, u, owners, T), T)
+        started = contexts > 0  # no history, no state yet: nothing to move
+        u = U.shard_universe(ids[started], T, sized_by_first=False)
+        held = owners[started]
+        diff = BlockDiff(u, U.recurrent_masks(src, u, held, T), U.recurrent_masks(dst, u, held, T), T)
         states[State.RECURRENT] = _state_plan(State.RECURRENT, kind, diff,
                                               [model.recurrent_bytes_per_request_layer // T])
     return states

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import capacity, crossovers, primitives, roofline, sweeps, switching, timings
+from . import capacity, crossovers, primitives, roofline, rollout, sweeps, switching, timings
 from .context import Context
 
 
@@ -28,6 +28,8 @@ SECTIONS: tuple[Section, ...] = (
             crossovers.render, produced_by="model"),
     Section("primitive_costs", "Switch primitive costs", "the paper's Figures 5b/c, 9, 11", primitives.render),
     Section("switch_overhead", "Switch overhead", "the paper's Tables 1, 7, 8", switching.render),
+    Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
+            "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),
     Section("mla_decode", "MLA decode bandwidth against the roofline", "", roofline.render_decode),
     Section("prefill", "Prefill compute rate against the matmul rate", "", roofline.render_prefill),

@@ -1,4 +1,4 @@
-"""The distributed runtime: a group of T ranks serving MLA layers in TP, DP, DOP and CP.
+"""The distributed runtime: a group of T ranks serving MLA and KDA layers in TP, DP, DOP and CP.
 
 Modules, one concept each:
 
@@ -15,6 +15,9 @@ Modules, one concept each:
 - ``model``: embedding, MLA + tensor-parallel dense MLP blocks, vocabulary-parallel LM head;
   ``reference_model``: the single-process oracle; ``driver``: chunked prefill + greedy decode.
 - ``step_bench``: rank-side work of ``bench/runtime_step.py``.
+- ``switch``: live layout switching: :class:`~splash_core.runtime.switch.SwitchExecutor` runs one
+  step during which every layer moves to a destination layout, overlapping layer i's transfer
+  with layer i−1's computation (``Model.step``'s ``layouts`` and ``before_layer`` keywords).
 
 Per-layer state for live switching (the layout is a property of each layer)::
 
@@ -31,8 +34,19 @@ Per-layer state for live switching (the layout is a property of each layer)::
     model.check_placement(batch)             # every layer holds exactly its layout's pages
     model.nbytes(), layer.nbytes()           # bytes per state: weights, kv, indexer, recurrent
 
-A KDA layer would follow the same contract as :class:`MLALayer` (``forward(x, step)`` from and
-to all rows on every rank, ``layout``, ``set_layout``, ``nbytes``), keeping per-request recurrent
-state on the owner in DP/DOP/CP and split by head shard in TP; the model builds MLA layers only
-today and says so for a model with KDA layers.
+KDA layers (hybrid models such as GLM-5.3-Flash) follow the same contract:
+
+- ``kda``: the layout-free Kimi delta attention math and :class:`KDAWeights` (all heads or a
+  head shard; Kimi-Linear naming); ``kda_recurrence``: the short conv over cached inputs and the
+  gated delta rule through the backend's ``KDAKernels``; ``kda_layer``: :class:`KDALayer`, one
+  layer in its own layout; ``recurrent_pool``: per-request recurrent state and conv caches per
+  KDA layer, with the placement rule :func:`held_heads`; ``switch.recurrent``: the
+  :class:`RecurrentMover` that moves it during a live switch::
+
+    layer = model.layers[i]                  # KDALayer
+    layer.layout, layer.weights, layer.state # current layout, KDAWeights, LayerRecurrent
+    layer.state.heads_of(rid)                # head range of the request's state held here
+    layer.state.get(rid, heads) / put(rid, part)              # copies out / install (or remove)
+    layer.state.pack_shards(rid, shards, T) / assemble(...)   # the manifest's (request, shard) keys
+    SwitchExecutor(model, ctx)               # its default movers include the RecurrentMover
 """

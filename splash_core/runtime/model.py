@@ -1,8 +1,10 @@
-"""The runtime's small model on one rank: embedding, L blocks of MLA + dense MLP, LM head.
+"""The runtime's small model on one rank: embedding, L blocks of attention (MLA or KDA, as the
+profile's layer kinds say) + dense MLP, LM head.
 
 Data flow of :meth:`Model.step` (DESIGN.md §3): the residual stream of all rows of the step is
-the same on every rank between blocks. Each MLA layer computes in its own layout (see
-:mod:`~splash_core.runtime.mla_layer`) and returns all rows; the dense MLP is always
+the same on every rank between blocks. Each attention layer computes in its own layout (see
+:mod:`~splash_core.runtime.mla_layer` and :mod:`~splash_core.runtime.kda_layer`) and returns all
+rows; the dense MLP is always
 tensor-parallel over the group (gate/up split by rows of the intermediate width, down by its
 columns, one all-reduce), so DP/DOP/CP rows are gathered to every rank before it and each owner
 selects its rows again at the next attention layer, as DP-attention engines do.
@@ -19,18 +21,21 @@ their shortfalls and, if any rank lacks pages in any layer, all raise
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..dtypes import torch_dtype
-from ..interfaces import Collectives
+from ..interfaces import Collectives, KDAKernels
 from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
+from .kda import KDAMath, KDAWeights
+from .kda_layer import KDALayer
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages
 from .mla import MLAMath, MLAWeights, rms_norm
 from .mla_layer import MLALayer
+from .recurrent_pool import RecurrentFormat, RecurrentPool
 from .step_batch import StepBatch
 from .step_context import StepContext
 from .weights import SeededWeights, WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
@@ -42,39 +47,48 @@ class Model:
     def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
                  profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
                  pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
-                 num_layers: int | None = None):
+                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None):
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
-        if any(k is not LayerKind.MLA for k in kinds):
-            raise ValueError(f"model {profile.name!r} has layers of kinds {sorted(set(map(str, kinds)))}; "
-                             "this runtime runs MLA layers only (KDA layers are not implemented yet)")
+        mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
+        kda_layers = [i for i, k in enumerate(kinds) if k is LayerKind.KDA]
+        if kda_layers and kda_kernels is None:
+            raise ValueError(f"model {profile.name!r} has KDA layers: pass kda_kernels (the backend's splash_kda_kernels)")
         layouts = [layouts] * count if isinstance(layouts, Layout) else list(layouts)
         if len(layouts) != count:
             raise ValueError(f"{len(layouts)} layouts given for {count} layers")
         self.rank, self.T, self.device = rank, T, device
         self.collectives, self.kernels = collectives, kernels
         self.profile, self.dtype, self.page_size = profile, dtype, page_size
-        self.math = MLAMath(profile)
+        self.math = MLAMath(profile) if mla_layers else None
         shapes = tensor_shapes(profile, count)
         kw = dict(device=device, dtype=dtype)
 
         def get(name, **cut):
             return source.get(name, shapes[name], **cut, **kw)
 
-        fmt = PageFormat(page_size, self.math.kv_width, kv_dtype or dtype,
+        fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype,
                          profile.indexer.head_dim if profile.indexer else 0,
                          _indexer_dtype(profile) if profile.indexer else torch.float32)
-        self.pool = KVPool(range(count), pages_per_layer, fmt, device)
+        self.pool = KVPool(mla_layers, pages_per_layer, fmt, device)
+        self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
+        kda_math = KDAMath(profile) if kda_layers else None
         self.embed = get("model.embed_tokens.weight")
         inter = even_shard(profile.intermediate_size, rank, T)
-        self.layers: list[MLALayer] = []
+        self.layers: list[MLALayer | KDALayer] = []
         self.norms: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mlps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
         for i, layout in enumerate(layouts):
             p = layer_prefix(i)
-            heads = head_shard(profile.mla.heads, rank, T) if layout.placement is Placement.SHARDED else None
-            weights = MLAWeights.load(source, profile, i, heads, **kw)
-            self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
+            sharded = layout.placement is Placement.SHARDED
+            if kinds[i] is LayerKind.KDA:
+                heads = head_shard(profile.kda.heads, rank, T) if sharded else None
+                weights = KDAWeights.load(source, profile, i, heads, **kw)
+                self.layers.append(KDALayer(i, layout, weights, self.recurrent[i], kda_math, kda_kernels, rank, T))
+            else:
+                heads = head_shard(profile.mla.heads, rank, T) if sharded else None
+                weights = MLAWeights.load(source, profile, i, heads, **kw)
+                self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
             self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
             self.mlps.append(None if not profile.intermediate_size else (
                 get(f"{p}.mlp.gate_proj.weight", rows=slice(inter.start, inter.stop)),
@@ -89,11 +103,14 @@ class Model:
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
                      page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None) -> "Model":
-        """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA kernels."""
+        """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
+        for a model with KDA layers, KDA) kernels."""
+        count = profile.num_layers if num_layers is None else num_layers
+        kda = ctx.backend.kda_kernels(ctx.device, dtype) if LayerKind.KDA in profile.layer_kinds[:count] else None
         return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
                    kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
-                   kv_dtype=kv_dtype, num_layers=num_layers)
+                   kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda)
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
@@ -115,18 +132,27 @@ class Model:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def step(self, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
+    def step(self, batch: StepBatch, tokens: torch.Tensor, *, layouts: Sequence[Layout] | None = None,
+             before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
         """Run ``tokens`` [N] (rows in batch order) through the model; logits [R, V] float32 of each
-        request's last row, in batch request order, identical on every rank."""
+        request's last row, in batch request order, identical on every rank.
+
+        Two keywords serve live switching (:mod:`splash_core.runtime.switch`): ``layouts`` (one per
+        layer) are the layouts the layers compute in by the time they run, so the step's new pages
+        are reserved in those instead of the layers' current layouts; ``before_layer(i)`` is called
+        before layer i computes (the executor lands layer i's state there and starts the next
+        layer's transfer). Without them a step is exactly as before."""
         if batch.page_size != self.page_size or batch.T != self.T:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={self.T}, page {self.page_size}")
         if tokens.numel() != batch.num_rows:
             raise ValueError(f"{tokens.numel()} tokens for a batch of {batch.num_rows} rows")
-        self.reserve(batch)
+        self.reserve(batch, layouts)
         step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
         h = self.embed.index_select(0, tokens.to(self.device).long())
         eps = self.profile.rms_norm_eps
-        for layer, (in_norm, post_norm), mlp in zip(self.layers, self.norms, self.mlps):
+        for i, (layer, (in_norm, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):
+            if before_layer is not None:
+                before_layer(i)
             h = h + layer.forward(rms_norm(h, in_norm, eps), step)
             if mlp is not None:
                 h = h + self._mlp(rms_norm(h, post_norm, eps), mlp)
@@ -145,26 +171,30 @@ class Model:
 
     # ---- pages ----------------------------------------------------------------------------
 
-    def _new_pages(self, batch: StepBatch):
-        """{layer: [(request id, logical pages this rank must add)]} for the step's new tokens."""
+    def new_pages(self, batch: StepBatch, layouts: Sequence[Layout] | None = None):
+        """{layer: [(request id, logical pages this rank must add)]} for the step's new tokens, placed
+        by ``layouts`` (one per layer of the model; default: each layer's current layout)."""
         first, end = batch.new_pages()
+        placed = {layer.index: layer.layout for layer in self.layers} if layouts is None else \
+            {layer.index: Layout(l) for layer, l in zip(self.layers, layouts)}
         out = {}
-        for layer in self.layers:
+        for layer in self.paged_layers:
             out[layer.index] = [
-                (int(rid), held_pages(layer.layout, int(rid), int(owner), np.arange(a, b), self.rank, self.T))
+                (int(rid), held_pages(placed[layer.index], int(rid), int(owner), np.arange(a, b), self.rank, self.T))
                 for rid, owner, a, b in zip(batch.ids, batch.owners, first, end) if b > a]
         return out
 
-    def reserve(self, batch: StepBatch) -> None:
-        """Allocate the pages this step's new tokens need in every layer, or raise
-        :class:`PoolFullError` on every rank with nothing allocated (a collective when the batch
-        opens a page)."""
+    def reserve(self, batch: StepBatch, layouts: Sequence[Layout] | None = None) -> None:
+        """Allocate the pages this step's new tokens need in every layer (placed by ``layouts``, as
+        in :meth:`new_pages`), or raise :class:`PoolFullError` on every rank with nothing allocated
+        (a collective when the batch opens a page)."""
         if not batch.opens_pages:
             return
-        plan = self._new_pages(batch)
-        need = np.array([sum(p.size for _, p in plan[layer.index]) for layer in self.layers], dtype=np.int64)
-        free = np.array([layer.kv.free_pages for layer in self.layers], dtype=np.int64)
-        table = torch.zeros(2, self.T, len(self.layers), dtype=torch.int64)
+        plan = self.new_pages(batch, layouts)
+        paged = self.paged_layers
+        need = np.array([sum(p.size for _, p in plan[layer.index]) for layer in paged], dtype=np.int64)
+        free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
+        table = torch.zeros(2, self.T, len(paged), dtype=torch.int64)
         table[0, self.rank], table[1, self.rank] = torch.as_tensor(need), torch.as_tensor(free)
         table = table.to(self.device)
         self.collectives.all_reduce(table)
@@ -172,21 +202,30 @@ class Model:
         short = np.argwhere(need_all > free_all)
         if short.size:
             r, i = short[0]
-            raise PoolFullError(f"KV pool full: rank {r} layer {self.layers[i].index} needs {need_all[r, i]} "
+            raise PoolFullError(f"KV pool full: rank {r} layer {paged[i].index} needs {need_all[r, i]} "
                                 f"new pages, {free_all[r, i]} free ({len(short)} rank-layer pairs short); nothing was written")
-        for layer in self.layers:
+        for layer in paged:
             for rid, pages in plan[layer.index]:
                 layer.kv.alloc(rid, pages)
 
+    @property
+    def paged_layers(self) -> list[MLALayer]:
+        """The MLA layers (the ones with KV pages)."""
+        return [layer for layer in self.layers if isinstance(layer, MLALayer)]
+
     def release(self, request_id: int) -> None:
-        """Free a finished request's pages in every layer (call on every rank)."""
+        """Free a finished request's pages and recurrent state in every layer (call on every rank)."""
         self.pool.release(request_id)
+        self.recurrent.release(request_id)
 
     def check_placement(self, batch: StepBatch) -> None:
-        """Raise unless every layer holds exactly the pages its layout assigns this rank for
-        ``batch``'s contexts (after the step), and nothing for other requests."""
+        """Raise unless every layer holds exactly the pages (MLA) or recurrent heads (KDA) its layout
+        assigns this rank for ``batch``'s contexts (after the step), and nothing for other requests."""
         ids = set(int(i) for i in batch.ids)
         for layer in self.layers:
+            if isinstance(layer, KDALayer):
+                _check_recurrent(layer, batch, ids)
+                continue
             for rid, owner, ctx in zip(batch.ids, batch.owners, batch.contexts):
                 pages = np.arange(-(-int(ctx) // self.page_size))
                 want = held_pages(layer.layout, int(rid), int(owner), pages, self.rank, self.T)
@@ -202,8 +241,9 @@ class Model:
 
     def nbytes(self) -> dict[str, int]:
         """Bytes this rank holds, per state of the ownership model: 'weights' (Q-B, KV-B, O of every
-        MLA layer: W_A or W_A/T), 'kv' and 'indexer' (pages in use), 'recurrent' (KDA state: 0 here),
-        and 'other' (embedding, norms, Q-A/KV-A, dense MLP shard, LM head shard)."""
+        MLA layer, and the head-indexed KDA tensors: W_A or W_A/T), 'kv' and 'indexer' (pages in
+        use), 'recurrent' (KDA state and conv caches held), and 'other' (embedding, norms,
+        Q-A/KV-A, KDA gate down-projections and conv taps, dense MLP shard, LM head shard)."""
         size = lambda t: t.numel() * t.element_size()  # noqa: E731
         out = {"weights": 0, "kv": 0, "indexer": 0, "recurrent": 0, "other": 0}
         for layer, norms, mlp in zip(self.layers, self.norms, self.mlps):
@@ -211,12 +251,32 @@ class Model:
             out["weights"] += w["projections"]
             out["other"] += w["replicated"] + sum(map(size, norms)) + (sum(map(size, mlp)) if mlp else 0)
         out.update(self.pool.nbytes())
+        out.update(self.recurrent.nbytes())
         out["other"] += size(self.embed) + size(self.final_norm) + size(self.lm_head)
         return out
 
 
 def _indexer_dtype(profile: ModelProfile) -> torch.dtype:
     return torch_dtype(profile.indexer.dtype)
+
+
+def _recurrent_format(profile: ModelProfile) -> RecurrentFormat:
+    k = profile.kda
+    if k is None:
+        return RecurrentFormat(0, 0, 0, 0, torch.float32)
+    return RecurrentFormat(k.heads, k.head_dim, k.head_dim, k.conv_size - 1, torch_dtype(k.state_dtype))
+
+
+def _check_recurrent(layer: KDALayer, batch: StepBatch, ids: set[int]) -> None:
+    for rid, owner in zip(batch.ids, batch.owners):
+        want, have = layer.held_heads(int(owner)), layer.state.heads_of(int(rid))
+        if want != have:
+            raise AssertionError(f"rank {layer.rank} layer {layer.index} ({layer.layout}) request {rid}: holds "
+                                 f"recurrent heads {have}, the layout assigns {want}")
+    stray = set(layer.state.requests) - ids
+    if stray:
+        raise AssertionError(f"rank {layer.rank} layer {layer.index} holds recurrent state of requests "
+                             f"{sorted(stray)} not in the batch")
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:

@@ -3,13 +3,17 @@
 Deliberately a different computation from :class:`~splash_core.runtime.model.Model`: no pages,
 no kernels, no weight absorption, no collectives. Each request keeps a dense history of
 normalised latents and rotated rotary keys per layer; attention expands them per head with
-W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask. Only RMSNorm,
+W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask. KDA layers keep
+each request's whole history of pre-convolution inputs (convolved with ``F.conv1d`` over the
+full sequence, not from a cache) and its state, updated token by token in the transition form
+``S <- (I - beta k kᵀ) diag(exp g) S + beta k vᵀ`` (not the kernels' delta form). Only RMSNorm,
 RoPE and the weight source are shared with the runtime.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..profiles.model import LayerKind, ModelProfile
 from .mla import rms_norm, rope
@@ -24,8 +28,7 @@ class ReferenceModel:
                  num_layers: int | None = None):
         self.profile, self.dtype = profile, dtype
         count = profile.num_layers if num_layers is None else num_layers
-        if any(k is not LayerKind.MLA for k in profile.layer_kinds[:count]):
-            raise ValueError("the reference model runs MLA layers only")
+        self.kinds = profile.layer_kinds[:count]
         shapes = tensor_shapes(profile, count)
         self.w = {name: source.get(name, shape, device=device, dtype=dtype) for name, shape in shapes.items()}
         self.count = count
@@ -49,7 +52,8 @@ class ReferenceModel:
             for layer in range(self.count):
                 pre = layer_prefix(layer)
                 x = rms_norm(h, w[f"{pre}.input_layernorm.weight"], eps)
-                h = h + self._attention(layer, req.id, req.start, x, pos)
+                attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
+                h = h + attention(layer, req.id, req.start, x, pos)
                 if p.intermediate_size:
                     x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], eps)
                     gate = torch.nn.functional.silu(x @ w[f"{pre}.mlp.gate_proj.weight"].t())
@@ -86,3 +90,34 @@ class ReferenceModel:
         probs = torch.softmax(scores.float().masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
         out = torch.einsum("nhs,shv->nhv", probs.to(v.dtype), v).reshape(-1, H * dv)
         return out @ w[f"{a}.o_proj.weight"].t()
+
+    def _kda(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        kda, w, eps = self.profile.kda, self.w, self.profile.rms_norm_eps
+        a = f"{layer_prefix(layer)}.self_attn"
+        H, K, n = kda.heads, kda.head_dim, x.shape[0]
+        new = torch.stack([x @ w[f"{a}.{p}_proj.weight"].t() for p in "qkv"])  # [3, n, H K]
+        old, S = self.cache[layer].get(request, (new[:, :0], torch.zeros(H, K, K, device=x.device)))
+        if old.shape[1] != start:
+            raise ValueError(f"request {request} layer {layer}: history holds {old.shape[1]} tokens, step starts at {start}")
+        seq = torch.cat([old, new], dim=1)
+        qkv = []
+        for j, p in enumerate("qkv"):  # causal depthwise conv over the whole history, then SiLU
+            taps = w[f"{a}.{p}_conv1d.weight"]
+            full = F.conv1d(seq[j].t()[None].float(), taps.float(), padding=kda.conv_size - 1, groups=H * K)
+            qkv.append(F.silu(full[0, :, start: start + n].t()).view(n, H, K))
+        l2 = lambda t: t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+        q, k, v = l2(qkv[0]), l2(qkv[1]), qkv[2]
+        f = (x @ w[f"{a}.f_a_proj.weight"].t()) @ w[f"{a}.f_b_proj.weight"].t() + w[f"{a}.dt_bias"]
+        g = -w[f"{a}.A_log"].float().reshape(H, 1).exp() * F.softplus(f.float().view(n, H, K))
+        beta = torch.sigmoid((x @ w[f"{a}.b_proj.weight"].t()).float())
+        eye = torch.eye(K, device=x.device)
+        out = torch.empty(n, H, K, device=x.device)
+        for t in range(n):
+            kt = k[t].float()
+            transition = eye - beta[t][:, None, None] * torch.einsum("hi,hj->hij", kt, kt)
+            S = transition @ (g[t].exp()[:, :, None] * S) + beta[t][:, None, None] * torch.einsum("hk,hv->hkv", kt, v[t])
+            out[t] = torch.einsum("hkv,hk->hv", S, q[t].float()) * K ** -0.5
+        self.cache[layer][request] = (seq, S)
+        gate = torch.sigmoid(((x @ w[f"{a}.g_a_proj.weight"].t()) @ w[f"{a}.g_b_proj.weight"].t()).float().view(n, H, K))
+        o = rms_norm(out, w[f"{a}.o_norm.weight"], eps).float() * gate
+        return o.to(x.dtype).reshape(n, H * K) @ w[f"{a}.o_proj.weight"].t()

@@ -17,6 +17,7 @@ import traceback
 from typing import Any, Callable
 
 _POLL_S = 0.05
+_DEATH_GRACE_S = 0.2  # how long a failing rank's peers get to be seen dead
 
 
 class RankError(RuntimeError):
@@ -111,7 +112,11 @@ class RankPool:
                     except EOFError:
                         status, value = "err", f"died during {what} (exit code {proc.exitcode})"
                     if status == "err":
+                        dead = self._dead_peer(rank)
                         self.close(force=True)
+                        if dead is not None:  # a peer's death made this rank's collective fail
+                            raise RankError(dead, f"died during {what} with exit code {self._exitcodes[dead]}; "
+                                                  f"rank {rank} then failed:\n{value}")
                         raise RankError(rank, value)
                     results[rank] = value
                     pending.discard(rank)
@@ -124,6 +129,18 @@ class RankPool:
             if pending:
                 time.sleep(_POLL_S)
         return results
+
+    def _dead_peer(self, rank: int) -> int | None:
+        """The lowest other rank whose process has exited, if any, after a short grace (a rank
+        that exits mid-collective makes its peers' collectives fail; that rank is the cause)."""
+        for attempt in range(2):
+            dead = [r for r, p in enumerate(self._procs) if r != rank and not p.is_alive()]
+            if dead:
+                self._exitcodes = {r: self._procs[r].exitcode for r in dead}
+                return dead[0]
+            if attempt == 0:
+                time.sleep(_DEATH_GRACE_S)
+        return None
 
     def close(self, force: bool = False) -> None:
         for conn, proc in zip(self._conns, self._procs):

@@ -15,6 +15,19 @@ Tensor names follow DeepSeek's Hugging Face checkpoints (``nn.Linear`` weights a
     model.layers.{i}.self_attn.kv_b_proj.weight            [H (d_n + d_v), d_c]
     model.layers.{i}.self_attn.o_proj.weight               [d, H d_v]
     model.layers.{i}.self_attn.indexer.wk.weight           [indexer_dim, d]  (indexer models)
+    KDA layers (Kimi-Linear naming; H heads, K = V = head_dim, c conv width):
+    model.layers.{i}.self_attn.{q,k}_proj.weight           [H K, d]
+    model.layers.{i}.self_attn.v_proj.weight               [H V, d]
+    model.layers.{i}.self_attn.{q,k,v}_conv1d.weight       [H K, 1, c]  (depthwise short conv)
+    model.layers.{i}.self_attn.f_a_proj.weight             [K, d]
+    model.layers.{i}.self_attn.f_b_proj.weight             [H K, K]
+    model.layers.{i}.self_attn.dt_bias                     [H K]
+    model.layers.{i}.self_attn.A_log                       [1, 1, H, 1]
+    model.layers.{i}.self_attn.b_proj.weight               [H, d]
+    model.layers.{i}.self_attn.g_a_proj.weight             [V, d]
+    model.layers.{i}.self_attn.g_b_proj.weight             [H V, V]
+    model.layers.{i}.self_attn.o_norm.weight               [V]
+    model.layers.{i}.self_attn.o_proj.weight               [d, H V]
     model.layers.{i}.post_attention_layernorm.weight       [d]
     model.layers.{i}.mlp.{gate,up}_proj.weight             [I, d]
     model.layers.{i}.mlp.down_proj.weight                  [d, I]
@@ -22,6 +35,8 @@ Tensor names follow DeepSeek's Hugging Face checkpoints (``nn.Linear`` weights a
 
 Head h owns rows ``h (d_n + d_r) ..`` of Q-B, rows ``h (d_n + d_v) ..`` of KV-B (first d_n the
 key up-projection W_UK, then d_v the value up-projection W_UV) and columns ``h d_v ..`` of O.
+In a KDA layer head h owns rows ``h K ..`` of every [H K, ...] tensor, row h of ``b_proj``,
+entry h of ``A_log`` and columns ``h V ..`` of ``o_proj``.
 Real DeepSeek-V3 checkpoints also hold FP8 block scales and MoE experts; this loader reads the
 dense BF16/FP32 subset above.
 
@@ -71,12 +86,30 @@ def tensor_shapes(profile: ModelProfile, layers: int | None = None) -> dict[str,
             shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
             if profile.indexer is not None:
                 shapes[f"{a}.indexer.wk.weight"] = (profile.indexer.head_dim, d)
+        elif kind is LayerKind.KDA:
+            shapes.update(kda_tensor_shapes(profile, i))
         if profile.intermediate_size:
             shapes[f"{p}.mlp.gate_proj.weight"] = (profile.intermediate_size, d)
             shapes[f"{p}.mlp.up_proj.weight"] = (profile.intermediate_size, d)
             shapes[f"{p}.mlp.down_proj.weight"] = (d, profile.intermediate_size)
     shapes["model.norm.weight"] = (d,)
     shapes["lm_head.weight"] = (profile.vocab_size, d)
+    return shapes
+
+
+def kda_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of KDA layer ``layer`` (Kimi-Linear's ``KimiDeltaAttention``), full shapes."""
+    d, k = profile.hidden_size, profile.kda
+    H, K, c = k.heads, k.head_dim, k.conv_size
+    a = f"{layer_prefix(layer)}.self_attn"
+    shapes = {f"{a}.{n}_proj.weight": (H * K, d) for n in ("q", "k", "v")}
+    shapes.update({f"{a}.{n}_conv1d.weight": (H * K, 1, c) for n in ("q", "k", "v")})
+    shapes.update({
+        f"{a}.f_a_proj.weight": (K, d), f"{a}.f_b_proj.weight": (H * K, K), f"{a}.dt_bias": (H * K,),
+        f"{a}.A_log": (1, 1, H, 1), f"{a}.b_proj.weight": (H, d),
+        f"{a}.g_a_proj.weight": (K, d), f"{a}.g_b_proj.weight": (H * K, K),
+        f"{a}.o_norm.weight": (K,), f"{a}.o_proj.weight": (d, H * K),
+    })
     return shapes
 
 

@@ -1,0 +1,312 @@
+#!/usr/bin/env python
+"""Live switching on real collectives (issue 5): per-layer primitive costs (paper Figure 5b/c,
+§5.4) and the switch-overhead table (Table 1, §5.5, appendix F) in one run.
+
+On the lent nvidia-h200-x2 machine (T = 2, NCCL through the selected backend)::
+
+    python bench/switch_bench.py --out $OUT --budget-s 200
+
+1. ``primitive_costs``: one layer's transfer of weights and of KV in all 12 directions with
+   DeepSeek-V3 attention dims at B = 16 and ``--primitive-context`` tokens (128K by default),
+   ``--samples`` each (the slowest rank's device time per sample), with a bare all-gather /
+   all-to-all of the same bytes on the same communicator beside each (ratio = bare / ours).
+2. Sizing: from the per-layer step times of each layout (measured in phase 1 on a few layers)
+   and the primitive costs, the longest of ``--contexts`` at which at least ``--min-layers``
+   layers fit both device memory and the rest of the time budget, and the most layers that do.
+3. ``switch_overhead``: matched target-ready / blocking / SPLASH runs of one chunked-prefill
+   step (B requests x ``--rows`` query rows over the history) in all 12 directions,
+   ``--runs`` per direction; p50/p95 overheads (Eq 15), against the targets: SPLASH p50
+   overhead <= 1% of the ready step, >= 98% below blocking where state crosses the network.
+
+Writes ``<out>/<platform>/primitive_costs.json`` and ``switch_overhead.json`` through
+:mod:`splash_core.results`; whatever the time budget cut is recorded in them (``skipped``).
+``--smoke`` runs the same code on tiny shapes (CPU, gloo, T = 2) in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from splash_core import dtypes, ownership, results  # noqa: E402
+from splash_core.layouts import DIRECTIONS, Layout  # noqa: E402
+from splash_core.profiles.loader import load  # noqa: E402
+from splash_core.result_shapes import percentile, switch_overhead_summary  # noqa: E402
+from splash_core.runtime import step_bench  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
+from splash_core.runtime.switch import bench  # noqa: E402
+from splash_core.runtime.weights import tensor_shapes  # noqa: E402
+
+GIB = 1 << 30
+QUIET_MS = 2.0  # per timed step, beyond the step itself: barrier, synchronisation, the switch check
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results", help="results root; files go to <out>/<platform>/")
+    p.add_argument("--T", type=int, default=2, help="ranks (one per device)")
+    p.add_argument("--backend", default="auto", help="backend plugin (auto: the accelerator's, else reference)")
+    p.add_argument("--kernels", choices=("backend", "reference"), default="backend",
+                   help="MLA kernels (attention, page pack/unpack): the backend's, or the torch reference")
+    p.add_argument("--platform", default=None, help="results folder (default: <hardware profile>x<T>, cpu on CPU)")
+    p.add_argument("--model", default="deepseek-v3")
+    p.add_argument("--dtype", default="bf16", help="compute, weight and KV format")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--rows", type=int, default=8, help="query rows per request in the switching (prefill-chunk) step")
+    p.add_argument("--primitive-context", type=int, default=131072, help="tokens per request for the primitive costs")
+    p.add_argument("--contexts", default="131072,65536,32768", help="candidate contexts for the overhead table")
+    p.add_argument("--min-layers", type=int, default=32, help="fewest layers worth an overhead table at a context")
+    p.add_argument("--max-layers", type=int, default=0, help="cap on the table's layers (0: the model's)")
+    p.add_argument("--samples", type=int, default=20, help="samples per primitive (state, direction)")
+    p.add_argument("--runs", type=int, default=20, help="matched runs per direction")
+    p.add_argument("--gate-ms", type=float, default=15.0, help="device work queued ahead of each primitive sample")
+    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of free device memory to plan with")
+    p.add_argument("--margin-gib", type=float, default=6.0, help="memory kept free for activations and the allocator")
+    p.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
+    p.add_argument("--budget-s", type=float, default=200.0, help="wall-clock budget of the whole run")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.backend, args.model, args.dtype, args.batch, args.page_size = "reference", "tiny-mla", "fp32", 4, 16
+        args.rows, args.primitive_context, args.contexts = 4, 64, "64,32"
+        args.samples, args.runs, args.gate_ms, args.min_layers, args.margin_gib = 3, 2, 0.0, 1, 0.0
+        args.platform = args.platform or "cpu"
+    args.contexts = sorted({int(c) for c in str(args.contexts).split(",")}, reverse=True)
+    for c in [args.primitive_context, *args.contexts]:
+        if c % args.page_size or not 0 < args.rows < args.page_size:
+            p.error(f"contexts must be multiples of --page-size {args.page_size} and 0 < --rows < page size "
+                    f"(the chunk stays in the last page so the step can be repeated); got context {c}, rows {args.rows}")
+    return args
+
+
+def _spec(args, **more) -> dict:
+    return dict(model=args.model, dtype=args.dtype, kernels=args.kernels, batch=args.batch, page_size=args.page_size,
+                rows=args.rows, seed=args.seed, initial="TP", **more)
+
+
+def _slowest(per_rank: list[list[dict]], fields) -> list[dict]:
+    """Rank 0's samples with each timed field replaced by the slowest rank's value."""
+    out = []
+    for i, sample in enumerate(per_rank[0]):
+        out.append({**sample, **{f: max(r[i][f] for r in per_rank) for f in fields}})
+    return out
+
+
+# ---- memory and time sizing -----------------------------------------------------------------
+
+def layer_bytes(profile, T: int, batch: int, context: int, page_size: int, elem: int) -> tuple[int, int]:
+    """(bytes one layer holds at most on a rank, bytes one layer has in transit during a switch)."""
+    pages = batch * int(ownership.pages_for(context, page_size)) + batch  # the pool holds TP's full history
+    page_bytes = page_size * profile.kv_bytes_per_token_layer
+    shapes = tensor_shapes(profile, 1)
+    attention = sum(math.prod(s) for n, s in shapes.items() if n.startswith("model.layers.0.") and "mlp" not in n)
+    mlp = 3 * profile.hidden_size * -(-profile.intermediate_size // T)
+    held = pages * page_bytes + (attention + mlp) * elem
+    proj = sum(math.prod(shapes[f"model.layers.0.self_attn.{n}.weight"]) for n in ("q_b_proj", "kv_b_proj", "o_proj"))
+    transit = int(1.5 * (pages - batch) * page_bytes) + 2 * proj * elem  # gathered KV + send; gathered + rebuilt weights
+    return held, transit
+
+
+def layers_that_fit(args, profile, context: int, budget: float) -> tuple[int, dict]:
+    elem = dtypes.nbytes(args.dtype)
+    held, transit = layer_bytes(profile, args.T, args.batch, context, args.page_size, elem)
+    fixed = (profile.vocab_size + -(-profile.vocab_size // args.T)) * profile.hidden_size * elem
+    fixed += transit + int(args.margin_gib * GIB)
+    fit = max(0, int((budget - fixed) // held))
+    return fit, {"per_layer_bytes": held, "transit_bytes": transit, "fixed_bytes": fixed, "budget_bytes": int(budget)}
+
+
+def run_cost_ms(steps: list[dict], primitives: list[dict], context: int, prim_context: int) -> tuple[dict, dict]:
+    """Estimated ms of one matched run (3 timed steps + the ready run's untimed switch) of each
+    direction at ``context``: (per layer: 3 layer computes of the destination layout + twice the
+    direction's per-layer transfer, KV scaled linearly with context; fixed: 3 times the rest of a
+    step and ``QUIET_MS``)."""
+    step = {s["layout"]: s["layer_ms"] for s in steps if s["context"] == context}
+    fixed = {s["layout"]: s["fixed_ms"] for s in steps if s["context"] == context}
+    xfer: dict[tuple[str, str], float] = {}
+    for s in primitives:
+        scale = context / prim_context if s["state"] == "kv" else 1.0
+        key = (s["src"], s["dst"])
+        xfer[key] = xfer.get(key, 0.0) + scale * s["per_layer_ms"] / _count(primitives, s)
+    per_layer = {f"{a}->{b}": 3 * step[str(b)] + 2 * xfer.get((str(a), str(b)), 0.0) for a, b in DIRECTIONS}
+    return per_layer, {f"{a}->{b}": 3 * (fixed[str(b)] + QUIET_MS) for a, b in DIRECTIONS}
+
+
+def _count(samples, s) -> int:
+    return sum(1 for x in samples if (x["state"], x["src"], x["dst"]) == (s["state"], s["src"], s["dst"]))
+
+
+def choose_table(args, profile, phase1: dict, budget_bytes: float, seconds_left: float) -> tuple[int, int, dict]:
+    """(context, layers) for the overhead table and the reasoning, as a dict."""
+    model_layers = min(profile.num_layers, args.max_layers or profile.num_layers)
+    candidates = []
+    for context in args.contexts:
+        mem_fit, memory = layers_that_fit(args, profile, context, budget_bytes)
+        per_layer, fixed = run_cost_ms(phase1["steps"], phase1["samples"], context, args.primitive_context)
+        runs = args.runs + 1  # + the warm-up run
+        per_layer_s = runs * sum(per_layer.values()) / 1e3
+        fixed_s = runs * sum(fixed.values()) / 1e3 + 20.0  # + building and filling the model
+        time_fit = max(0, int((0.85 * seconds_left - fixed_s) // per_layer_s)) if per_layer_s > 0 else model_layers
+        layers = min(mem_fit, time_fit, model_layers)
+        candidates.append({"context": context, "layers": layers, "memory_fit": mem_fit, "time_fit": time_fit,
+                           "est_run_ms_per_layer": per_layer, "est_run_ms_fixed": fixed, "memory": memory})
+    fitting = [c for c in candidates if c["layers"] >= args.min_layers]
+    pick = fitting[0] if fitting else max(candidates, key=lambda c: (c["layers"], -c["context"]))
+    return pick["context"], pick["layers"], {"candidates": candidates, "seconds_left": seconds_left,
+                                             "min_layers": args.min_layers}
+
+
+# ---- summaries ------------------------------------------------------------------------------
+
+def primitive_summary(samples: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(``summary.costs`` rows, bare-collective comparison rows)."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["state"], s["src"], s["dst"]), []).append(s)
+    costs, bare = [], []
+    for (state, src, dst), runs in groups.items():
+        ms = [r["per_layer_ms"] for r in runs]
+        row = {"state": state, "src": src, "dst": dst, "per_layer_ms": percentile(ms, 50),
+               "per_layer_ms_p95": percentile(ms, 95), "bytes": int(runs[0]["bytes"]), "primitive": runs[0]["primitive"]}
+        costs.append(row)
+        if runs[0]["primitive"] != "discard":
+            ours, theirs = row["per_layer_ms"], percentile([r["bare_ms"] for r in runs], 50)
+            bare.append({"state": state, "src": src, "dst": dst, "primitive": row["primitive"], "bytes": row["bytes"],
+                         "ours_p50_ms": ours, "bare_p50_ms": theirs, "host_p50_ms": percentile([r["host_ms"] for r in runs], 50),
+                         "ratio": theirs / ours if ours > 0 else 0.0, "gbps": row["bytes"] / ours / 1e6 if ours > 0 else 0.0})
+    return costs, bare
+
+
+def overhead_targets(directions: list[dict], network: set[tuple[str, str]]) -> list[dict]:
+    out = []
+    for d in directions:
+        ready, splash, blocking = d["ready_p50_ms"], d["splash_overhead_p50_ms"], d["blocking_overhead_p50_ms"]
+        crosses = (d["src"], d["dst"]) in network
+        row = {"src": d["src"], "dst": d["dst"], "splash_pct_of_ready": 100 * splash / ready if ready else 0.0,
+               "crosses_network": crosses}
+        row["splash_within_1pct"] = row["splash_pct_of_ready"] <= 1.0
+        if crosses:
+            row["reduction_vs_blocking_pct"] = 100 * (1 - splash / blocking) if blocking > 0 else 0.0
+            row["reduction_at_least_98pct"] = row["reduction_vs_blocking_pct"] >= 98.0
+        out.append(row)
+    return out
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def run(args, pool) -> int:
+    start = time.time()
+    deadline = start + args.budget_s
+    info = pool.run(step_bench.describe_rank)
+    on_cpu = info[0]["device"] == "cpu"
+    platform = args.platform or ("cpu" if on_cpu else f"{info[0]['profile'] or 'gpu'}x{args.T}")
+    backend = info[0]["backend"]
+    print(f"{args.T} ranks, backend {backend} on {info[0]['device']}, kernels {args.kernels}", flush=True)
+    if args.backend == "auto" and on_cpu and not args.smoke:
+        raise SystemExit("backend auto found no accelerator backend and chose the CPU reference; install one "
+                         "(pip install --no-deps -e backends/cuda -e backends/hopper) or pass --backend reference")
+    profile = load("model", args.model)
+    memory = [i["memory"] for i in info]
+    budget = min(m[0] for m in memory) * args.memory_fraction if all(memory) else args.cpu_budget_gib * GIB
+    common = dict(platform=platform, backend=backend, model=args.model, T=args.T, dtype=args.dtype)
+
+    # 1. primitive costs, and per-layer step times for sizing the table
+    layers = min(2, profile.num_layers)
+    context = args.primitive_context
+    while layers_that_fit(args, profile, max(context, *args.contexts), budget)[0] < layers:
+        if len(args.contexts) > 1:  # the longest candidate does not fit even two layers
+            args.contexts = args.contexts[1:]
+        elif context > args.page_size:
+            context //= 2
+        else:
+            raise SystemExit("not even two layers fit the device memory")
+    if context != args.primitive_context:
+        print(f"primitive context {args.primitive_context} does not fit two layers: using {context}", flush=True)
+        args.primitive_context = context
+    spec = _spec(args, context=args.primitive_context, calibrate=args.contexts, layers=layers,
+                 samples=args.samples, warmup=2, gate_ms=args.gate_ms, deadline=start + 0.35 * args.budget_s)
+    per_rank = pool.run(bench.primitive_costs, spec)
+    phase1 = {"samples": _slowest([r["samples"] for r in per_rank], ("per_layer_ms", "device_ms", "host_ms", "bare_ms")),
+              "steps": _slowest([r["steps"] for r in per_rank], ("layer_ms", "step_ms", "fixed_ms")),
+              "skipped": per_rank[0]["skipped"]}
+    costs, bare = primitive_summary(phase1["samples"])
+    workload = f"B={args.batch}, {args.primitive_context // 1024}K context, one layer"
+    data = results.make_result(
+        benchmark="primitive_costs", samples=phase1["samples"], summary={"workload": workload, "costs": costs},
+        extra={"bare_collectives": bare, "skipped": phase1["skipped"], "step_calibration": phase1["steps"]},
+        notes=(f"per_layer_ms: device time of one layer's pack + collective + unpack on the side communicator "
+               f"(the slowest rank; {args.gate_ms:g} ms of device work queued ahead so host bookkeeping is "
+               f"excluded, as when the host runs ahead in a pipelined switch; host_ms in the samples includes it); "
+               f"0 for a discard (no network). bare_collectives: the same bytes through a bare collective on the "
+               f"same communicator; ratio = bare / ours (target >= 0.8). kernels: {args.kernels}"), **common)
+    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    _print_primitives(costs, bare)
+
+    # 2. size and 3. run the overhead table
+    context, layers, sizing = choose_table(args, profile, phase1, budget, deadline - time.time())
+    print(f"overhead table: {layers} layers at {context} tokens per request "
+          f"(memory fits {next(c['memory_fit'] for c in sizing['candidates'] if c['context'] == context)}, "
+          f"time fits {next(c['time_fit'] for c in sizing['candidates'] if c['context'] == context)})", flush=True)
+    if layers < 1:
+        print("not even one layer fits the time or memory left: no overhead table", flush=True)
+        return 1
+    spec = _spec(args, context=context, layers=layers, runs=args.runs, warmup=1, deadline=deadline)
+    per_rank = pool.run(bench.switch_overhead, spec)
+    samples = _slowest([r["samples"] for r in per_rank], ("ready_ms", "blocking_ms", "splash_ms"))
+    if not samples:
+        print("the time budget ran out before any overhead run", flush=True)
+        return 1
+    directions = switch_overhead_summary(samples)
+    network = {(r["src"], r["dst"]) for r in costs if r["primitive"] != "discard"}
+    targets = overhead_targets(directions, network)
+    data = results.make_result(
+        benchmark="switch_overhead", samples=samples,
+        summary={"workload": f"B={args.batch}, {context // 1024}K context, {layers} layers, prefill chunk of "
+                             f"{args.rows} rows per request", "directions": directions},
+        extra={"targets": targets, "skipped": per_rank[0]["skipped"], "plan_ms": per_rank[0]["plan_ms"],
+               "splash_exposed": per_rank[0]["exposed"], "sizing": sizing, "layers": layers, "context": context},
+        notes=(f"one chunked-prefill step of {args.batch} requests x {args.rows} rows over {context - args.rows} "
+               f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
+               f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
+               f"are planned in each pair's warm-up run (plan_ms) and reused. kernels: {args.kernels}"), **common)
+    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    _print_overheads(directions, targets)
+    return 0
+
+
+def _print_primitives(costs, bare) -> None:
+    ratio = {(b["state"], b["src"], b["dst"]): b["ratio"] for b in bare}
+    print(f"{'state':8s} {'direction':10s} {'primitive':11s} {'MiB':>9s} {'p50 ms':>8s} {'p95 ms':>8s} {'bare/ours':>9s}")
+    for c in sorted(costs, key=lambda c: (c["state"], c["src"], c["dst"])):
+        r = ratio.get((c["state"], c["src"], c["dst"]))
+        print(f"{c['state']:8s} {c['src'] + '->' + c['dst']:10s} {c['primitive']:11s} {c['bytes'] / (1 << 20):9.1f} "
+              f"{c['per_layer_ms']:8.3f} {c['per_layer_ms_p95']:8.3f} {'' if r is None else f'{r:9.2f}'}")
+
+
+def _print_overheads(directions, targets) -> None:
+    t = {(x["src"], x["dst"]): x for x in targets}
+    print(f"{'direction':10s} {'ready':>9s} {'blocking':>9s} {'splash':>9s} {'dBlock p50(p95)':>18s} "
+          f"{'dSPLASH p50(p95)':>18s} {'%ready':>7s} {'vs block':>8s}")
+    for d in directions:
+        x = t[(d["src"], d["dst"])]
+        red = f"{x['reduction_vs_blocking_pct']:7.2f}%" if "reduction_vs_blocking_pct" in x else "       -"
+        print(f"{d['src'] + '->' + d['dst']:10s} {d['ready_p50_ms']:9.2f} {d['blocking_p50_ms']:9.2f} "
+              f"{d['splash_p50_ms']:9.2f} {d['blocking_overhead_p50_ms']:8.2f}({d['blocking_overhead_p95_ms']:8.2f}) "
+              f"{d['splash_overhead_p50_ms']:8.2f}({d['splash_overhead_p95_ms']:8.2f}) {x['splash_pct_of_ready']:6.2f}% {red}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with RankPool(args.T, backend=args.backend, timeout_s=max(300.0, args.budget_s * 2)) as pool:
+        return run(args, pool)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

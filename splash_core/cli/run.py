@@ -1,0 +1,86 @@
+"""``splash run``: the main job. Serves a workload on T ranks with the engine, the scheduler
+switching the attention layout live, then prints what happened and checks the outputs against
+the single-device reference.
+
+With no arguments it runs the embedded default: the CPU reference backend, T = 2 gloo ranks,
+the tiny model (deployment ``cpu-tiny``) and an RL rollout (workload ``rollout-tiny``) that
+makes the scheduler switch. Under torchrun each process joins the group the environment
+describes (one rank per process); otherwise the ranks are spawned here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..backend import get_backend
+from ..profiles import load
+from ..runtime.spawn import RankError
+from .main import UsageError
+from .output import print_json
+
+DEFAULT_DEPLOYMENT, DEFAULT_WORKLOAD = "cpu-tiny", "rollout-tiny"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="serve a workload with live layout switching (the main job)",
+                       description="Serve a workload on T ranks, the scheduler switching the attention layout live; "
+                                   "then print requests served, tokens/s, steps per layout, every switch, and "
+                                   "whether the outputs equal the single-device reference. With no arguments: "
+                                   f"{DEFAULT_DEPLOYMENT} (CPU reference backend, T = 2 gloo ranks, tiny model) "
+                                   f"serving {DEFAULT_WORKLOAD} (an RL rollout).")
+    p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
+                   help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                   help=f"workload profile: name or path (default {DEFAULT_WORKLOAD})")
+    p.add_argument("--policy", default="splash",
+                   help="splash (the scheduler decides every step), a fixed layout TP|CP|DP|DOP, "
+                        "or script:TP,DP,...[:STEPS] (forced switches)")
+    p.add_argument("--prefill-chunk", type=int, default=8192,
+                   help="prefill rows per owner rank per step (default 8192, as splash simulate)")
+    p.add_argument("--kv-pages", type=int, default=None,
+                   help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
+    p.add_argument("--switch-mode", choices=("splash", "blocking"), default="splash",
+                   help="how a switch moves state: layer-pipelined (splash, default) or all before the step")
+    p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="collective timeout in seconds (default: the deployment's collective_timeout_s)")
+    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout, no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..engine import Job, run_job  # torch: imported only when the command runs
+    from ..engine.policy import make_policy
+    from ..engine.summary import render
+
+    deployment = load("deployment", args.deployment)
+    workload = load("workload", args.workload)
+    if args.prefill_chunk < 1:
+        raise UsageError(f"--prefill-chunk must be >= 1 (got {args.prefill_chunk})")
+    if args.kv_pages is not None and args.kv_pages < 1:
+        raise UsageError(f"--kv-pages must be >= 1 (got {args.kv_pages})")
+    try:
+        make_policy(args.policy, deployment)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    backend = get_backend(deployment.backend)
+    if not backend.info.accelerator and deployment.hardware.platform != "cpu":
+        raise UsageError(f"deployment {deployment.name!r} is for {deployment.hardware.platform}, but backend "
+                         f"{deployment.backend!r} resolved to {backend.name!r} on the CPU here; run it on that "
+                         f"machine with its backend installed (splash backends), or use a CPU deployment")
+    job = Job(deployment=args.deployment, workload=args.workload, policy=args.policy,
+              prefill_chunk=args.prefill_chunk, kv_pages=args.kv_pages, switch_mode=args.switch_mode,
+              check=not args.no_check, progress=not args.json)
+    try:
+        summary = run_job(job, timeout_s=args.timeout)
+    except RankError as exc:
+        print(str(exc), file=sys.stderr)
+        print(f"splash run: error: the group stopped: rank {exc.rank} failed (its error is above)", file=sys.stderr)
+        return 1
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return 0
+    if args.json:
+        print_json(summary.as_dict())
+    else:
+        print(render(summary))
+    return 1 if summary.check_passed is False else 0

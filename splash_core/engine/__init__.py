@@ -1,0 +1,22 @@
+"""The serving engine: continuous batching on T ranks with live layout switching (issue 7).
+
+Modules, one concept each:
+
+- ``requests``: a request's lifecycle (waiting, prefilling, decoding, finished, rejected).
+- ``admission``: the KV pool's size and first-come-first-served admission by KV capacity.
+- ``policy``: who picks each step's layout: the scheduler (SPLASH), a fixed layout, a script.
+- ``controller``: rank 0's decisions each step (admission, rows per request, layout).
+- ``plan``: the compact step plan rank 0 broadcasts so every rank runs the same step.
+- ``engine``: :func:`serve`, the step loop every rank runs (torchrun or a RankPool worker).
+- ``launch``: :func:`run_job` starts the group (torchrun or spawned ranks) and serves a job.
+- ``reference_check``: outputs against the single-device reference model.
+- ``summary``, ``progress``: what a run reports, and the progress bar while it runs.
+
+``splash run`` (:mod:`splash_core.cli.run`) is the command-line face.
+"""
+
+from .engine import EngineError, Job, serve
+from .launch import run_job
+from .summary import RunSummary
+
+__all__ = ["EngineError", "Job", "RunSummary", "run_job", "serve"]

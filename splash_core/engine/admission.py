@@ -1,0 +1,119 @@
+"""Admission by KV capacity (rank 0, before every step).
+
+The KV pool gives every MLA layer ``pages`` pages on every rank. A set of requests fits a
+layout when, on every rank, the pages its placement assigns there at the requests' reserved
+lengths (prompt + output; :func:`splash_core.costmodel.rank_loads`, the scheduler's Eq 6
+accounting) are at most ``pages``: then the batch keeps fitting as it decodes, and
+:meth:`~splash_core.runtime.model.Model.reserve` never runs out.
+
+Admission is first come, first served. The head of the queue gets its owner from projected
+KV growth (:func:`~splash_core.ownership.assign_owner`) and is
+
+- rejected, with the reason, when no layout the policy may run could hold it even alone;
+- admitted when the running requests plus it fit the current layout;
+- admitted when nothing runs and it fits another layout the policy may run (the engine then
+  moves to a layout that holds it before the first step);
+- otherwise left waiting, and so is everything behind it, until requests finish.
+
+A scheduler decision to hold admission skips admission for the next step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..costmodel import BatchArrays, CostModel, rank_loads
+from ..layouts import LAYOUTS, Layout
+from ..ownership import assign_owner, pages_for
+from .requests import Request
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCapacity:
+    """Pages per MLA layer on every rank, and where that number came from."""
+
+    pages: int
+    page_size: int
+    T: int
+    source: str  # how ``pages`` was chosen, in words
+
+    def need(self, requests: Sequence[Request], owners: Sequence[int] | None = None) -> np.ndarray:
+        """[len(LAYOUTS)]: the busiest rank's pages per layer for ``requests`` at their reserved
+        lengths, in each layout (``owners`` overrides the requests' own)."""
+        if not requests:
+            return np.zeros(len(LAYOUTS), dtype=np.int64)
+        reserved = [r.reserved_tokens for r in requests]
+        x = BatchArrays.of(reserved, [r.owner for r in requests] if owners is None else owners,
+                           ids=[r.id for r in requests], reserved=reserved)
+        return rank_loads(x, self.T, self.page_size).reserved_pages.max(axis=1).astype(np.int64)
+
+    def fits(self, requests: Sequence[Request]) -> np.ndarray:
+        """[len(LAYOUTS)] bools: which layouts hold ``requests``."""
+        return self.need(requests) <= self.pages
+
+
+def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], pages: int | None = None) -> KVCapacity:
+    """Pages per layer per rank: ``pages`` when given; else the deployment's memory budget for KV
+    (H·fraction − M0 − R − the replicated projection weights), capped at what the workload can
+    use (its ``concurrency`` largest requests, every page on every rank as in TP) so a small job
+    does not allocate the whole budget."""
+    T, page_size = deployment.T, deployment.page_size
+    if pages is not None:
+        if pages < 1:
+            raise ValueError(f"the KV pool needs at least one page per layer (got {pages})")
+        return KVCapacity(int(pages), page_size, T, "configured")
+    cost = CostModel.from_deployment(deployment)
+    kv_budget = (deployment.memory_budget_bytes - deployment.common_bytes - deployment.reserve_bytes
+                 - float(cost.weights_bytes.max()))
+    budget_pages = int(kv_budget // (page_size * cost.kv_bytes_token))
+    largest = sorted((int(n) for n in pages_for(np.asarray(list(reserved_tokens)), page_size)), reverse=True)
+    workload_pages = max(1, sum(largest[:concurrency]))
+    if budget_pages < 1:
+        raise ValueError(f"deployment {deployment.name!r}: its memory budget leaves no room for KV pages "
+                         f"({kv_budget / (1 << 30):.2f} GiB after M0, the reserve and the weights)")
+    if workload_pages <= budget_pages:
+        return KVCapacity(workload_pages, page_size, T, f"sized for the workload; the memory budget holds {budget_pages:,}")
+    return KVCapacity(budget_pages, page_size, T, "the deployment's memory budget")
+
+
+class Admission:
+    """First-come-first-served admission into the running set (rank 0)."""
+
+    def __init__(self, capacity: KVCapacity, concurrency: int, layouts: Sequence[Layout]):
+        self.capacity, self.concurrency = capacity, concurrency
+        self.allowed = np.array([layout in layouts for layout in LAYOUTS])
+
+    def admit(self, queue: collections.deque, running: list[Request], current: Layout, step: int) -> list[Request]:
+        """Admit or reject from the head of ``queue`` (requests that have arrived); returns the
+        requests whose state changed, in order. Admitted ones are appended to ``running``."""
+        changed = []
+        T = self.capacity.T
+        projected = np.zeros(T, dtype=np.int64)
+        for r in running:
+            projected[r.owner] += r.reserved_tokens
+        while queue and len(running) < self.concurrency:
+            head = queue[0]
+            owner = assign_owner(projected)
+            alone = self.capacity.need([head], [owner])
+            if not (alone[self.allowed] <= self.capacity.pages).any():
+                queue.popleft().reject(self._too_long(head, alone))
+                changed.append(head)
+                continue
+            fits = self.capacity.need(running + [head], [r.owner for r in running] + [owner]) <= self.capacity.pages
+            if not (fits[LAYOUTS.index(current)] or (not running and (fits & self.allowed).any())):
+                break
+            queue.popleft().admit(owner, step)
+            running.append(head)
+            projected[owner] += head.reserved_tokens
+            changed.append(head)
+        return changed
+
+    def _too_long(self, request: Request, alone: np.ndarray) -> str:
+        per_layout = ", ".join(f"{n} in {layout}" for layout, n, ok in zip(LAYOUTS, alone.tolist(), self.allowed) if ok)
+        return (f"{request.prompt_tokens} prompt + {request.spec.max_new_tokens} output tokens need more KV pages "
+                f"per layer on one rank than the pool's {self.capacity.pages} ({self.capacity.page_size} tokens "
+                f"each): {per_layout}")

@@ -1,0 +1,208 @@
+"""The serving engine's step loop, run identically on every rank of the group.
+
+Every step, rank 0 decides (:class:`~splash_core.engine.controller.Controller`: admission,
+batch composition, the policy's layout) and broadcasts a compact plan
+(:mod:`~splash_core.engine.plan`); every rank then frees the pages of finished requests and
+runs the step: :meth:`Model.step <splash_core.runtime.model.Model.step>` in the current layout,
+or, when the plan names another layout, the switch executor's step, during which every layer
+moves to it while the batch keeps computing. The logits (identical on every rank) give the
+greedy tokens rank 0 books. A switch the executor refuses before anything moves (Eq 5) runs
+the step in the current layout instead.
+
+Faults stop the group instead of hanging it: collectives time out after the group's timeout
+(``deployment.collective_timeout_s`` when launched by :mod:`~splash_core.engine.launch`); a
+failure while rank 0 decides is broadcast (ABORT) so the others stop at once; every error says
+which rank and step it happened at.
+
+:func:`serve` is a module-level function taking the rank's context first, so it runs under
+torchrun and inside a :class:`~splash_core.runtime.spawn.RankPool` worker alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Callable
+
+from ..profiles import load
+from ..runtime.model import Model, greedy
+from ..runtime.switch import SwitchExecutor, SwitchRefused
+from . import reference_check
+from .admission import plan_capacity
+from .controller import Controller
+from .plan import Command, StepPlan, exchange
+from .policy import make_policy
+from .progress import Progress
+from .requests import Request, State
+from .summary import RunSummary, SwitchSummary
+
+
+class EngineError(RuntimeError):
+    """The run stopped: names the rank and step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What to serve, how. Profiles are names, paths or mappings (loaded on every rank); ``policy``
+    is a spec string (:func:`~splash_core.engine.policy.make_policy`) or a picklable policy object."""
+
+    deployment: str | dict
+    workload: str | dict
+    policy: object = "splash"
+    prefill_chunk: int = 8192  # prefill rows per owner rank per step (as `splash simulate`)
+    kv_pages: int | None = None  # pages per layer and rank (None: from the budget and the workload)
+    switch_mode: str = "splash"  # how the executor moves state: "splash" (layer-pipelined) or "blocking"
+    check: bool = True  # compare outputs with the single-device reference (rank 0, after the run)
+    check_tolerance: float | None = None  # for compute formats below float32 (None: the default)
+    progress: bool = False  # progress bar on rank 0's stderr
+
+
+def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
+    """Serve ``job`` on this rank; rank 0 returns the run's summary, the others None.
+
+    ``on_step(ctx, step)`` runs on every rank before each step (instrumentation, fault injection)."""
+    # torch 2.13 deprecates the all-gather the collectives use; 2.11 (the device machine) lacks its successor
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
+    deployment = load("deployment", job.deployment)
+    workload = load("workload", job.workload)
+    if ctx.world_size != deployment.T:
+        raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
+                          f"the group has {ctx.world_size} ranks")
+    specs = workload.requests()
+    capacity = plan_capacity(deployment, workload.concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs],
+                             job.kv_pages)
+    policy = make_policy(job.policy, deployment)
+    model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial)
+    executor = None
+    if len(policy.layouts) > 1:  # Eq 5 against the same budget the scheduler plans with
+        executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
+                                  reserve_bytes=deployment.reserve_bytes)
+        _ = executor.io  # create the side communicator now (a collective), not in the first switch's timed step
+    lead = ctx.rank == 0
+    controller = progress = None
+    if lead:
+        requests = [Request(s, workload.prompt_token_ids(s, deployment.model.vocab_size)) for s in specs]
+        controller = Controller(requests, policy, capacity, concurrency=workload.concurrency,
+                                prefill_chunk=job.prefill_chunk, layout=policy.initial)
+        progress = Progress(len(specs), job.progress)
+    reports = []
+    ctx.collectives.barrier()
+    start = time.perf_counter()
+    step = 0
+    try:
+        while True:
+            plan, tokens = _next_plan(ctx, controller, step, deployment.page_size)
+            for rid in plan.releases:
+                model.release(rid)
+            if plan.command is Command.STOP:
+                break
+            if on_step is not None:
+                on_step(ctx, step)
+            t0 = time.perf_counter()
+            logits, report, refused = _run_step(model, executor, plan, tokens, job.switch_mode)
+            next_tokens = greedy(logits).cpu().numpy() if lead else None
+            seconds = time.perf_counter() - t0
+            if report is not None:
+                reports.append((step, report))
+            if lead:
+                controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused)
+                _draw(progress, controller, step)
+            step += 1
+    except Exception as exc:
+        peers = [r for r in range(ctx.world_size) if r != ctx.rank]
+        exc.add_note(f"[splash engine] rank {ctx.rank} of {ctx.world_size}, step {step}; collectives time out after "
+                     f"{ctx.timeout_s:.0f} s, so a peer (rank {', '.join(map(str, peers))}) that crashed or hung "
+                     f"shows up here as a failed collective")
+        raise
+    finally:
+        if progress is not None:
+            _draw(progress, controller, step, force=True)
+            progress.close()
+    elapsed = time.perf_counter() - start
+    everyone = ctx.collectives.all_gather_object(reports)
+    if not lead:
+        return None
+    del model, executor  # the reference check needs the memory on an accelerator
+    check = None
+    if job.check:
+        finished = [r for r in controller.requests.values() if r.state is State.FINISHED]
+        result = reference_check.check(deployment, {r.id: r.prompt for r in finished},
+                                       {r.id: r.generated for r in finished}, ctx.device,
+                                       tolerance=job.check_tolerance)
+        check = {**dataclasses.asdict(result), "line": result.line()}
+    return _summary(ctx, deployment, workload, policy, job, capacity, controller, elapsed, everyone, check)
+
+
+def _next_plan(ctx, controller, step: int, page_size: int) -> tuple[StepPlan, object]:
+    """Rank 0 plans and broadcasts; the others receive. A failure while planning is broadcast
+    as ABORT before rank 0 raises, so no rank waits for a step that never comes."""
+    mine = None
+    if controller is not None:
+        try:
+            mine = controller.plan(step, ctx.world_size, page_size)
+        except Exception:
+            exchange(ctx.collectives, ctx.device, StepPlan(Command.ABORT, step, controller.layout))
+            raise
+    plan, tokens = exchange(ctx.collectives, ctx.device, mine)
+    if plan.step != step:
+        raise EngineError(f"rank {ctx.rank} is at step {step}, rank 0 sent step {plan.step}: the group is out of step")
+    if plan.command is Command.ABORT:
+        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning step {step} (see rank 0's error)")
+    return plan, tokens
+
+
+def _run_step(model, executor, plan: StepPlan, tokens, mode: str):
+    """(logits, switch report or None, why a switch was refused or "")."""
+    batch = plan.batch(model.T, model.page_size)
+    if plan.layout is model.layers[0].layout:
+        return model.step(batch, tokens), None, ""
+    try:
+        logits, report = executor.step(batch, tokens, plan.layout, mode=mode)
+        return logits, report, ""
+    except SwitchRefused as exc:
+        return model.step(batch, tokens), None, str(exc)
+
+
+def _draw(progress: Progress, controller: Controller, step: int, force: bool = False) -> None:
+    reqs = controller.requests.values()
+    progress.update(done=sum(r.state in (State.FINISHED, State.REJECTED) for r in reqs),
+                    generated=sum(len(r.generated) for r in reqs), step=step, layout=controller.layout,
+                    switches=sum(not s.refused for s in controller.switches), force=force)
+
+
+def _summary(ctx, deployment, workload, policy, job, capacity, controller, elapsed, reports, check) -> RunSummary:
+    requests = list(controller.requests.values())
+    finished = [r for r in requests if r.state is State.FINISHED]
+    by_step = _merge_reports(reports)
+    switches = []
+    for rec in controller.switches:
+        merged = by_step.get(rec.step, {}) if not rec.refused else {}
+        switches.append(SwitchSummary(rec.step, str(rec.src), str(rec.dst), rec.reason, rec.refused, **merged))
+    layout_steps: dict[str, int] = {}
+    for s in controller.steps:
+        layout_steps[str(s.layout)] = layout_steps.get(str(s.layout), 0) + 1
+    return RunSummary(
+        deployment=deployment.name, workload=workload.name, policy=policy.name, backend=ctx.backend.name,
+        device=str(ctx.device), model=deployment.model.name, T=deployment.T,
+        layers=deployment.layers or deployment.model.num_layers, compute_dtype=deployment.compute_dtype,
+        kv_pages=capacity.pages, kv_pages_source=capacity.source, prefill_chunk=job.prefill_chunk,
+        requests=len(requests), served=len(finished),
+        rejected=tuple({"id": r.id, "reason": r.reason} for r in requests if r.state is State.REJECTED),
+        prompt_tokens=sum(r.prompt_tokens for r in finished), output_tokens=sum(len(r.generated) for r in finished),
+        elapsed_s=elapsed, steps=len(controller.steps), layout_steps=layout_steps,
+        step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
+        decisions=dict(controller.decisions), check=check)
+
+
+def _merge_reports(per_rank: list[list]) -> dict[int, dict]:
+    """{step: SwitchSummary fields} from every rank's executor reports: bytes moved over the
+    group (each report carries the group's total), times of the slowest rank."""
+    out: dict[int, dict] = {}
+    for reports in per_rank:
+        for step, report in reports:
+            entry = out.setdefault(step, {"mode": str(report.mode), "bytes": dict(report.bytes_group),
+                                          "exposed_ms": 0.0, "step_ms": 0.0})
+            entry["exposed_ms"] = max(entry["exposed_ms"], float(report.exposed_ms))
+            entry["step_ms"] = max(entry["step_ms"], float(report.step_ms))
+    return out

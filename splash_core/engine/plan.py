@@ -1,0 +1,82 @@
+"""The step plan: what rank 0 decided for one step, broadcast so every rank runs the same step.
+
+Wire format (int64, two broadcasts from rank 0 per step): a fixed header
+``[command, step, layout, requests, tokens, releases, 0, 0]``, then a body holding, in
+order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed (rows
+in batch order) and the ids of finished requests whose pages every rank frees before the step.
+The tokens stay on the device as a view of the body, so no rank copies them again.
+
+Commands: STEP runs a step; STOP frees the releases and ends the run; ABORT tells the other
+ranks that rank 0 failed while deciding (its own error says why), so they stop instead of
+waiting for a collective that never comes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+import torch
+
+from ..layouts import LAYOUTS, Layout
+from ..runtime.step_batch import StepBatch, StepRequest
+
+_HEADER = 8
+
+
+class Command(enum.IntEnum):
+    STEP = 0
+    STOP = 1
+    ABORT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One step as every rank sees it."""
+
+    command: Command
+    step: int
+    layout: Layout  # the layout the step runs in (a switch when it differs from the current one)
+    requests: tuple[StepRequest, ...] = ()  # in batch (owner-major) order
+    tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    releases: tuple[int, ...] = ()
+
+    def encode(self) -> tuple[np.ndarray, np.ndarray]:
+        """(header [8], body) as int64 arrays."""
+        header = np.array([int(self.command), self.step, LAYOUTS.index(self.layout), len(self.requests),
+                           len(self.tokens), len(self.releases), 0, 0], dtype=np.int64)
+        body = np.concatenate([np.array([[r.id, r.owner, r.start, r.rows] for r in self.requests],
+                                        dtype=np.int64).reshape(-1),
+                               np.asarray(self.tokens, dtype=np.int64), np.array(self.releases, dtype=np.int64)])
+        return header, body
+
+    def batch(self, T: int, page_size: int) -> StepBatch:
+        return StepBatch.build(self.requests, T, page_size)
+
+
+def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torch.Tensor]:
+    """Broadcast rank 0's ``plan`` (None on the other ranks); every rank returns the plan and
+    the step's tokens as a device tensor."""
+    header = torch.zeros(_HEADER, dtype=torch.int64)
+    body = None
+    if plan is not None:
+        h, b = plan.encode()
+        header = torch.from_numpy(h)
+        body = torch.from_numpy(b)
+    header = header.to(device)
+    collectives.broadcast(header, src=0)
+    command, step, layout, n_req, n_tok, n_rel = (int(v) for v in header.cpu().tolist()[:6])
+    size = 4 * n_req + n_tok + n_rel
+    if body is None:
+        body = torch.zeros(size, dtype=torch.int64)
+    body = body.to(device)
+    if size:
+        collectives.broadcast(body, src=0)
+    if plan is None:
+        host = body.cpu().numpy()
+        rows = host[: 4 * n_req].reshape(-1, 4)
+        plan = StepPlan(Command(command), step, LAYOUTS[layout],
+                        tuple(StepRequest(*map(int, r)) for r in rows),
+                        host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]))
+    return plan, body[4 * n_req: 4 * n_req + n_tok]

@@ -1,0 +1,118 @@
+"""Who picks the layout of each step (rank 0): the scheduler, a fixed layout, or a script.
+
+A policy sees the step's batch as the scheduler does (:class:`~splash_core.costmodel.BatchArrays`:
+contexts including this step's rows, query rows, owners, reserved lengths) and returns a
+:class:`Choice`. ``layouts`` lists every layout it may run, fastest-first where it knows
+(the engine falls back along it when the choice does not fit the KV pool).
+
+Policies are built on rank 0 from a spec string (``splash``, ``TP``, ``CP``, ``DP``, ``DOP``,
+or ``script:TP,DP,CP:3`` — the listed layouts in turn, each for 3 steps) or passed as objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..costmodel import BatchArrays
+from ..layouts import LAYOUTS, Layout
+from ..scheduler import HOLD, Scheduler
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One step's layout, and whether to hold admission before the next step."""
+
+    layout: Layout
+    action: str  # the scheduler's stay / switch / forced_switch / hold_admission, or fixed / scripted
+    reason: str
+    preference: tuple[Layout, ...]  # every layout the policy may run, most preferred first
+    hold: bool = False
+
+
+class SchedulerPolicy:
+    """SPLASH: the transition-aware scheduler π(x; θ) (paper §4.2) decides every step."""
+
+    name = "splash"
+    layouts = LAYOUTS
+
+    def __init__(self, deployment):
+        self.scheduler = Scheduler(deployment)
+        self.initial = deployment.initial_layout
+
+    def decide(self, x: BatchArrays, current: Layout, steps_since_switch: float, step: int) -> Choice:
+        d = self.scheduler.decide(x, current, steps_since_switch)
+        order = tuple(sorted(LAYOUTS, key=d.time_s))
+        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPolicy:
+    """One layout for the whole run (the paper's fixed-layout protocol)."""
+
+    layout: Layout
+
+    @property
+    def name(self) -> str:
+        return str(self.layout)
+
+    @property
+    def layouts(self) -> tuple[Layout, ...]:
+        return (self.layout,)
+
+    @property
+    def initial(self) -> Layout:
+        return self.layout
+
+    def decide(self, x, current, steps_since_switch, step) -> Choice:
+        return Choice(self.layout, "fixed", f"fixed layout {self.layout}", (self.layout,))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedPolicy:
+    """The listed layouts in turn, ``every`` steps each (forced switches, for tests and demos)."""
+
+    script: tuple[Layout, ...]
+    every: int = 1
+
+    def __post_init__(self):
+        if not self.script or self.every < 1:
+            raise ValueError("a script needs at least one layout and every >= 1")
+
+    @property
+    def name(self) -> str:
+        return f"script:{','.join(map(str, self.script))}:{self.every}"
+
+    @property
+    def layouts(self) -> tuple[Layout, ...]:
+        return tuple(dict.fromkeys(self.script))
+
+    @property
+    def initial(self) -> Layout:
+        return self.script[0]
+
+    def decide(self, x, current, steps_since_switch, step) -> Choice:
+        layout = self.script[(step // self.every) % len(self.script)]
+        rest = tuple(l for l in self.layouts if l is not layout)
+        return Choice(layout, "scripted", f"script step {step}: {layout}", (layout,) + rest)
+
+
+def make_policy(spec, deployment):
+    """A policy from a spec string (see the module docstring) or an object that is one already."""
+    if not isinstance(spec, str):
+        return spec
+    text = spec.strip()
+    if text.lower() == "splash":
+        return SchedulerPolicy(deployment)
+    if text.lower().startswith("script:"):
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[1]:
+            raise ValueError(f"policy {spec!r}: expected script:LAYOUT,LAYOUT,...[:STEPS]")
+        every = int(parts[2]) if len(parts) == 3 else 1
+        return ScriptedPolicy(tuple(Layout.parse(p) for p in parts[1].split(",")), every)
+    try:
+        return FixedPolicy(Layout.parse(text))
+    except ValueError:
+        raise ValueError(f"unknown policy {spec!r}: expected splash, one of "
+                         f"{', '.join(map(str, LAYOUTS))}, or script:LAYOUT,...[:STEPS]") from None
+
+

@@ -1,0 +1,135 @@
+"""Outputs against the single-device reference (:class:`~splash_core.runtime.reference_model.ReferenceModel`).
+
+Every checked request is replayed through the reference with the engine's own tokens fed
+back (teacher forcing): its prompt, then its generated tokens but the last. At every position
+that produced an output, the reference's greedy token must equal the engine's. By induction
+this is the same as generating greedily with the reference from the same prompt for the same
+number of tokens, and it scores a whole request in a few chunked passes instead of one step
+per token, so it is cheap enough for long requests on an accelerator.
+
+In float32 the check is exact (layouts differ from the reference only in reduction order). In
+a lower-precision compute format the reference runs in float32 on the same rounded weights, and
+a differing token passes when the reference itself nearly ties there: its top logit exceeds
+the engine token's by at most ``tolerance`` x the largest |logit| of that row.
+
+The reference expands every head's keys and values and scores every pair, so its cost grows
+with the square of a request's length: requests are checked cheapest first while the estimated
+work stays within ``flop_budget`` (at least one; all of them for the tiny CPU model), and the
+result says how many were checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..dtypes import torch_dtype
+from ..profiles.model import LayerKind
+from ..runtime.mla import rms_norm
+from ..runtime.reference_model import ReferenceModel
+from ..runtime.step_bench import RoundedWeights
+from ..runtime.weights import SeededWeights, layer_prefix
+
+DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
+DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The verdict and the evidence."""
+
+    passed: bool
+    requests: int  # requests checked
+    of: int  # requests that could be checked (finished ones); the cheapest were checked first
+    tokens: int  # generated tokens compared
+    mismatches: int  # tokens where the engine's differs from the reference's greedy token
+    decisive: int  # mismatches outside the tolerance (0 when passed)
+    exact: bool  # float32: every token had to match
+    tolerance: float
+    first_failure: str = ""  # request, position and logits of the first decisive mismatch
+
+    def line(self) -> str:
+        if self.passed:
+            how = "equal" if not self.mismatches else f"equal within tolerance ({self.mismatches} near-ties)"
+            which = f"{self.requests}" if self.requests == self.of else f"the {self.requests} cheapest of {self.of}"
+            return f"outputs {how} to the single-device reference ({which} requests, {self.tokens} tokens)"
+        return f"outputs DIFFER from the single-device reference: {self.decisive} of {self.tokens} tokens; {self.first_failure}"
+
+
+class _Scorer(ReferenceModel):
+    """The reference, giving the logits of every row of a request (not only the last)."""
+
+    def score(self, request: int, tokens: torch.Tensor, chunk: int, first: int = 0) -> torch.Tensor:
+        """Logits [n - first, V] float32 of positions ``first``.. of ``tokens`` fed from position 0."""
+        p, w = self.profile, self.w
+        out = []
+        for start in range(0, tokens.numel(), chunk):
+            ids = tokens[start: start + chunk]
+            pos = torch.arange(start, start + ids.numel(), device=ids.device)
+            h = w["model.embed_tokens.weight"][ids]
+            for layer in range(self.count):
+                pre = layer_prefix(layer)
+                attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
+                h = h + attention(layer, request, start, rms_norm(h, w[f"{pre}.input_layernorm.weight"], p.rms_norm_eps), pos)
+                if p.intermediate_size:
+                    x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], p.rms_norm_eps)
+                    gate = torch.nn.functional.silu(x @ w[f"{pre}.mlp.gate_proj.weight"].t())
+                    h = h + (gate * (x @ w[f"{pre}.mlp.up_proj.weight"].t())) @ w[f"{pre}.mlp.down_proj.weight"].t()
+            h = h[max(0, first - start):]  # rows before ``first`` predict nothing we check
+            out.append((rms_norm(h, w["model.norm.weight"], p.rms_norm_eps) @ w["lm_head.weight"].t()).float())
+        self.release(request)
+        return torch.cat(out)
+
+
+def reference_flops(profile, layers: int, tokens: int, chunk: int) -> float:
+    """Estimated work of scoring one request of ``tokens`` tokens with :class:`_Scorer`: every
+    chunk scores all pairs against the whole history and re-expands it per head."""
+    m = profile.mla
+    pairs = tokens * tokens / 2 + tokens * chunk / 2
+    expand = (tokens / chunk + 1) * tokens / 2 * m.heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank
+    attend = pairs * m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    dense = tokens * (3 * profile.hidden_size * (profile.intermediate_size or 0))
+    return 2.0 * layers * (expand + attend + dense)
+
+
+def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, Sequence[int]], device="cpu", *,
+          tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET) -> CheckResult:
+    """Compare the engine's ``outputs`` (request id -> generated tokens) of the given ``prompts``
+    with the reference on ``device``, cheapest requests first within ``flop_budget``."""
+    exact = torch_dtype(deployment.compute_dtype) == torch.float32
+    tol = 0.0 if exact else (DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    source = SeededWeights(deployment.seed)
+    if not exact:
+        source = RoundedWeights(source, torch_dtype(deployment.compute_dtype))
+    ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers)
+    layers = deployment.layers or deployment.model.num_layers
+    cost = {rid: reference_flops(deployment.model, layers, len(prompts[rid]) + len(out), chunk)
+            for rid, out in outputs.items() if len(out)}
+    chosen, spent = [], 0.0
+    for rid in sorted(cost, key=cost.get):
+        if chosen and spent + cost[rid] > flop_budget:
+            break
+        chosen.append(rid)
+        spent += cost[rid]
+    tokens = mismatches = decisive = 0
+    first = ""
+    for rid in chosen:
+        prompt, generated = np.asarray(prompts[rid], dtype=np.int64), outputs[rid]
+        fed = torch.as_tensor(np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)]), device=device)
+        logits = ref.score(rid, fed, chunk, first=len(prompt) - 1)
+        engine = torch.as_tensor(np.asarray(generated, dtype=np.int64), device=device)
+        top = logits.max(dim=-1)
+        differ = logits.argmax(dim=-1) != engine
+        gap = top.values - logits.gather(1, engine[:, None])[:, 0]
+        bad = differ & (gap > tol * logits.abs().max(dim=-1).values)
+        tokens += len(generated)
+        mismatches += int(differ.sum())
+        decisive += int(bad.sum())
+        if bad.any() and not first:
+            k = int(torch.nonzero(bad)[0])
+            first = (f"request {rid}, output {k}: engine token {int(engine[k])}, reference {int(logits[k].argmax())} "
+                     f"(logit gap {float(gap[k]):.4g})")
+    return CheckResult(decisive == 0, len(chosen), len(cost), tokens, mismatches, decisive, exact, tol, first)

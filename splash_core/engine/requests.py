@@ -1,0 +1,93 @@
+"""The lifecycle of one request in the engine (kept on rank 0, which decides every step).
+
+::
+
+    waiting ──admit──> prefilling ──last prompt chunk──> decoding ──max_new_tokens──> finished
+       └──────────reject (no layout can ever hold it)──> rejected
+
+A request is admitted with its owner rank (chosen from projected KV growth,
+:func:`splash_core.ownership.assign_owner`) and keeps it in every layout. Prefill feeds the
+prompt in chunks; the step that feeds the last prompt token yields the first generated token,
+and every decode step feeds the last generated token and yields the next. A request generates
+exactly ``max_new_tokens`` tokens (no early stop, the paper's protocol), so the last generated
+token is never fed back: its history peaks at ``prompt + max_new_tokens - 1`` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from ..profiles.workload import RequestSpec
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclasses.dataclass
+class Request:
+    """One request and how far it got. ``prompt`` holds its token ids."""
+
+    spec: RequestSpec
+    prompt: np.ndarray
+    state: State = State.WAITING
+    owner: int = -1
+    fed: int = 0  # tokens already in its history (prompt tokens, then generated ones fed back)
+    generated: list[int] = dataclasses.field(default_factory=list)
+    reason: str = ""  # why it was rejected
+    admitted_step: int = -1
+    finished_step: int = -1
+
+    @property
+    def id(self) -> int:
+        return self.spec.id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.spec.prompt_tokens
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens its history may reach (prompt + output): what admission and Eq 6 reserve."""
+        return self.spec.prompt_tokens + self.spec.max_new_tokens
+
+    @property
+    def started(self) -> bool:
+        """Whether it holds KV somewhere (then it must be in every step until it finishes, so a
+        layout switch moves its history)."""
+        return self.fed > 0
+
+    def admit(self, owner: int, step: int) -> None:
+        if self.state is not State.WAITING:
+            raise RuntimeError(f"request {self.id}: admitted while {self.state.value}")
+        self.state, self.owner, self.admitted_step = State.PREFILLING, owner, step
+
+    def reject(self, reason: str) -> None:
+        self.state, self.reason = State.REJECTED, reason
+
+    def feed(self, rows: int) -> np.ndarray:
+        """The next ``rows`` tokens to feed: a prompt chunk, or (decoding) the last generated token."""
+        if self.state is State.PREFILLING:
+            if not 1 <= rows <= self.prompt_tokens - self.fed:
+                raise ValueError(f"request {self.id}: {rows} prefill rows with {self.prompt_tokens - self.fed} left")
+            return self.prompt[self.fed: self.fed + rows]
+        if self.state is State.DECODING and rows == 1:
+            return np.array(self.generated[-1:], dtype=np.int64)
+        raise ValueError(f"request {self.id}: cannot feed {rows} rows while {self.state.value}")
+
+    def advance(self, rows: int, next_token: int, step: int) -> None:
+        """Record a step that fed ``rows`` tokens and whose last row predicted ``next_token``."""
+        self.fed += rows
+        if self.state is State.PREFILLING and self.fed < self.prompt_tokens:
+            return  # mid-prompt: the prediction is not an output
+        self.state = State.DECODING
+        self.generated.append(int(next_token))
+        if len(self.generated) >= self.spec.max_new_tokens:
+            self.state, self.finished_step = State.FINISHED, step

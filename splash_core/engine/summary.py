@@ -1,0 +1,125 @@
+"""What a run produced, for people (:func:`render`) and scripts (:meth:`RunSummary.as_dict`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..cli.output import table
+from ..result_shapes import percentile
+
+MIB = float(1 << 20)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchSummary:
+    """One switch (or refused switch) with what the executor measured, over the whole group."""
+
+    step: int
+    src: str
+    dst: str
+    reason: str
+    refused: str = ""  # why it did not happen (then the step ran in src)
+    mode: str = ""
+    bytes: dict = dataclasses.field(default_factory=dict)  # state -> bytes moved, summed over ranks
+    exposed_ms: float = 0.0  # the slowest rank's
+    step_ms: float = 0.0  # the slowest rank's
+
+    @property
+    def bytes_total(self) -> int:
+        return int(sum(self.bytes.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """One run of the engine: requests served, throughput, layouts, switches, check."""
+
+    deployment: str
+    workload: str
+    policy: str
+    backend: str
+    device: str
+    model: str
+    T: int
+    layers: int
+    compute_dtype: str
+    kv_pages: int  # per MLA layer and rank
+    kv_pages_source: str
+    prefill_chunk: int
+    requests: int
+    served: int
+    rejected: tuple  # ({"id", "reason"}, ...)
+    prompt_tokens: int  # of served requests
+    output_tokens: int
+    elapsed_s: float  # first step to last, on rank 0
+    steps: int
+    layout_steps: dict  # layout -> steps run in it
+    step_ms: tuple  # wall time of every step on rank 0
+    switches: tuple[SwitchSummary, ...]
+    decisions: dict  # policy action -> steps
+    check: dict | None  # reference_check.CheckResult as a dict; None when skipped
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The paper's total throughput: (input + output tokens of served requests) / time."""
+        return (self.prompt_tokens + self.output_tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def done_switches(self) -> list[SwitchSummary]:
+        return [s for s in self.switches if not s.refused]
+
+    @property
+    def check_passed(self) -> bool | None:
+        return None if self.check is None else bool(self.check["passed"])
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("step_ms")
+        steps = list(self.step_ms)
+        out.update(tokens_per_s=self.tokens_per_s, output_tokens_per_s=self.output_tokens_per_s,
+                   step_ms_p50=percentile(steps, 50) if steps else None,
+                   step_ms_p95=percentile(steps, 95) if steps else None,
+                   switch_count=len(self.done_switches))
+        for s, d in zip(self.switches, out["switches"]):
+            d["bytes_total"] = s.bytes_total
+        return out
+
+
+def render(s: RunSummary) -> str:
+    """The readable summary ``splash run`` prints."""
+    lines = [f"{s.deployment}: {s.model} ({s.layers} layers), T = {s.T} on {s.device} ({s.backend}), "
+             f"{s.compute_dtype}; workload {s.workload}; policy {s.policy}",
+             f"KV pool: {s.kv_pages:,} pages per layer and rank ({s.kv_pages_source}); "
+             f"prefill chunk {s.prefill_chunk} rows per owner rank", ""]
+    rows = [("requests served", f"{s.served} of {s.requests}" + (f" ({len(s.rejected)} rejected)" if s.rejected else "")),
+            ("tokens", f"{s.prompt_tokens:,} prompt + {s.output_tokens:,} generated"),
+            ("time", f"{s.elapsed_s:.2f} s, {s.steps} steps"
+                     + (f" (p50 {percentile(list(s.step_ms), 50):.1f} ms per step)" if s.step_ms else "")),
+            ("throughput", f"{s.tokens_per_s:,.0f} tokens/s total, {s.output_tokens_per_s:,.0f} generated tokens/s"),
+            ("steps per layout", ", ".join(f"{k} {v}" for k, v in s.layout_steps.items()) or "none"),
+            ("switches", str(len(s.done_switches)) + (f" ({len(s.switches) - len(s.done_switches)} refused)"
+                                                      if len(s.switches) > len(s.done_switches) else ""))]
+    lines += table(rows, ["", ""], align="ll").splitlines()[2:]
+    if s.done_switches:
+        lines += ["", table([(w.step, f"{w.src} -> {w.dst}", f"{w.bytes_total / MIB:,.2f}", f"{w.exposed_ms:.2f}",
+                              f"{w.step_ms:.2f}", w.reason) for w in s.done_switches],
+                            ["step", "switch", "MiB moved", "exposed ms", "step ms", "why"], align="rlrrrl")]
+    refusals: dict[tuple, list[int]] = {}
+    for w in s.switches:
+        if w.refused:
+            refusals.setdefault((w.src, w.dst, w.refused), []).append(w.step)
+    for (src, dst, why), steps in refusals.items():
+        times = f"{len(steps)} times from step {steps[0]}" if len(steps) > 1 else f"at step {steps[0]}"
+        lines.append(f"switch {src} -> {dst} refused {times}: {why}")
+    for r in s.rejected:
+        lines.append(f"rejected request {r['id']}: {r['reason']}")
+    lines.append("")
+    if s.check is None:
+        lines.append("reference check: skipped (--no-check)")
+    else:
+        lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""Live layout switching: executing a switch manifest inside a serving step (paper §4.1, §5.5).
+
+Use::
+
+    from splash_core.runtime.switch import SwitchExecutor, SwitchRefused, SwitchFailed, SwitchReport, Mode
+
+    executor = SwitchExecutor(model, ctx)           # ctx: the rank's RankContext
+    logits, report = executor.step(batch, tokens, dst, mode="splash")
+    manifest = executor.plan(dst, batch)           # what it would execute (Eq 5: manifest.fits)
+
+Every rank calls ``step`` with the same arguments at the same step boundary. The step runs
+``batch`` while every layer moves from its current layout to ``dst``; modes ``splash``
+(overlapped), ``blocking`` and ``ready`` (measurement) are described in :class:`Mode`.
+``SwitchRefused`` (before anything moves) and ``SwitchFailed`` (a transfer failed, histories
+intact) are raised on every rank. Each state moves through a :class:`~.transfer.StateMover`
+(weights, KV + indexer pages, KDA recurrent state by default); a new kind of state joins
+through that contract.
+
+Modules: ``executor`` (the step and its per-layer pipeline), ``planning`` (manifests for the
+model's layers, Eq 5 and pool checks), ``transfer`` (side communicator, waits, faults, the
+mover contract), ``weights_mover``, ``pages_mover``, ``recurrent`` (KDA state), ``modes``,
+``report``, ``errors``, and
+``bench`` (rank-side work of ``bench/switch_bench.py``).
+"""
+
+from .errors import SwitchFailed, SwitchRefused, TransferError
+from .executor import SwitchExecutor, default_movers
+from .modes import Mode
+from .report import LayerReport, SwitchReport
+from .transfer import Fault, StateMover, Transfer, TransferContext
+
+__all__ = ["Fault", "LayerReport", "Mode", "StateMover", "SwitchExecutor", "SwitchFailed", "SwitchRefused",
+           "SwitchReport", "Transfer", "TransferContext", "TransferError", "default_movers"]

@@ -1,0 +1,314 @@
+"""Rank-side work of ``bench/switch_bench.py``; functions taking ``ctx`` run on every rank of a
+:class:`~splash_core.runtime.spawn.RankPool` and return this rank's samples (the driver keeps,
+per sample, the slowest rank's time).
+
+The workload is the paper's switch study: B requests with ``context`` tokens each, all in one
+chunked-prefill step of ``rows`` query rows per request over a history of ``context - rows``
+tokens (synthetic, unit-scale latents). The chunk stays inside the last history page, so the
+step can be repeated: every repetition rewrites the same slots and the history stays the same.
+
+- :func:`primitive_costs`: one layer's transfer per state and direction (paper §5.4, Figure
+  5b/c): the mover's start/finish on a quiet group, then rolled back, so the source state stays
+  and the next sample starts alike. On an accelerator the side stream is first held behind
+  ``gate_ms`` of matmuls, so the host's bookkeeping is done before the
+  device starts and the time is the device's (as in a pipelined switch, where the host runs
+  ahead); ``host_ms`` is the host-inclusive time. A bare all-gather / all-to-all of the same
+  bytes on the same communicator is timed beside each. Also the per-layer step time of each
+  layout at each candidate context, for sizing the overhead run.
+- :func:`switch_overhead`: matched target-ready / blocking / SPLASH runs of every direction
+  (§5.5, appendix F.2), a→b and b→a alternating so no run needs a reset. The first (warm-up) run
+  of a pair plans its manifests (their host time is reported as ``plan_ms``); the timed runs
+  reuse them, as a step whose switch the scheduler already planned to cost it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ... import dtypes, ownership
+from ...layouts import LAYOUTS, Layout, Primitive, State
+from ...profiles.loader import load
+from ..kv_pool import held_pages
+from ..model import Model
+from ..step_batch import StepBatch, StepRequest
+from ..step_bench import kernels_for
+from ..weights import SeededWeights
+from .executor import SwitchExecutor
+from .modes import Mode
+from .planning import layer_plans
+
+NETWORK_STATES = (State.WEIGHTS, State.KV)
+
+
+# ---- the workload ---------------------------------------------------------------------------
+
+def synthetic_batch(batch: int, context: int, rows: int, T: int, page_size: int) -> StepBatch:
+    """``batch`` requests (owners round robin) feeding ``rows`` rows after ``context - rows`` tokens."""
+    if context % page_size or not 0 < rows < page_size:
+        raise ValueError(f"the chunk must lie in the last page: context {context} a multiple of the page "
+                         f"size {page_size}, 0 < rows {rows} < {page_size}")
+    return StepBatch.build([StepRequest(i, i % T, context - rows, rows) for i in range(batch)], T, page_size)
+
+
+def fill(model: Model, batch: StepBatch) -> None:
+    """Give every layer exactly its layout's pages of each request's history (contents as they are)."""
+    for layer in model.paged_layers:
+        for rid in list(layer.kv.requests):
+            layer.kv.free(rid)
+        for rid, owner, start in zip(batch.ids, batch.owners, batch.starts):
+            pages = np.arange(int(ownership.pages_for(int(start), model.page_size)))
+            layer.kv.alloc(int(rid), held_pages(layer.layout, int(rid), int(owner), pages, model.rank, model.T))
+
+
+def build(ctx, spec: dict, layers: int, max_context: int) -> Model:
+    """The model of ``spec`` with ``layers`` layers, pools big enough for TP at ``max_context``."""
+    profile, T = load("model", spec["model"]), ctx.world_size
+    dtype = dtypes.torch_dtype(spec["dtype"])
+    pages = spec["batch"] * int(ownership.pages_for(max_context, spec["page_size"])) + spec["batch"]
+    model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
+                  kernels=kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
+                  source=SeededWeights(spec["seed"]), layouts=Layout(spec["initial"]), pages_per_layer=pages,
+                  page_size=spec["page_size"], dtype=dtype, num_layers=layers)
+    gen = torch.Generator(device=ctx.device).manual_seed(spec["seed"])
+    for layer in model.paged_layers:
+        layer.kv.kv.normal_(generator=gen)
+    return model
+
+
+def _tokens(ctx, model: Model, batch: StepBatch) -> torch.Tensor:
+    gen = torch.Generator(device=ctx.device).manual_seed(1)
+    return torch.randint(0, model.profile.vocab_size, (batch.num_rows,), generator=gen, device=ctx.device)
+
+
+def _quiet(ctx) -> None:
+    """Every rank idle and at the same point before a timed interval."""
+    ctx.streams.synchronize()
+    ctx.collectives.barrier()
+    ctx.streams.synchronize()
+
+
+def _past(ctx, deadline: float) -> bool:
+    """Rank 0's clock decides for everyone, so all ranks skip alike."""
+    flag = torch.tensor([float(time.time() > deadline)], device=ctx.device)
+    ctx.collectives.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _say(ctx, text: str) -> None:
+    if ctx.rank == 0:
+        print(text, flush=True)
+
+
+def release_memory(ctx) -> None:
+    module = torch.get_device_module(ctx.device)
+    if hasattr(module, "empty_cache"):
+        module.empty_cache()
+
+
+# ---- primitive costs ------------------------------------------------------------------------
+
+class _Gate:
+    """Keeps the current stream busy for ~``ms`` with matmuls (accelerators only), so the work the
+    host queues behind it starts only once all of it is queued."""
+
+    def __init__(self, ctx, ms: float):
+        self.ctx, self.reps = ctx, 0
+        if ctx.device.type == "cpu" or ms <= 0:
+            return
+        self.a = torch.randn(4096, 4096, device=ctx.device, dtype=torch.bfloat16)
+        start, end = ctx.streams.new_event(timing=True), ctx.streams.new_event(timing=True)
+        for _ in range(3):
+            start.record()
+            for _ in range(10):
+                self.a @ self.a
+            end.record()
+            end.synchronize()
+        self.reps = max(1, int(ms / (start.elapsed_time(end) / 10)))
+
+    def hold(self) -> None:
+        for _ in range(self.reps):
+            self.a @ self.a
+
+
+def _mover(executor: SwitchExecutor, state: State):
+    return next(m for m in executor.movers if state in m.states)
+
+
+def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state: State, gate: _Gate):
+    """(device ms, host ms, transfer) of one layer's ``state`` (with indexer keys alongside KV),
+    then rolled back."""
+    model, io, streams = executor.model, executor.io, ctx.streams
+    layer = model.layers[pos]
+    lp = layer_plans(executor.plans(dst, batch))[layer.index]
+    states = [s for s in (state, State.INDEXER) if s in lp.states and (s is state or state is State.KV)]
+    mover = _mover(executor, state)
+    _quiet(ctx)
+    e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
+    t0 = time.perf_counter()
+    with streams.use_stream(io.side_stream):
+        gate.hold()
+        e0.record(io.side_stream)
+        t = mover.start(layer, {s: lp.states[s] for s in states}, dst, io)
+        mover.finish(t, io)
+        e1.record(io.side_stream)
+    e1.synchronize()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    mover.rollback(t)
+    return e0.elapsed_time(e1), host_ms, t
+
+
+def _bare_once(ctx, executor, t, state: State, plan) -> float:
+    """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
+    to the same width)."""
+    io, streams = executor.io, ctx.streams
+    moving = t.data
+    if state is State.WEIGHTS:
+        per_rank = t.received_bytes[state] // (io.T - 1)
+        send = torch.empty(per_rank, dtype=torch.uint8, device=ctx.device)
+        out = send.new_empty(io.T * per_rank)
+        issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
+    else:
+        cache = t.layer.kv.kv
+        page = cache[0].numel() * cache.element_size()
+        blocks = moving.blocks
+        if moving.primitive is Primitive.ALL_GATHER:
+            width = int(plan.diff.recv[0].max())
+            send = torch.empty(width * page, dtype=torch.uint8, device=ctx.device)
+            out = send.new_empty(io.T * width * page)
+            issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
+        else:
+            send = torch.empty(int(blocks.send_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
+            out = torch.empty(int(blocks.recv_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
+            issue = lambda: io.collectives.all_to_all(out, send, (blocks.recv_splits * page).tolist(),  # noqa: E731
+                                                      (blocks.send_splits * page).tolist(), async_op=True)
+    _quiet(ctx)
+    e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
+    with streams.use_stream(io.side_stream):
+        e0.record(io.side_stream)
+        issue().wait()
+        e1.record(io.side_stream)
+    e1.synchronize()
+    return e0.elapsed_time(e1)
+
+
+def primitive_costs(ctx, spec: dict) -> dict:
+    """Per-layer primitive costs at ``spec['context']`` and per-layer step times at each of
+    ``spec['calibrate']`` contexts (model of ``spec['layers']`` layers, B = ``spec['batch']``)."""
+    T, rows = ctx.world_size, spec["rows"]
+    contexts = sorted({spec["context"], *spec["calibrate"]})
+    model = build(ctx, spec, spec["layers"], max(contexts))
+    executor = SwitchExecutor(model, ctx)
+    batch = synthetic_batch(spec["batch"], spec["context"], rows, T, spec["page_size"])
+    fill(model, batch)
+    tokens = _tokens(ctx, model, batch)
+    for layout in LAYOUTS:  # warm every kernel and both communicators
+        executor.switch(batch, layout)
+        model.step(batch, tokens)
+    gate = _Gate(ctx, spec["gate_ms"])
+    samples, skipped = [], []
+    for src in LAYOUTS:
+        executor.switch(batch, src)
+        for dst in LAYOUTS:
+            if dst is src:
+                continue
+            lp = layer_plans(executor.plans(dst, batch))[model.layers[0].index]
+            for state in NETWORK_STATES:
+                primitive = lp.states[state].primitive
+                network = primitive is not Primitive.DISCARD
+                for i in range(spec["warmup"] + spec["samples"]):
+                    if _past(ctx, spec["deadline"]):
+                        skipped.append(f"{state}/{src}->{dst}")
+                        break
+                    device_ms, host_ms, t = _transfer_once(ctx, executor, 0, dst, batch, state,
+                                                           gate if network else _Gate(ctx, 0))
+                    bare_ms = _bare_once(ctx, executor, t, state, lp.states[state]) if network else 0.0
+                    if i >= spec["warmup"]:
+                        samples.append({"state": str(state), "src": str(src), "dst": str(dst),
+                                        "primitive": str(primitive), "per_layer_ms": device_ms if network else 0.0,
+                                        "device_ms": device_ms, "host_ms": host_ms, "bare_ms": bare_ms,
+                                        "bytes": int(t.received_bytes.get(state, 0)), "run": i - spec["warmup"]})
+        _say(ctx, f"primitives from {src}: {len(samples)} samples")
+    steps = _layer_step_times(ctx, model, executor, spec, contexts)
+    del executor, model
+    release_memory(ctx)
+    return {"samples": samples, "skipped": skipped, "steps": steps}
+
+
+def _layer_step_times(ctx, model, executor, spec, contexts) -> list[dict]:
+    """Per layout and context: one layer's compute (attention + MLP, between the step's
+    ``before_layer`` hooks of layers 0 and 1) and the rest of the step (embedding, LM head,
+    bookkeeping), p50 of 3 ready steps, for sizing the overhead table."""
+    out = []
+    streams = ctx.streams
+    for context in contexts:
+        batch = synthetic_batch(spec["batch"], context, spec["rows"], ctx.world_size, spec["page_size"])
+        fill(model, batch)
+        tokens = _tokens(ctx, model, batch)
+        for layout in LAYOUTS:
+            executor.switch(batch, layout)
+            layer_ms, step_ms = [], []
+            for _ in range(3):
+                events = [streams.new_event(timing=True) for _ in range(len(model.layers) + 2)]
+
+                def mark(i, events=events):
+                    events[i + 1].record()
+
+                _quiet(ctx)
+                events[0].record()
+                model.step(batch, tokens, before_layer=mark)
+                events[-1].record()
+                events[-1].synchronize()
+                layer_ms.append(events[1].elapsed_time(events[2]))
+                step_ms.append(events[0].elapsed_time(events[-1]))
+            layer, step = float(np.median(layer_ms)), float(np.median(step_ms))
+            out.append({"context": context, "layout": str(layout), "layer_ms": layer, "step_ms": step,
+                        "fixed_ms": max(0.0, step - len(model.layers) * layer), "layers": len(model.layers)})
+    return out
+
+
+# ---- the overhead table ---------------------------------------------------------------------
+
+def switch_overhead(ctx, spec: dict) -> dict:
+    """Matched runs of every direction at ``spec['context']`` with ``spec['layers']`` layers."""
+    T = ctx.world_size
+    model = build(ctx, spec, spec["layers"], spec["context"])
+    executor = SwitchExecutor(model, ctx)
+    batch = synthetic_batch(spec["batch"], spec["context"], spec["rows"], T, spec["page_size"])
+    fill(model, batch)
+    tokens = _tokens(ctx, model, batch)
+    pairs = [(a, b) for i, a in enumerate(LAYOUTS) for b in LAYOUTS[i + 1:]]
+    samples, skipped, plan_ms, exposed = [], [], {}, []
+    for a, b in pairs:
+        executor.switch(batch, a)
+        done = 0
+        for run in range(spec["warmup"] + spec["runs"]):
+            if _past(ctx, spec["deadline"]):
+                skipped.append(f"{a}<->{b} after {done} runs")
+                break
+            times = {}
+            order = list(Mode) if run % 2 == 0 else [Mode.BLOCKING, Mode.SPLASH, Mode.READY]
+            for mode in order:
+                for src, dst in ((a, b), (b, a)):
+                    _quiet(ctx)
+                    _, report = executor.step(batch, tokens, dst, mode)
+                    times[(src, dst, mode)] = report.step_ms
+                    key = f"{src}->{dst}"  # the warm-up run plans; timed runs reuse the plan
+                    plan_ms[key] = max(plan_ms.get(key, 0.0), report.plan_ms)
+                    if mode is Mode.SPLASH:
+                        exposed.append({"src": str(src), "dst": str(dst), "exposed_ms": report.exposed_ms,
+                                        "first_layer_wait_ms": report.layers[0].wait_ms if report.layers else 0.0,
+                                        "run": run})
+            if run >= spec["warmup"]:
+                done += 1
+                for src, dst in ((a, b), (b, a)):
+                    samples.append({"src": str(src), "dst": str(dst), "run": run - spec["warmup"],
+                                    "ready_ms": times[(src, dst, Mode.READY)],
+                                    "blocking_ms": times[(src, dst, Mode.BLOCKING)],
+                                    "splash_ms": times[(src, dst, Mode.SPLASH)]})
+        _say(ctx, f"overhead {a}<->{b}: {done} runs")
+    del executor, model
+    release_memory(ctx)
+    return {"samples": samples, "skipped": skipped, "plan_ms": plan_ms, "exposed": exposed}

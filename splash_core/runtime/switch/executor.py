@@ -1,0 +1,374 @@
+"""The switch executor: one serving step during which every layer moves to a destination layout
+(paper §4.1, appendix F).
+
+Per switching step, on every rank (all ranks call :meth:`SwitchExecutor.step` with the same
+arguments, so every decision below is the same everywhere):
+
+1. Plan: the manifests of the layers not yet in ``dst`` (one per source layout), from the
+   requests' histories before the step (:mod:`.planning`); cached, so a scheduler that planned
+   the switch with :meth:`SwitchExecutor.plan` to cost it does not pay twice.
+2. Check, before anything moves: Eq 5 against ``budget_bytes`` (if given), then one all-reduce
+   of every rank's page needs (pages arriving + the step's new pages) against its pools' free
+   pages, and of requests holding pages outside the batch. A failure raises
+   :class:`SwitchRefused` (or ValueError for stray requests) on every rank.
+3. Move, layer by layer, each through the :class:`~.transfer.StateMover` of each of its states
+   on a side stream over the side communicator (``ctx.side_collectives()``, async ops):
+   ``splash`` starts layer i+1's transfer right before layer i computes and lands layer i's
+   just before it computes (the compute stream waits on an event; on host streams the wait
+   blocks the host while gloo's threads carry the next transfer); ``blocking`` and ``ready``
+   land every layer before the step. A layer lands by writing its destination copy, switching
+   its layout, then retiring its source copy, so at most one layer is in transit and Eq 5
+   holds throughout.
+4. On a failure while moving (a collective error or timeout): the layer in transit is rolled
+   back (what it allocated is freed, its source state untouched), the pages reserved for the
+   step's new tokens are released, and :class:`SwitchFailed` names the layer and state. Earlier
+   layers keep the destination layout, later ones the source: every history is intact and the
+   model stays consistent (each layer holds exactly its own layout's state).
+
+The step's new tokens go straight to the destination layout (their pages are reserved there),
+so a request in its first prefill chunk has nothing to move.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from ...layouts import Layout
+from ...manifest import LayerPlan, Manifest, plan_switch
+from ..step_batch import StepBatch
+from .errors import SwitchFailed, SwitchRefused, TransferError
+from .modes import Mode
+from .pages_mover import PagesMover
+from .planning import budget_refusal, check_pools, history_batch, layer_plans, peak_bytes, plan_layers
+from .recurrent import RecurrentMover
+from .report import LayerReport, SwitchReport
+from .transfer import Fault, StateMover, Transfer, TransferContext
+from .weights_mover import WeightsMover
+
+
+_CACHED_PLANS = 8  # a back-and-forth between layouts, or a plan made one step ahead, stays cached
+
+
+def default_movers() -> list[StateMover]:
+    """Movers for every state: weights, KV + indexer pages (MLA), recurrent state (KDA)."""
+    return [WeightsMover(), PagesMover(), RecurrentMover()]
+
+
+@dataclasses.dataclass
+class _LayerMove:
+    layer: Any
+    plan: LayerPlan
+    events: dict  # t_start, t_done (side stream), w0, w1 (compute stream)
+    transfers: list[tuple[StateMover, Transfer]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Switch:
+    """One switch in progress."""
+
+    dst: Layout
+    src: Layout | str
+    plans: dict[int, LayerPlan]  # by layer index, moving layers only
+    order: tuple[int, ...]  # positions of the moving layers in the model
+    plan_ms: float
+    landed: list[_LayerMove] = dataclasses.field(default_factory=list)
+
+
+class SwitchExecutor:
+    """Executes live layout switches on one rank of the group.
+
+    ``budget_bytes``/``reserve_bytes``: H_r less the state outside attention, and R_r, for the
+    Eq 5 check (None: only the pools' capacity is checked). ``timeout_s``: how long a transfer's
+    collective may take before the switch fails (None: the process group's own timeout; a
+    timed wait blocks the host on accelerators, so leave it None there). ``movers``: the state
+    movers (default :func:`default_movers`). ``fault``: a
+    :class:`~.transfer.Fault` to inject (tests); may be set later as an attribute.
+    """
+
+    def __init__(self, model, ctx, *, budget_bytes: float | None = None, reserve_bytes: float = 0.0,
+                 timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None):
+        self.model, self.ctx = model, ctx
+        self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
+        self.timeout_s, self.fault = timeout_s, fault
+        self.movers = default_movers() if movers is None else list(movers)
+        self._io: TransferContext | None = None
+        self._cache: collections.OrderedDict[tuple, dict[Layout, Manifest]] = collections.OrderedDict()
+
+    # ---- planning ---------------------------------------------------------------------
+
+    def plans(self, dst: Layout | str, batch: StepBatch) -> dict[Layout, Manifest]:
+        """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
+        layout among the layers not in ``dst`` (this rank's key arrays computed). The last few are
+        cached by (destination, layer layouts, requests' ids, owners and starts)."""
+        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
+               batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        manifests = plan_layers(self.model, dst, batch)
+        for manifest in manifests.values():
+            for lp in manifest.kinds().values():
+                for plan in lp.states.values():
+                    plan.rank(self.model.rank)
+        self._cache[key] = manifests
+        while len(self._cache) > _CACHED_PLANS:
+            self._cache.popitem(last=False)
+        return manifests
+
+    def plan(self, dst: Layout | str, batch: StepBatch) -> Manifest:
+        """The manifest of the switch to ``dst`` at ``batch``'s step, when all layers share one
+        layout (ValueError otherwise: see :meth:`plans`). Its ``fits`` is Eq 5; pass it to
+        :func:`splash_core.costmodel.switch_cost` for Eq 7."""
+        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        layouts = {layer.layout for layer in self.model.layers}
+        if len(layouts) > 1:
+            raise ValueError(f"the layers are in several layouts ({sorted(map(str, layouts))}): use plans()")
+        manifests = self.plans(dst, batch)
+        if manifests:
+            return next(iter(manifests.values()))
+        m = self.model  # already in dst: the plan that keeps everything
+        return plan_switch(dst, dst, history_batch(batch), m.profile, m.T, m.page_size,
+                           layers=[layer.index for layer in m.layers])
+
+    # ---- the switching step -----------------------------------------------------------
+
+    def step(self, batch: StepBatch, tokens: torch.Tensor, dst: Layout | str,
+             mode: Mode | str = Mode.SPLASH) -> tuple[torch.Tensor, SwitchReport]:
+        """One serving step of ``batch`` during which every layer moves to ``dst``; returns the
+        step's logits (as :meth:`Model.step`) and this rank's report. Raises
+        :class:`SwitchRefused` before anything moves when the switch does not fit, and
+        :class:`SwitchFailed` when a transfer fails (see the module docstring)."""
+        mode = Mode.parse(mode)
+        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        streams = self.ctx.streams
+        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+        if mode is not Mode.READY:
+            start.record()
+        sw = self._prepare(dst, batch, mode)
+        exposed = None
+        try:
+            if mode is Mode.READY:
+                self._move_all(sw)
+                streams.synchronize()
+                start.record()
+                logits = self.model.step(batch, tokens)
+                exposed = 0.0
+            elif mode is Mode.BLOCKING:
+                x0, x1 = streams.new_event(timing=True), streams.new_event(timing=True)
+                x0.record()
+                self._move_all(sw)
+                x1.record()
+                logits = self.model.step(batch, tokens)
+                exposed = x0, x1
+            else:
+                logits = self._splash(sw, batch, tokens)
+        except TransferError as exc:
+            raise self._failed(sw, exc) from exc
+        end.record()
+        end.synchronize()
+        return logits, self._report(sw, mode, start.elapsed_time(end), exposed)
+
+    def switch(self, batch: StepBatch, dst: Layout | str) -> SwitchReport:
+        """Move every layer to ``dst`` now, layer by layer, outside a step (what ``ready`` does
+        before its timed step). ``batch`` is the next step's batch: its ``start`` tokens of each
+        request are the histories that move. Same checks and failures as :meth:`step`."""
+        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        streams = self.ctx.streams
+        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+        start.record()
+        sw = self._prepare(dst, batch, Mode.BLOCKING)
+        try:
+            self._move_all(sw)
+        except TransferError as exc:
+            raise self._failed(sw, exc) from exc
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        return self._report(sw, Mode.BLOCKING, ms, ms)
+
+    # ---- preparation ------------------------------------------------------------------
+
+    @property
+    def io(self) -> TransferContext:
+        """The side communicator and stream (created on the first switch: a collective)."""
+        if self._io is None:
+            ctx = self.ctx
+            self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device,
+                                       collectives=ctx.side_collectives(), streams=ctx.streams,
+                                       side_stream=ctx.streams.new_stream(), kernels=self.model.kernels)
+        self._io.timeout_s, self._io.fault = self.timeout_s, self.fault
+        return self._io
+
+    def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
+        m = self.model
+        if batch.T != m.T or batch.page_size != m.page_size:
+            raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={m.T}, page {m.page_size}")
+        before = {layer.layout for layer in m.layers}
+        src = next(iter(before)) if len(before) == 1 else "mixed"
+        order = tuple(pos for pos, layer in enumerate(m.layers) if layer.layout is not dst)
+        if not order:
+            return _Switch(dst, src, {}, (), 0.0)
+        t0 = time.perf_counter()
+        manifests = self.plans(dst, batch)
+        plan_ms = (time.perf_counter() - t0) * 1e3
+        plans = layer_plans(manifests)
+        sw = _Switch(dst, src, plans, order, plan_ms)
+        for lp in plans.values():
+            missing = set(lp.states) - {s for mover in self.movers for s in mover.states}
+            if missing:
+                raise ValueError(f"layer {lp.index} ({lp.kind}) has state {sorted(map(str, missing))} that no mover "
+                                 f"moves; pass one to SwitchExecutor(movers=...) (see switch.transfer.StateMover)")
+        if self.budget_bytes is not None:
+            reason = budget_refusal(peak_bytes(m, dst, batch, manifests), self.budget_bytes, self.reserve_bytes)
+            if reason:
+                raise self._refused(sw, mode, reason)
+        _ = self.io  # every rank creates the side communicator here, before anything depends on it
+        pools = check_pools(m, self.ctx.collectives, dst, batch, plans)
+        stray = pools.stray_error()
+        if stray:
+            raise ValueError(stray)
+        reason = pools.refusal()
+        if reason:
+            raise self._refused(sw, mode, reason)
+        return sw
+
+    def _refused(self, sw: _Switch, mode: Mode, reason: str) -> SwitchRefused:
+        report = SwitchReport(sw.src, sw.dst, mode, plan_ms=sw.plan_ms, refused=True,
+                              reason=f"switch {sw.src}→{sw.dst} refused, nothing moved: {reason}")
+        return SwitchRefused(report.reason, report)
+
+    # ---- moving -----------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        """The side stream starts after everything the compute stream issued before the switch."""
+        io, streams = self.io, self.ctx.streams
+        ready = streams.new_event()
+        ready.record()
+        ready.wait(io.side_stream)
+
+    def _move_all(self, sw: _Switch) -> None:
+        if not sw.order:
+            return
+        self._begin()
+        for pos in sw.order:
+            self._land(sw, self._start(sw, pos))
+
+    def _splash(self, sw: _Switch, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        moving = set(sw.order)
+        next_moving, after = {}, None
+        for pos in reversed(range(len(m.layers))):  # the first moving layer after each position
+            next_moving[pos] = after
+            if pos in moving:
+                after = pos
+        flight: dict[int, _LayerMove] = {}
+        reserved = False
+
+        def before_layer(pos: int) -> None:
+            nonlocal reserved
+            reserved = True  # Model.step reserved the step's pages before its first layer
+            if pos in moving:
+                self._land(sw, flight.pop(pos, None) or self._start(sw, pos))
+            upcoming = next_moving[pos]  # its transfer overlaps this layer's computation
+            if upcoming is not None and upcoming not in flight:
+                flight[upcoming] = self._start(sw, upcoming)
+
+        if sw.order:
+            self._begin()
+        try:
+            return m.step(batch, tokens, layouts=[sw.dst] * len(m.layers), before_layer=before_layer)
+        except BaseException:
+            for lm in flight.values():
+                self._rollback(lm)
+            if reserved:
+                self._release_new_pages(batch, sw.dst)
+            raise
+
+    def _start(self, sw: _Switch, pos: int) -> _LayerMove:
+        layer, io, streams = self.model.layers[pos], self.io, self.ctx.streams
+        lm = _LayerMove(layer, sw.plans[layer.index], {k: streams.new_event(timing=True)
+                                                      for k in ("t_start", "t_done", "w0", "w1")})
+        with streams.use_stream(io.side_stream):
+            lm.events["t_start"].record(io.side_stream)
+            try:
+                for mover in self.movers:
+                    states = [s for s in mover.states if s in lm.plan.states]
+                    if states:
+                        t = mover.start(layer, {s: lm.plan.states[s] for s in states}, sw.dst, io)
+                        lm.transfers.append((mover, t))
+            except BaseException:
+                self._rollback(lm)
+                raise
+        return lm
+
+    def _land(self, sw: _Switch, lm: _LayerMove) -> None:
+        io, streams, ev = self.io, self.ctx.streams, lm.events
+        ev["w0"].record()
+        try:
+            with streams.use_stream(io.side_stream):
+                for mover, t in lm.transfers:
+                    mover.finish(t, io)
+                ev["t_done"].record(io.side_stream)
+            ev["t_done"].wait()  # the compute stream waits for this layer only
+            ev["w1"].record()
+            args = {}
+            for _, t in lm.transfers:
+                args.update(t.layout_args)
+            lm.layer.set_layout(sw.dst, **args)
+        except BaseException:
+            self._rollback(lm)
+            raise
+        for mover, t in lm.transfers:  # the destination copy is live: retire the source copy
+            mover.retire(t)
+        sw.landed.append(lm)
+
+    @staticmethod
+    def _rollback(lm: _LayerMove) -> None:
+        for mover, t in reversed(lm.transfers):
+            mover.rollback(t)
+        lm.transfers = []
+
+    def _release_new_pages(self, batch: StepBatch, dst: Layout) -> None:
+        m = self.model
+        for layer in m.paged_layers:
+            for rid, pages in m.new_pages(batch, [dst] * len(m.layers))[layer.index]:
+                layer.kv.free(rid, pages)
+
+    def _failed(self, sw: _Switch, exc: TransferError) -> SwitchFailed:
+        layers = self.model.layers
+        switched = tuple(layers[p].index for p in sw.order if layers[p].layout is sw.dst)
+        unswitched = tuple(layers[p].index for p in sw.order if layers[p].layout is not sw.dst)
+        return SwitchFailed(
+            f"switch {sw.src}→{sw.dst} failed at layer {exc.layer}, state {exc.state} ({exc.primitive}): {exc.cause}. "
+            f"Rolled back: layers {list(switched)} hold {sw.dst}, layers {list(unswitched)} their source layout; "
+            "every request's history is intact and the step's new pages were released",
+            layer=exc.layer, state=exc.state, dst=sw.dst, switched=switched, unswitched=unswitched)
+
+    # ---- report -----------------------------------------------------------------------
+
+    def _report(self, sw: _Switch, mode: Mode, step_ms: float, exposed) -> SwitchReport:
+        layers, received, group = [], {}, {}
+        for lm in sw.landed:
+            ev, got, prims = lm.events, {}, {}
+            for _, t in lm.transfers:
+                for s in t.states:
+                    got[str(s)] = got.get(str(s), 0) + t.received_bytes.get(s, 0)
+                    prims[str(s)] = t.primitives[s]
+                    received[str(s)] = received.get(str(s), 0) + t.received_bytes.get(s, 0)
+                    group[str(s)] = group.get(str(s), 0) + t.group_bytes.get(s, 0)
+            layers.append(LayerReport(lm.layer.index, prims, got, ev["t_start"].elapsed_time(ev["t_done"]),
+                                      ev["w0"].elapsed_time(ev["w1"])))
+        if exposed is None:
+            exposed_ms = float(sum(r.wait_ms for r in layers))
+        elif isinstance(exposed, tuple):
+            exposed_ms = exposed[0].elapsed_time(exposed[1])
+        else:
+            exposed_ms = float(exposed)
+        return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
+                            sw.plan_ms)

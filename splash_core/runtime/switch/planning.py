@@ -1,0 +1,144 @@
+"""From a model's current per-layer layouts and a step's batch to the manifests a switch executes,
+and the checks that must pass before anything moves (paper §4.1 step 4, Eq 5).
+
+What moves is each request's history *before* the step (``start`` tokens): the step's own rows
+are written straight into the destination layout, so a request in its first prefill chunk
+(``start == 0``) has nothing to move, and a request that finished before the step is not in
+the batch (its pages must have been released).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ... import ownership
+from ...layouts import Layout, State
+from ...manifest import LayerPlan, Manifest, plan_switch
+from ..kv_pool import held_pages
+from ..step_batch import StepBatch
+
+
+def history_batch(batch: StepBatch) -> ownership.Batch:
+    """The batch as the planner sees it: each request's history before the step."""
+    return ownership.Batch(tuple(ownership.Request(int(i), int(s), int(o), int(q))
+                                 for i, s, o, q in zip(batch.ids, batch.starts, batch.owners, batch.rows)))
+
+
+def plan_layers(model, dst: Layout, batch: StepBatch) -> dict[Layout, Manifest]:
+    """One manifest per source layout among the layers not yet in ``dst`` (usually one)."""
+    groups: dict[Layout, list[int]] = {}
+    for layer in model.layers:
+        if layer.layout is not dst:
+            groups.setdefault(layer.layout, []).append(layer.index)
+    hist = history_batch(batch)
+    return {src: plan_switch(src, dst, hist, model.profile, model.T, model.page_size, layers=idx)
+            for src, idx in groups.items()}
+
+
+def layer_plans(manifests: dict[Layout, Manifest]) -> dict[int, LayerPlan]:
+    return {lp.index: lp for m in manifests.values() for lp in m.layers}
+
+
+# ---- Eq 5 against a memory budget ------------------------------------------------------
+
+def peak_bytes(model, dst: Layout, batch: StepBatch, manifests: dict[Layout, Manifest]) -> np.ndarray:
+    """Per rank, the most attention state held at any point of the switch: Eq 5's
+    max(M(a), M(b)) + Δ_layer and the layer-by-layer sweep (earlier layers in the destination,
+    later ones in the source, one in transit), as :attr:`Manifest.peak` for one source; layers
+    already in ``dst`` count with their destination footprint."""
+    if len(manifests) == 1 and sum(len(m.layers) for m in manifests.values()) == len(model.layers):
+        return next(iter(manifests.values())).peak
+    plans = layer_plans(manifests)
+    hist, T = history_batch(batch), model.T
+    src, dst_b, transit = [], [], []
+    for layer in model.layers:
+        lp = plans.get(layer.index)
+        if lp is None:
+            still = ownership.footprint(dst, hist, model.profile, T, model.page_size, layers=[layer.index]).total
+            src.append(still), dst_b.append(still), transit.append(np.zeros(T, dtype=np.int64))
+        else:
+            src.append(lp.source_bytes), dst_b.append(lp.dest_bytes), transit.append(lp.transit_bytes)
+    src, dst_b, transit = np.stack(src), np.stack(dst_b), np.stack(transit)
+    eq5 = np.maximum(src.sum(0), dst_b.sum(0)) + transit.max(0)
+    done = np.cumsum(dst_b, axis=0) - dst_b
+    ahead = np.cumsum(src[::-1], axis=0)[::-1]
+    return np.maximum(eq5, (done + ahead + transit).max(0))
+
+
+def budget_refusal(peak: np.ndarray, budget_bytes: float, reserve_bytes: float) -> str | None:
+    """Why Eq 5 fails (with the numbers), or None."""
+    total = peak + reserve_bytes
+    if (total <= budget_bytes).all():
+        return None
+    r, gib = int(np.argmax(total)), float(1 << 30)
+    return (f"Eq 5: rank {r} would peak at {total[r] / gib:.3f} GiB of attention state during the switch "
+            f"(reserve {reserve_bytes / gib:.3f} GiB included), over its budget of {budget_bytes / gib:.3f} GiB")
+
+
+# ---- pool capacity and stray requests (agreed by one all-reduce) -------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PoolCheck:
+    """Per rank and paged layer: pages the switching step needs and has free; per rank, pages held
+    that belong to no request of the batch (requests left out of it, or never released)."""
+
+    need: np.ndarray  # [T, L]: pages arriving + pages for the step's new tokens
+    fetched: np.ndarray  # [T, L]
+    free: np.ndarray  # [T, L]
+    strays: np.ndarray  # [T]: pages held beyond the batch's histories, over the layers
+    layers: tuple[int, ...]
+    local_strays: tuple[int, ...] = ()  # this rank's requests outside the batch that hold pages
+
+    def refusal(self) -> str | None:
+        short = np.argwhere(self.need > self.free)
+        if not short.size:
+            return None
+        r, i = short[0]
+        return (f"KV pool: rank {r} layer {self.layers[i]} needs {self.need[r, i]} free pages during the switch "
+                f"({self.fetched[r, i]} arriving + {self.need[r, i] - self.fetched[r, i]} for the step's new "
+                f"tokens), {self.free[r, i]} are free ({len(short)} rank-layer pairs short)")
+
+    def stray_error(self) -> str | None:
+        if not self.strays.any():
+            return None
+        r = int(np.flatnonzero(self.strays)[0])
+        named = f" (requests {list(self.local_strays)} here)" if self.local_strays else ""
+        return (f"rank {r} holds {self.strays[r]} pages beyond the histories of the step's batch{named}: a switch "
+                "moves exactly the batch's histories, so release finished requests (model.release) and put "
+                "every running request in the batch")
+
+
+def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[int, LayerPlan]) -> PoolCheck:
+    """Gather every rank's page needs for the switching step (a collective on ``collectives``):
+    pages arriving in the moving layers plus, in every paged layer, the step's new pages; and
+    the pages held beyond the batch's histories (each layer's used pages against its layout's
+    share, in closed form; requests are named only when they differ)."""
+    paged = model.paged_layers
+    T, rank = model.T, model.rank
+    first, end = batch.new_pages()
+    new = sum(held_pages(dst, int(rid), int(owner), np.arange(a, b), rank, T).size  # the same in every layer
+              for rid, owner, a, b in zip(batch.ids, batch.owners, first, end) if b > a)
+    hist = history_batch(batch)
+    share = {layout: int(ownership.kv_pages_per_rank(layout, hist, T, model.page_size)[rank])
+             for layout in {layer.layout for layer in paged}}
+    fetched = np.array([len(plans[layer.index].states[State.KV].rank(rank).fetched) if layer.index in plans else 0
+                        for layer in paged], dtype=np.int64)
+    free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
+    extra = sum(layer.kv.used_pages - share[layer.layout] for layer in paged)
+    local = ()
+    if extra:
+        ids = set(int(i) for i in batch.ids)
+        local = tuple(sorted({rid for layer in paged for rid in layer.kv.requests} - ids))
+    n = len(paged)
+    table = torch.zeros(3 * T * n + T, dtype=torch.int64)
+    mine = torch.as_tensor(np.concatenate([fetched + new, fetched, free]))
+    table[: 3 * T * n].view(3, T, n)[:, rank] = mine.view(3, n)
+    table[3 * T * n + rank] = int(extra)
+    table = table.to(model.device)
+    collectives.all_reduce(table)
+    table = table.cpu().numpy()
+    grid = table[: 3 * T * n].reshape(3, T, n)
+    return PoolCheck(grid[0], grid[1], grid[2], table[3 * T * n:], tuple(layer.index for layer in paged), local)

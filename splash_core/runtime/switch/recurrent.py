@@ -1,0 +1,95 @@
+"""Moving a KDA layer's per-request recurrent state (delta-rule state and short-conv cache).
+
+Keys are the manifest's ``(request_id, shard)``: shard s is heads ``head_shard(H, s, T)`` of a
+request's state, ``recurrent_bytes_per_request_layer / T`` bytes. TP holds shard r of every
+request on rank r; DP, DOP and CP hold every shard on the request's owner
+(:func:`~splash_core.runtime.recurrent_pool.held_heads`). Hence:
+
+- TP → DP/DOP/CP: an all-to-all; each owner receives the other T − 1 shards of its requests and
+  joins them with its own, every other rank frees its shard.
+- DP/DOP/CP → TP: an all-to-all; each owner sends shard s of its requests to rank s and keeps
+  only its own shard.
+- between DP, DOP and CP, and TP → TP: nothing moves (the owner keeps the whole state).
+
+``start`` packs the shards of ``sends`` (every peer's keys, in peer order) into one uint8 buffer
+and issues the all-to-all with the plan's splits. ``finish`` waits, builds each changing
+request's destination state in fresh tensors from its kept and received shards, and installs
+it, holding on to the source state; ``retire`` lets the source go, ``rollback`` puts it back.
+Only requests with a history are planned (a request in its first step has no state to move:
+every KDA layer admits it in the layout it computes in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import torch
+
+from ...layouts import Layout, Primitive, State
+from ...manifest import RankBlocks, StatePlan
+from ..recurrent_pool import RequestState
+from .transfer import Pending, Transfer, TransferContext
+
+RECURRENT = State.RECURRENT
+
+
+@dataclasses.dataclass
+class _Moving:
+    blocks: RankBlocks
+    pending: Pending | None = None
+    recv: torch.Tensor | None = None  # [fetched, shard bytes] uint8, rows in ``fetched`` order
+    replaced: dict[int, RequestState | None] | None = None  # source state of each changed request
+
+
+class RecurrentMover:
+    """:class:`~splash_core.runtime.switch.transfer.StateMover` for ``State.RECURRENT``."""
+
+    states = (RECURRENT,)
+
+    def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer:
+        plan, pool = plans[RECURRENT], layer.state
+        shard_bytes = pool.format.shard_bytes(io.T)
+        if int(plan.block_bytes[0]) != shard_bytes:
+            raise ValueError(f"layer {layer.index}: the plan moves recurrent shards of {int(plan.block_bytes[0])} "
+                             f"bytes, the pool's are {shard_bytes}")
+        blocks = plan.rank(io.rank)
+        t = Transfer(layer, self.states, {RECURRENT: str(plan.primitive)},
+                     {RECURRENT: int(plan.fetched_bytes[io.rank])}, {RECURRENT: int(plan.fetched_bytes.sum())})
+        moving = t.data = _Moving(blocks)
+        if plan.primitive is Primitive.DISCARD:
+            return t
+        keys = [(int(rid), int(s)) for peer in blocks.sends for rid, s in peer]
+        rows = [pool.pack_shards(rid, [s], io.T) for rid, s in keys]
+        send = torch.cat(rows) if rows else torch.empty(0, shard_bytes, dtype=torch.uint8, device=io.device)
+        moving.recv = send.new_empty(len(blocks.fetched), shard_bytes)
+        moving.pending = io.all_to_all(moving.recv, send, blocks.recv_splits, blocks.send_splits,
+                                       layer=layer.index, state=RECURRENT)
+        return t
+
+    def finish(self, t: Transfer, io: TransferContext) -> None:
+        moving, pool = t.data, t.layer.state
+        if moving.pending is not None:
+            io.wait(moving.pending)
+        b = moving.blocks
+        shards: dict[int, list[int]] = {}
+        received: dict[int, dict[int, torch.Tensor]] = {}
+        for rid, s in b.kept.tolist():
+            shards.setdefault(rid, []).append(s)
+        for i, (rid, s) in enumerate(b.fetched.tolist()):
+            shards.setdefault(rid, []).append(s)
+            received.setdefault(rid, {})[s] = moving.recv[i]
+        changing = set(received) | {rid for rid, _ in b.freed.tolist()}
+        # build every destination state first: a failure here leaves the layer untouched
+        new = {rid: pool.assemble(rid, shards.get(rid, []), io.T, received.get(rid, {})) for rid in sorted(changing)}
+        moving.replaced = {rid: pool.put(rid, part) for rid, part in new.items()}
+        moving.recv = None
+
+    def retire(self, t: Transfer) -> None:
+        t.data.replaced = None  # the source states go with the last reference to them
+
+    def rollback(self, t: Transfer) -> None:
+        moving, pool = t.data, t.layer.state
+        for rid, part in (moving.replaced or {}).items():
+            pool.put(rid, part)
+        moving.replaced = moving.recv = None

@@ -1,0 +1,66 @@
+"""What one switching step did, as this rank saw it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...layouts import Layout
+from .modes import Mode
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReport:
+    """One layer's transfer.
+
+    ``transfer_ms`` runs from the first pack to the last write on the side stream (on host
+    streams, from launch to landing, so it includes time the transfer sat behind computation);
+    ``wait_ms`` is how long the step's compute stream waited for it; ``primitives`` maps each
+    state to the primitive that moved it."""
+
+    index: int
+    primitives: dict[str, str]
+    bytes_received: dict[str, int]
+    transfer_ms: float
+    wait_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchReport:
+    """One switching step (or a refused one).
+
+    - ``src``: the layout every moved layer left, or ``"mixed"`` when they left different ones
+      (layers already in ``dst`` do not move); ``dst``, ``mode``.
+    - ``step_ms``: the timed interval: the whole step (planning check, transfers, compute) in
+      ``splash`` and ``blocking``, the step alone in ``ready``.
+    - ``exposed_ms``: time the step waited on transfers (the whole transfer in ``blocking``,
+      the sum of per-layer waits in ``splash``, 0 in ``ready``).
+    - ``bytes_received``: bytes per state this rank received; ``bytes_group``: the same summed
+      over the group (padding of uneven all-gathers not counted).
+    - ``layers``: per moved layer, in model order.
+    - ``plan_ms``: host time spent planning in this call (0 when the manifest was planned
+      before, e.g. by :meth:`SwitchExecutor.plan`).
+    - ``refused``/``reason``: a refused switch changes nothing; ``reason`` has the numbers.
+    """
+
+    src: Layout | str
+    dst: Layout
+    mode: Mode
+    step_ms: float = 0.0
+    exposed_ms: float = 0.0
+    bytes_received: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes_group: dict[str, int] = dataclasses.field(default_factory=dict)
+    layers: tuple[LayerReport, ...] = ()
+    plan_ms: float = 0.0
+    refused: bool = False
+    reason: str = ""
+
+    @property
+    def moved(self) -> bool:
+        """Whether any layer changed layout."""
+        return bool(self.layers)
+
+    def summary(self) -> dict:
+        """A JSON-ready dict (layouts and modes as strings)."""
+        out = dataclasses.asdict(self)
+        out.update(src=str(self.src), dst=str(self.dst), mode=str(self.mode))
+        return out

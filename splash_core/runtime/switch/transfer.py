@@ -1,0 +1,164 @@
+"""What state movers share: the side communicator and stream, waits with a timeout, fault
+injection, and the :class:`StateMover` contract a new kind of state implements.
+
+The StateMover contract (how a state joins a live switch)
+--------------------------------------------------------
+
+The executor moves one layer at a time. For each state of the layer's
+:class:`~splash_core.manifest.LayerPlan` it asks the mover that lists that state in ``states``
+(one mover may cover several states that share storage, as KV and indexer keys share pages)::
+
+    t = mover.start(layer, plans, dst, io)   # on the side stream: allocate destination storage,
+                                             # pack, launch async collectives
+    mover.finish(t, io)                      # wait (io.wait), write the destination copy;
+                                             # the source is still untouched
+    layer.set_layout(dst, **t.layout_args)   # the layer now computes from the destination copy
+    mover.retire(t)                          # free the source copy (old pages, old replicas)
+    mover.rollback(t)                        # instead of set_layout/retire when anything failed:
+                                             # free what finish allocated, keep the source
+
+- ``plans`` maps each of the mover's states to its :class:`~splash_core.manifest.StatePlan`
+  (``plans[s].primitive``, ``plans[s].rank(io.rank)`` with kept / freed / fetched / sources /
+  sends). Every rank issues the same collectives in the same order, ranks with nothing to send
+  included; collectives go through ``io.all_gather`` / ``io.all_to_all`` (the side
+  communicator, async) and are waited with ``io.wait``, which applies the timeout and the
+  injected faults and turns any failure into a :class:`TransferError` naming the layer and state.
+- ``start`` and ``finish`` must not change the source state; what they allocate for the
+  destination (the layer does not compute before it lands, so nothing reads it early) is
+  recorded in the transfer so ``rollback`` can free it, also when ``start`` itself fails
+  half-way; ``retire`` cannot fail.
+- ``t.received_bytes`` / ``t.group_bytes`` (per state) feed the report.
+
+The recurrent (KDA) state moves by the same steps with the keys ``(request_id, shard)``:
+:class:`~splash_core.runtime.switch.recurrent.RecurrentMover`, one of the default movers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+import torch
+
+from ...interfaces import Collectives, StreamOps, Work
+from ...layouts import Layout, State
+from ...manifest import StatePlan
+from .errors import InjectedFault, TransferError
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A failure to inject (tests): the collective of ``state`` at model layer ``layer`` fails
+    on ``ranks`` (None: every rank).
+
+    ``hang=False``: the collective runs, then reports an error on those ranks (a collective that
+    fails everywhere: use ``ranks=None``, or the other ranks carry on alone). ``hang=True``: those
+    ranks stop issuing side collectives from that one on (a hung peer) and fail when they would
+    wait; their peers wait until the executor's timeout, so set one. The side communicator is
+    unusable after a hang."""
+
+    layer: int
+    state: State
+    ranks: frozenset[int] | None = None
+    hang: bool = False
+
+    def hits(self, layer: int, state: State, rank: int) -> bool:
+        return (layer == self.layer and state is State(self.state)
+                and (self.ranks is None or rank in self.ranks))
+
+
+@dataclasses.dataclass
+class Pending:
+    """An issued (or, under a hang fault, withheld) collective."""
+
+    work: Work | None
+    layer: int
+    state: State
+    primitive: str
+    withheld: bool = False
+
+
+class TransferContext:
+    """Rank, side communicator, streams and kernels for the movers of one executor."""
+
+    def __init__(self, *, rank: int, T: int, device, collectives: Collectives, streams: StreamOps,
+                 side_stream, kernels, timeout_s: float | None = None, fault: Fault | None = None):
+        self.rank, self.T, self.device = rank, T, device
+        self.collectives, self.streams, self.side_stream = collectives, streams, side_stream
+        self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
+        self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
+
+    def index(self, array: np.ndarray) -> torch.Tensor:
+        """An int32 index tensor on the device. Off the host it is copied from pinned memory
+        without blocking, so issuing a layer's transfer never waits for the streams."""
+        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
+        if self.device.type == "cpu":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def _issue(self, layer: int, state: State, primitive: str, launch) -> Pending:
+        if self.hung or (self.fault is not None and self.fault.hang and self.fault.hits(layer, state, self.rank)):
+            self.hung = True  # a hung rank issues nothing after this (issuing later ones would mismatch peers)
+            return Pending(None, layer, state, primitive, withheld=True)
+        try:
+            return Pending(launch(), layer, state, primitive)
+        except Exception as exc:  # a collective that cannot even be issued
+            raise TransferError(layer, state, primitive, f"{type(exc).__name__}: {exc}") from exc
+
+    def all_gather(self, out, inp, *, layer: int, state: State) -> Pending:
+        return self._issue(layer, state, "all_gather",
+                           lambda: self.collectives.all_gather_into(out, inp, async_op=True))
+
+    def all_to_all(self, out, inp, out_splits, in_splits, *, layer: int, state: State) -> Pending:
+        return self._issue(layer, state, "all_to_all", lambda: self.collectives.all_to_all(
+            out, inp, [int(s) for s in out_splits], [int(s) for s in in_splits], async_op=True))
+
+    def wait(self, pending: Pending) -> None:
+        """Make the current stream wait for the collective (the host too on host backends), or
+        raise :class:`TransferError` for a failure, a timeout or an injected fault."""
+        where = (pending.layer, pending.state, pending.primitive)
+        if pending.withheld:
+            raise TransferError(*where, "injected fault: this rank never issued the collective")
+        try:
+            if self.timeout_s is None:
+                pending.work.wait()
+            else:
+                pending.work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:
+            raise TransferError(*where, f"{type(exc).__name__}: {exc}") from exc
+        if self.fault is not None and not self.fault.hang and self.fault.hits(pending.layer, pending.state, self.rank):
+            raise TransferError(*where, str(InjectedFault("injected fault after the collective")))
+
+
+@dataclasses.dataclass
+class Transfer:
+    """One mover's move of one layer, from ``start`` until ``retire`` or ``rollback``."""
+
+    layer: Any
+    states: tuple[State, ...]
+    primitives: dict[State, str]
+    received_bytes: dict[State, int]
+    group_bytes: dict[State, int]
+    layout_args: dict = dataclasses.field(default_factory=dict)  # for layer.set_layout(dst, **...)
+    data: Any = None  # the mover's own
+
+
+class StateMover(Protocol):
+    """Moves some states of one layer during a switch (see the module docstring)."""
+
+    states: tuple[State, ...]
+
+    def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer: ...
+
+    def finish(self, transfer: Transfer, io: TransferContext) -> None: ...
+
+    def retire(self, transfer: Transfer) -> None: ...
+
+    def rollback(self, transfer: Transfer) -> None: ...
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """1-byte formats (fp8) as uint8, so packing and collectives work on every device."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t

@@ -1,0 +1,122 @@
+"""Moving a layer's head-indexed projections between placements (paper §4.1, Figure 3 right).
+
+- sharded → replicated (TP/DOP → DP/CP): an all-gather per head-indexed tensor. A tensor whose
+  shards concatenate along dim 0 (Q-B, KV-B: rows per head) is gathered straight into its full
+  tensor, with no copy; one concatenated along another dim (O: columns per head) is gathered
+  into a staging buffer and rearranged by one copy. Those go first, so their copy overlaps the
+  other tensors' transfers.
+- replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
+- same placement: nothing moves.
+
+Works for any weights object with the interface of :class:`~splash_core.runtime.mla.MLAWeights`
+(and the KDA layer's weights): a dataclass with ``heads``, ``total_heads``, ``is_full``,
+``SHARDED`` (the head-indexed tensor names), ``shard(rank, T)`` and ``from_shards(shards)``. The
+axis each tensor's shards join along is read from the class's own ``from_shards``, run once on
+meta tensors. The old weights are freed when the layer takes the new ones (``set_layout``),
+i.e. once the transfer landed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import torch
+
+from ...layouts import Layout, Placement, Primitive, State
+from ...manifest import StatePlan
+from ..weights import head_shard
+from .transfer import Transfer, TransferContext, byte_view
+
+WEIGHTS = State.WEIGHTS
+
+
+@dataclasses.dataclass
+class _Gather:
+    name: str
+    dim: int  # the axis the shards join along
+    shape: torch.Size  # of one shard
+    dtype: torch.dtype
+    pending: object
+    out: torch.Tensor  # the full tensor (dim 0), or the flat staging buffer [T * shard elements]
+
+
+class WeightsMover:
+    """:class:`~splash_core.runtime.switch.transfer.StateMover` for ``State.WEIGHTS``."""
+
+    states = (WEIGHTS,)
+
+    def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer:
+        plan, w = plans[WEIGHTS], layer.weights
+        t = Transfer(layer, self.states, {WEIGHTS: str(plan.primitive)}, {WEIGHTS: 0}, {WEIGHTS: 0})
+        to_sharded = dst.placement is Placement.SHARDED
+        if plan.primitive is Primitive.ALL_GATHER:
+            if w.is_full or to_sharded:
+                raise ValueError(f"layer {layer.index}: the plan all-gathers weights into {dst}, "
+                                 f"but the layer holds heads {w.heads} of {w.total_heads}")
+            dims = concat_dims(w, io.T)
+            gathers, sent = [], 0
+            for name in sorted(w.SHARDED, key=lambda n: (dims[n] == 0, -getattr(w, n).numel())):
+                x = getattr(w, name).contiguous()
+                if dims[name] == 0:
+                    out, send = x.new_empty((io.T * x.shape[0], *x.shape[1:])), x
+                else:
+                    send = x.reshape(-1)
+                    out = send.new_empty(io.T * send.numel())
+                pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
+                gathers.append(_Gather(name, dims[name], x.shape, x.dtype, pending, out))
+                sent += x.numel() * x.element_size()
+            t.data = gathers
+            t.received_bytes[WEIGHTS] = (io.T - 1) * sent
+            t.group_bytes[WEIGHTS] = io.T * (io.T - 1) * sent
+        elif plan.primitive is Primitive.DISCARD:
+            if to_sharded and w.is_full:  # keep this rank's shard, drop the replica
+                t.layout_args["weights"] = w.shard(io.rank, io.T)
+        else:
+            raise ValueError(f"layer {layer.index}: weights move by {plan.primitive}, which no layout pair needs")
+        return t
+
+    def finish(self, t: Transfer, io: TransferContext) -> None:
+        if not t.data:
+            return
+        full = {}
+        for g in t.data:
+            io.wait(g.pending)
+            if g.dim == 0:
+                full[g.name] = g.out
+            else:  # [T, *shard] -> shards side by side along their axis: one copy
+                full[g.name] = torch.cat(g.out.view(io.T, *g.shape).unbind(0), dim=g.dim)
+        w = t.layer.weights
+        t.layout_args["weights"] = dataclasses.replace(w, heads=range(w.total_heads), **full)
+        t.data = None
+
+    def retire(self, t: Transfer) -> None:
+        """Nothing to free by hand: the replaced weights go when the layer drops them."""
+
+    def rollback(self, t: Transfer) -> None:
+        t.layout_args.clear()
+        t.data = None
+
+
+_DIMS: dict[tuple, dict[str, int]] = {}
+
+
+def concat_dims(w, T: int) -> dict[str, int]:
+    """The axis along which ``type(w).from_shards`` joins each head-indexed tensor of ``T``
+    shards shaped like ``w``'s, found once per class and shapes by running it on meta tensors
+    (no memory, no data)."""
+    shapes = tuple((n, tuple(getattr(w, n).shape)) for n in w.SHARDED)
+    key = (type(w), shapes, T)
+    if key not in _DIMS:
+        shards = [dataclasses.replace(w, heads=head_shard(w.total_heads, r, T),
+                                      **{n: torch.empty(s, device="meta") for n, s in shapes}) for r in range(T)]
+        joined = type(w).from_shards(shards)
+        dims = {}
+        for name, shape in shapes:
+            full = getattr(joined, name).shape
+            grown = [i for i, (a, b) in enumerate(zip(shape, full)) if a != b]
+            if len(grown) != 1 or full[grown[0]] != T * shape[grown[0]]:
+                raise ValueError(f"{type(w).__name__}.from_shards does not join {name} along one axis")
+            dims[name] = grown[0]
+        _DIMS[key] = dims
+    return _DIMS[key]

@@ -1,0 +1,55 @@
+"""``splash run``: the default main job end to end (the scheduler switches live and the outputs
+equal the single-device reference), and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from splash_core.cli.main import main
+from splash_core.profiles import load
+
+
+def splash(*args, timeout=300):
+    exe = shutil.which("splash") or pytest.skip("console script `splash` not installed")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_default_job_switches_live_and_matches_the_reference():
+    done = splash("run", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    specs = load("workload", "rollout-tiny").requests()
+    assert (out["deployment"], out["workload"], out["policy"], out["T"]) == ("cpu-tiny", "rollout-tiny", "splash", 2)
+    assert out["served"] == len(specs) and out["output_tokens"] == sum(s.max_new_tokens for s in specs)
+    assert out["switch_count"] >= 1
+    assert sum(out["layout_steps"].values()) == out["steps"] and len(out["layout_steps"]) >= 2
+    for switch in out["switches"]:
+        assert switch["src"] != switch["dst"] and switch["reason"].startswith("switch ")
+        assert switch["bytes_total"] == sum(switch["bytes"].values())
+    assert out["check"]["passed"] and out["check"]["exact"] and out["check"]["tokens"] == out["output_tokens"]
+    assert out["tokens_per_s"] > 0
+    assert "requests  " not in done.stderr  # no progress bar under --json
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "no-such-workload"], "no workload profile 'no-such-workload'"),
+    (["--deployment", "no-such.yaml"], "no deployment profile 'no-such.yaml'"),
+    (["--policy", "XP"], "unknown policy 'XP'"),
+    (["--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, args, message):
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("splash run: error: ") and message in err
+
+
+def test_a_malformed_workload_names_the_field(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: workload\nrollout: {requests: 0, prompt_tokens: [4, 8], output_tokens: [1, 2]}\n")
+    assert main(["run", "--workload", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "requests" in err

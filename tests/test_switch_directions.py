@@ -1,0 +1,123 @@
+"""Every one of the 12 directed switches, taken mid-generation in each of the three modes, gives
+the tokens and logits of never switching (the single-process reference), on T = 2, 3, 4.
+
+The switching step (step 4) mixes everything a live switch must handle: a request in decode
+with a long history (37-token prompt), one in decode with a short one, one in the middle of its
+chunked prefill (32 of 50 prompt tokens in), one arriving with its first prefill chunk, and one
+that finished at the step before (released, so gone from the plan). Owners are unbalanced and
+one rank owns nothing. After the switch every layer is in the destination layout and, after
+every step, each rank holds exactly its layout's pages and bytes (``ownership.footprint``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from splash_core.layouts import DIRECTIONS, Layout, State
+from splash_core.profiles.loader import load
+from splash_core.runtime.model import Model
+from splash_core.runtime.switch import Mode, SwitchExecutor
+from splash_core.runtime.weights import SeededWeights
+
+from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
+
+SWITCH_AT = 4
+OWNERS = {2: [1, 1, 1, 1, 1], 3: [0, 2, 0, 2, 2], 4: [0, 3, 2, 3, 0]}  # rank 0, 1, 1 idle
+
+
+def _requests(T: int) -> list[Req]:
+    o = OWNERS[T]
+    return [Req(0, o[0], prompt(37, 1), 7), Req(1, o[1], prompt(5, 2), 4), Req(2, o[2], prompt(20, 3), 5, arrives=1),
+            Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
+
+
+def _switch_runs(ctx, directions, modes):
+    """On each rank: for every (direction, mode) serve the scenario, switching at step 4."""
+    profile, T = load("model", MODEL), ctx.world_size
+    out = {}
+    for src, dst in directions:
+        for mode in modes:
+            model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24, page_size=PAGE)
+            executor = SwitchExecutor(model, ctx)
+            problems, info = [], {}
+
+            def step(k, batch, tokens):
+                if k != SWITCH_AT:
+                    logits = model.step(batch, tokens)
+                else:
+                    planned = executor.plan(dst, batch)
+                    assert {int(i) for i in batch.ids} == {0, 2, 3, 4}, "the scenario's switching step"
+                    logits, report = executor.step(batch, tokens, dst, mode)
+                    info.update(report=report.summary(), planned_kv=int(planned.fetched_bytes(State.KV).sum()),
+                                planned_weights=int(planned.fetched_bytes(State.WEIGHTS).sum()),
+                                layouts=[str(layer.layout) for layer in model.layers])
+                problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
+                return logits
+
+            served = serve(step, _requests(T), T, model.release)
+            left = model.nbytes()
+            out[(src, dst, mode)] = dict(served=served, problems=problems, info=info, left=(left["kv"], left["indexer"]))
+    return out
+
+
+def _switch_batches(ctx, runs, chunk_bytes=None):
+    """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
+    pages travel in several collectives, as long histories do on accelerators)."""
+    from splash_core.runtime.switch import pages_mover
+
+    default, out = pages_mover.CHUNK_BYTES, {}
+    pages_mover.CHUNK_BYTES = chunk_bytes or default
+    try:
+        for directions, modes in runs:
+            out.update(_switch_runs(ctx, directions, modes))
+    finally:
+        pages_mover.CHUNK_BYTES = default
+    return out
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {T: reference(_requests(T)) for T in OWNERS}
+
+
+def _check(results, ref, T):
+    for key, res in results[0].items():
+        src, dst, mode = key
+        label = f"T={T} {src}->{dst} {mode}"
+        for rank, per_rank in enumerate(results):
+            r = per_rank[key]
+            assert not r["problems"], f"{label} rank {rank}: {r['problems'][:3]}"
+            assert r["left"] == (0, 0), f"{label} rank {rank}: pages left after every request finished"
+            assert r["info"]["layouts"] == [dst.value] * 3, label
+            report = r["info"]["report"]
+            assert report["src"] == src.value and report["dst"] == dst.value and report["mode"] == mode, label
+            # the bytes the group received are what the manifest planned (page-granular, same formats)
+            assert report["bytes_group"].get("kv", 0) == r["info"]["planned_kv"], label
+            assert report["bytes_group"].get("weights", 0) == r["info"]["planned_weights"], label
+            rank0 = results[0][key]["served"].logits
+            for rid, rows in r["served"].logits.items():  # all-gathered logits: bitwise the same everywhere
+                assert all(np.array_equal(a, b) for a, b in zip(rows, rank0[rid])), f"{label} rank {rank}"
+        assert_matches(r["served"], ref, label)
+    for src, dst in {(s, d) for s, d, _ in results[0]}:  # the three modes compute the same step
+        runs = [results[0][(src, dst, m)]["served"] for m in Mode if (src, dst, m) in results[0]]
+        for other in runs[1:]:
+            for rid in runs[0].logits:
+                assert all(np.array_equal(a, b) for a, b in zip(runs[0].logits[rid], other.logits[rid])), \
+                    f"T={T} {src}->{dst}: modes give different logits"
+
+
+def test_all_directions_and_modes_t2(rank_pools, references):
+    results = rank_pools(2).run(_switch_runs, DIRECTIONS, list(Mode))
+    _check(results, references[2], 2)
+
+
+@pytest.mark.parametrize("T, chunk_bytes", [(3, 3000), (4, None)])
+def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
+    """Every direction in SPLASH mode, and the three modes on two directions through CP (whose page
+    rotation depends on T): one all-to-all and one all-gather. At T = 3 a layer's pages travel in
+    up to 8 chunks (a page and its indexer keys are 3,584 bytes)."""
+    modes = {(Layout.DOP, Layout.CP): list(Mode), (Layout.CP, Layout.TP): list(Mode)}
+    runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
+    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes)
+    _check(results, references[T], T)

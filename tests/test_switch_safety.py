@@ -1,0 +1,173 @@
+"""Safety of live switching: refusal before anything moves, rollback after a failed or timed-out
+collective, and clear errors for a batch that leaves running requests out.
+
+- Refused (a KV pool too small for TP; Eq 5 one byte over budget): every rank raises
+  SwitchRefused with the numbers, and layouts, weights, block tables, page contents and free
+  lists are exactly as before; the generation goes on and matches the reference.
+- An injected collective failure at layer 1 (weights, KV, indexer; each mode): every rank
+  raises SwitchFailed naming layer 1 and the state; layer 0 holds the destination layout, layers
+  1-2 are bit-for-bit as before; serving continues in the mixed layout and a later switch
+  completes, with the reference's tokens throughout.
+- A peer that never issues its collective: the others time out, every rank raises SwitchFailed
+  naming the layer and state, and each rank's source state is intact.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from splash_core.layouts import Layout, State
+from splash_core.profiles.loader import load
+from splash_core.runtime.model import Model
+from splash_core.runtime.step_batch import StepBatch
+from splash_core.runtime.switch import Fault, Mode, SwitchExecutor, SwitchFailed, SwitchRefused
+from splash_core.runtime.weights import SeededWeights
+
+from switch_scenarios import (MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, history_problems, prompt,
+                              reference, serve, snapshot, snapshot_diff)
+
+TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
+
+
+def _requests():
+    return [Req(0, 0, prompt(40, 21), 6), Req(1, 1, prompt(35, 22), 6), Req(2, 1, prompt(4, 23), 3, arrives=2)]
+
+
+def _model(ctx, layout, pages=16):
+    return Model.from_context(ctx, load("model", MODEL), SeededWeights(SEED), layout, pages_per_layer=pages, page_size=PAGE)
+
+
+def _unchanged(model, before, layers) -> list[str]:
+    after = snapshot(model)
+    return [f"layer {i}: {d}" for i in layers if (d := snapshot_diff(before[i], after[i]))]
+
+
+# ---- refusal --------------------------------------------------------------------------------
+
+def _refusals(ctx):
+    """DP with 6 pages per layer at step 3 (histories of 3, 3 and 1 pages): every history on every
+    rank (TP, 7 pages) cannot fit; CP can (5 pages at most while the source pages are still held)."""
+    model = _model(ctx, DP, pages=6)
+    executor = SwitchExecutor(model, ctx)
+    seen = {}
+
+    def step(k, batch, tokens):
+        if k == 3:
+            before = snapshot(model)
+            with pytest.raises(SwitchRefused) as pool_full:
+                executor.step(batch, tokens, TP)
+            seen["pool"] = (str(pool_full.value), pool_full.value.report.refused, _unchanged(model, before, range(3)))
+            # Eq 5 one byte short of the switch's peak, then exactly at it
+            peak = float(executor.plan(CP, batch).peak.max())
+            executor.budget_bytes = peak - 1
+            with pytest.raises(SwitchRefused) as over:
+                executor.step(batch, tokens, CP)
+            seen["eq5"] = (str(over.value), _unchanged(model, before, range(3)))
+            left_out = StepBatch.build(batch.requests[1:], batch.T, batch.page_size)
+            with pytest.raises(ValueError, match="beyond the histories of the step's batch") as stray:
+                executor.step(left_out, tokens[batch.requests[0].rows:], CP)
+            seen["stray"] = (str(stray.value), _unchanged(model, before, range(3)))
+            executor.budget_bytes = peak
+            logits, report = executor.step(batch, tokens, CP)
+            seen["fits"] = report.refused
+            return logits
+        return model.step(batch, tokens)
+
+    served = serve(step, _requests(), ctx.world_size, model.release)
+    return seen, served, [str(layer.layout) for layer in model.layers]
+
+
+def test_refused_switch_changes_nothing(rank_pools):
+    results = rank_pools(2).run(_refusals)
+    for rank, (seen, served, layouts) in enumerate(results):
+        message, refused, diff = seen["pool"]
+        assert refused and not diff, (rank, diff)
+        assert "refused, nothing moved" in message and "KV pool: rank" in message and "are free" in message
+        message, diff = seen["eq5"]
+        assert "Eq 5: rank" in message and "GiB" in message and not diff, (rank, message, diff)
+        message, diff = seen["stray"]  # request 0 (owned by rank 0) was left out of the batch
+        assert message.startswith("rank 0 holds 9 pages") and not diff, (rank, message, diff)
+        assert ("(requests [0] here)" in message) == (rank == 0), message
+        assert seen["fits"] is False and layouts == ["CP"] * 3
+        assert_matches(served, reference(_requests()), f"rank {rank}")
+
+
+# ---- failure and rollback -------------------------------------------------------------------
+
+def _fault(ctx, src, dst, state, mode, fault_ranks, timeout_s):
+    model = _model(ctx, Layout(src))
+    executor = SwitchExecutor(model, ctx, timeout_s=timeout_s)
+    seen = {}
+
+    def step(k, batch, tokens):
+        if k == 3:
+            before = snapshot(model)
+            executor.fault = Fault(layer=1, state=State(state), ranks=fault_ranks, hang=fault_ranks is not None)
+            try:
+                executor.step(batch, tokens, dst, mode)
+            except SwitchFailed as exc:
+                seen.update(layer=exc.layer, state=str(exc.state), message=str(exc), switched=exc.switched,
+                            unswitched=exc.unswitched, layouts=[str(layer.layout) for layer in model.layers],
+                            history=history_problems(model, batch, ctx.rank),
+                            intact=_unchanged(model, before, (1, 2)), moved=bool(snapshot_diff(before[0], snapshot(model)[0])))
+            executor.fault = None
+            if fault_ranks is not None:  # the side communicator is broken: stop here
+                raise _Stop()
+            return model.step(batch, tokens)  # the same step again, in the mixed layout
+        if k == 5:
+            logits, _ = executor.step(batch, tokens, dst, mode)  # the switch completes later
+            return logits
+        logits = model.step(batch, tokens)
+        if k > 5:
+            seen.setdefault("after", []).extend(accounting_problems(model, batch, ctx.rank))
+        return logits
+
+    try:
+        served = serve(step, _requests(), ctx.world_size, model.release)
+    except _Stop:
+        served = None
+    return seen, served
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("src, dst, state, mode", [
+    (TP, CP, State.WEIGHTS, Mode.SPLASH),  # weights all-gather
+    (DP, TP, State.KV, Mode.BLOCKING),  # KV all-gather
+    (CP, DOP, State.KV, Mode.SPLASH),  # KV all-to-all
+    (DOP, CP, State.INDEXER, Mode.READY),  # indexer keys, in the collective after the KV one
+])
+def test_failed_collective_rolls_back(rank_pools, src, dst, state, mode):
+    results = rank_pools(2).run(_fault, src, dst, state, mode, None, None)
+    ref = reference(_requests())
+    for rank, (seen, served) in enumerate(results):
+        assert (seen["layer"], seen["state"]) == (1, state.value), rank
+        assert f"layer 1, state {state.value}" in seen["message"] and "history is intact" in seen["message"]
+        assert seen["layouts"] == [dst.value, src.value, src.value] and seen["switched"] == (0,)
+        assert seen["unswitched"] == (1, 2)
+        assert not seen["history"], seen["history"][:2]
+        assert not seen["intact"], f"rank {rank}: source state of layers 1-2 changed: {seen['intact']}"
+        assert not seen.get("after"), seen.get("after", [])[:2]
+        assert_matches(served, ref, f"{src}->{dst} rank {rank}")
+
+
+def test_collective_timeout_names_layer_and_state(rank_pools):
+    """Rank 1 never issues layer 1's KV all-to-all; rank 0 gives up after 1 s. The side
+    communicator is left with an unmatched operation, so this pool is closed afterwards."""
+    pool = rank_pools(2)
+    try:
+        results = pool.run(_fault, CP, DP, State.KV, Mode.SPLASH, frozenset({1}), 1.0)
+    finally:
+        pool.close(force=True)
+    for rank, (seen, _) in enumerate(results):
+        assert (seen["layer"], seen["state"]) == (1, "kv"), rank
+        assert ("never issued" if rank == 1 else "timed out") in seen["message"].lower(), seen["message"]
+        assert seen["layouts"] == ["DP", "CP", "CP"] and not seen["history"] and not seen["intact"], seen
+
+
+def test_mode_names_are_checked():
+    assert Mode.parse("Blocking") is Mode.BLOCKING
+    with pytest.raises(ValueError, match="expected one of splash, blocking, ready"):
+        Mode.parse("fast")
