@@ -1,22 +1,30 @@
 """GPU check and benchmarks of SPLASH's Triton MLA kernels on one device (issue 6).
 
-    python bench/gpu_kernels.py --out OUT [--platform h200] [--quick] [--conformance]
+    python3 bench/gpu_kernels.py --out OUT [--sections rates,sweep,correctness,decode,prefill]
+                                 [--platform h200] [--quick]
 
-Sections, each written as soon as it finishes (``splash_core.results`` schema) under
-``OUT/<platform>/``:
+Sections, in this order, each written as soon as it finishes (``splash_core.results``
+schema) under ``OUT/<platform>/``:
 
-- ``gpu_rates``: HBM copy bandwidth and the bf16 matmul rate, measured in this run;
-- ``mla_kernel_sweep``: candidate Hopper tiles timed on decode and prefill points; the
-  winner is also written to ``OUT/hopper-tuned-h200.json`` (copy it to
-  backends/hopper/splash_backend_hopper/tuned/h200.json to make it the backend's config);
-- ``mla_correctness``: bf16 results of every kernel of the hopper, cuda and B200 configs at
-  DeepSeek-V3 dims (H 128, d_c 512, d_r 64, page 64) against the torch reference, and the
-  KDA kernels (flash-linear-attention) against the torch recurrence;
-- ``mla_decode``: decode KV-read bandwidth over context 4K-128K and batch 1-64 against the
-  copy bandwidth, with torch's fastest SDPA backend on the same (gathered) latent beside it;
-- ``prefill``: chunked-prefill TFLOP/s against the matmul rate;
-- ``conformance`` (``--conformance``): ``pytest --pyargs splash_core.testing`` for the
-  hopper and cuda backends (collectives on two ranks when two GPUs are visible).
+- ``rates`` -> ``gpu_rates``: HBM copy bandwidth and the bf16 matmul rate of this run (run
+  whenever decode or prefill is, which report fractions of them);
+- ``sweep`` -> ``mla_kernel_sweep``: candidate tiles on three workloads (decode at 16 and
+  128 heads, a prefill chunk), old kernel against new (``gpu_sweep``); the winning tile
+  table is also written to ``OUT/hopper-tuned-h200.json`` (copy it to
+  backends/hopper/splash_backend_hopper/tuned/h200.json to make it the backend's config)
+  and used by the sections after it;
+- ``correctness`` -> ``mla_correctness``: bf16 results of every kernel of the hopper config
+  (16 and 128 heads) and of the cuda and B200 configs (128 heads) at DeepSeek-V3 dims
+  (d_c 512, d_r 64, page 64) against the torch reference;
+- ``kda`` -> ``kda_correctness``: the KDA kernels (flash-linear-attention) against the torch
+  recurrence (slow to compile: a minute or more);
+- ``decode`` -> ``mla_decode``: decode KV-read bandwidth over context 4K-128K and batch 1-64,
+  at 16 and 128 heads, against the copy bandwidth: eager (``time_ms``, Triton's do_bench
+  with host launch costs) and CUDA-graph replay (``graph_ms``: the GPU's time), with torch's
+  fastest SDPA backend on the same (gathered) latent beside it;
+- ``prefill`` -> ``prefill``: chunked-prefill TFLOP/s against the matmul rate, 128 and 16 heads;
+- ``conformance``: ``pytest --pyargs splash_core.testing`` for the hopper and cuda backends
+  (collectives on two ranks when two GPUs are visible).
 
 A section that fails records its error and the others still run.
 """
@@ -24,7 +32,6 @@ A section that fails records its error and the others still run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import subprocess
@@ -36,19 +43,22 @@ from pathlib import Path
 import torch
 
 import gpu_timing as gt
-from splash_core.kernels import AttentionTile, MLAKernelConfig, fla_kda_kernels, triton_mla_kernels
+from gpu_sweep import Sweep
+from splash_core.kernels import fla_kda_kernels, triton_mla_kernels
 from splash_core.reference import kda as ref_kda
 from splash_core.reference import mla as ref_mla
 from splash_core.results import machine_description, make_result, write_result
 from splash_core.testing.kda_inputs import kda_inputs
 from splash_core.testing.mla_inputs import decode_case, extend_case, paged_cache, tolerance
 
-DECODE_TILES = [AttentionTile(1, 16, 32, 4, 2), AttentionTile(1, 16, 64, 4, 2), AttentionTile(1, 16, 32, 4, 3),
-                AttentionTile(1, 16, 64, 8, 2), AttentionTile(1, 32, 32, 8, 2), AttentionTile(1, 32, 64, 8, 2)]
-EXTEND_TILES = [AttentionTile(2, 16, 64, 8, 2), AttentionTile(2, 16, 32, 4, 2), AttentionTile(4, 16, 32, 8, 2),
-                AttentionTile(4, 16, 64, 8, 2), AttentionTile(1, 32, 64, 8, 2), AttentionTile(2, 32, 32, 8, 2)]
+SECTIONS = ("rates", "sweep", "correctness", "kda", "decode", "prefill", "conformance")
+DEFAULT_SECTIONS = "rates,sweep,correctness,decode,prefill"
 CONTEXTS = [4096, 8192, 16384, 32768, 65536, 131072]
-BATCHES = [1, 4, 16, 32, 64]
+BATCHES = [1, 4, 16, 64]
+# Heads per rank: 16 is DeepSeek's 128 sharded over T = 8 (TP, DOP projections), where decode
+# is bound by KV reads; 128 is a DP/DOP owner's full set, where it is bound by compute
+# (2 x 1088 FLOPs per head per 1152-byte key: ~240 FLOP/byte, above an H200's ~200).
+DECODE_HEADS = [16, 128]
 
 
 class Bench:
@@ -58,11 +68,11 @@ class Bench:
         torch.cuda.set_device(self.device)
         self.processors = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.machine = machine_description()
-        self.rates: dict = {}
+        self.device_rates: dict = {}
         self.hopper = self._hopper_default()
         self.started = time.monotonic()
 
-    def _hopper_default(self) -> MLAKernelConfig:
+    def _hopper_default(self):
         from splash_backend_hopper import tuned
 
         return tuned.load()[0].with_processors(self.processors)
@@ -76,114 +86,131 @@ class Bench:
 
     # ---- sections ----------------------------------------------------------------------
 
-    def gpu_rates(self):
-        self.rates = {"copy_gbps": gt.copy_gbps(self.device), "matmul_tflops": gt.matmul_tflops(self.device)}
-        self.write("gpu_rates", [dict(self.rates)], dict(self.rates))
+    def rates(self):
+        self.device_rates = {"copy_gbps": gt.copy_gbps(self.device), "matmul_tflops": gt.matmul_tflops(self.device)}
+        self.write("gpu_rates", [dict(self.device_rates)], dict(self.device_rates))
 
-    def mla_kernel_sweep(self):
-        pool = gt.PagedPool(self.device, 16, 32768)
-        decode_points, prefill_point = [(16, 32768), (4, 32768), (1, 32768)], (2048, 8192)
-        tiles = (DECODE_TILES, EXTEND_TILES) if not self.args.quick else (DECODE_TILES[:3], EXTEND_TILES[:3])
-        samples = []
-        best = {}
-        for which, candidates in zip(("decode", "extend"), tiles):
-            for tile in candidates:
-                config = dataclasses.replace(self.hopper, name="sweep", **{which: tile})
-                try:
-                    config.validate(gt.D_C, gt.D_R, 2)
-                    ok = _correct(triton_mla_kernels(config), self.device)
-                    kernels = triton_mla_kernels(config)
-                    if which == "decode":
-                        times = [gt.decode_point(kernels, pool, b, c)["ms"] for b, c in decode_points]
-                    else:
-                        times = [gt.prefill_point(kernels, pool, *prefill_point)["ms"]]
-                    samples.append({"entry": which, "tile": tile.label(), "correct": ok, "ms": times})
-                    if ok and (which not in best or sum(times) < best[which][1]):
-                        best[which] = (tile, sum(times))
-                except Exception as exc:  # a tile that does not compile or fit is a result too
-                    samples.append({"entry": which, "tile": tile.label(), "error": _one_line(exc)})
-        del pool
-        winner = dataclasses.replace(self.hopper, name="h200-measured", **{w: t for w, (t, _) in best.items()})
+    def sweep(self):
+        previous = self.hopper
+        sweep = Sweep(self.device, previous, self._sweep_check, quick=self.args.quick)
+        winner, summary = sweep.run()
         self.hopper = winner
         stamp = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": self.machine,
-                 "command": " ".join(sys.argv), "ref": f"fastest correct tiles; decode at (B, context) "
-                 f"{decode_points}, prefill at (rows, context) {prefill_point}", "samples": samples,
-                 "config": winner.to_dict()}
+                 "command": " ".join(sys.argv),
+                 "ref": "bench/gpu_sweep.py: per workload the correct tile with the lowest mean time relative to the "
+                        "fastest; decode tile from decode-h16, decode rule (>= 64 heads) from decode-h128, extend "
+                        "tile: best 16-head candidate of extend-h128, extend rule (>= 64 heads) its overall winner",
+                 "summary": summary, "samples": sweep.samples, "config": winner.to_dict()}
         tuned = Path(self.args.out) / "hopper-tuned-h200.json"
         tuned.parent.mkdir(parents=True, exist_ok=True)
         tuned.write_text(json.dumps(stamp, indent=1) + "\n")
-        self.write("mla_kernel_sweep", samples, {"decode": winner.decode.label(), "extend": winner.extend.label(),
-                                                 "tuned_file": str(tuned)})
+        labels = {"decode": winner.decode.label(), "extend": winner.extend.label(),
+                  **{f"{r.entry}>={r.min_heads}h": r.tile.label() for r in winner.rules}}
+        self.write("mla_kernel_sweep", sweep.samples, {"tiles": labels, "workloads": summary,
+                                                       "previous_config": previous.to_dict(), "tuned_file": str(tuned)})
 
-    def mla_correctness(self):
+    def _sweep_check(self, kernels, entry: str, heads: int) -> tuple[bool, dict]:
+        case = _long_case(self.device, entry, heads)
+        result = _compare(getattr(kernels, entry)(*case), ref_mla.attention(*case), torch.bfloat16)
+        return result["ok"], result
+
+    def correctness(self):
         from splash_backend_cuda import configs as cuda
 
-        configs = {"hopper": self.hopper, "cuda-generic": cuda.GENERIC.with_processors(self.processors),
-                   "b200": cuda.B200.with_processors(self.processors)}
-        samples = [dict(config=name, **check) for name, config in configs.items()
-                   for check in _kernel_checks(triton_mla_kernels(config), self.device)]
-        samples += _kda_checks(self.device)
+        configs = {"hopper": (self.hopper, DECODE_HEADS),
+                   "cuda-generic": (cuda.GENERIC.with_processors(self.processors), [128]),
+                   "b200": (cuda.B200.with_processors(self.processors), [128])}
+        samples = [dict(config=name, heads=heads, **check) for name, (config, head_counts) in configs.items()
+                   for heads in head_counts for check in _kernel_checks(triton_mla_kernels(config), self.device, heads)]
         failed = [s for s in samples if not s.get("ok")]
-        self.write("mla_correctness", samples, {"checks": len(samples), "failed": len(failed),
-                                                "all_ok": not failed})
+        self.write("mla_correctness", samples, {"checks": len(samples), "failed": len(failed), "all_ok": not failed},
+                   notes=f"hopper tiles: {_tiles(self.hopper)}")
 
-    def mla_decode(self):
+    def kda(self):
+        samples = _kda_checks(self.device)
+        failed = [s for s in samples if not s.get("ok")]
+        self.write("kda_correctness", samples, {"checks": len(samples), "failed": len(failed), "all_ok": not failed})
+
+    def decode(self):
         contexts = CONTEXTS if not self.args.quick else CONTEXTS[::2]
         batches = BATCHES if not self.args.quick else [1, 16, 64]
         kernels = triton_mla_kernels(self.hopper)
         pool = gt.PagedPool(self.device, max(batches), max(contexts))
-        sdpa_name, sdpa_report = gt.best_sdpa(kernels, pool, 16, 32768)
-        copy = self.rates.get("copy_gbps")
-        samples = []
-        for context in contexts:
-            for batch in batches:
-                point = gt.decode_point(kernels, pool, batch, context)
-                fraction = point["kv_gbps"] / copy if copy else None
-                samples.append({"kernel": "triton-splitkv", "tile": self.hopper.decode.label(),
-                                "splits": self.hopper.splits(batch, gt.HEADS, context),
-                                "fraction_of_copy": fraction, **point})
-                if sdpa_name:
-                    torch_point = gt.sdpa_point(pool, batch, context, sdpa_name)
-                    for kernel, t in ((f"torch-sdpa-{sdpa_name.lower()}", torch_point["sdpa_ms"]),
-                                      (f"torch-gather+sdpa-{sdpa_name.lower()}",
-                                       torch_point["sdpa_ms"] + torch_point["gather_ms"])):
-                        samples.append({"kernel": kernel, "batch": batch, "context": context, "ms": t,
-                                        "kv_gbps": point["bytes"] / (t / 1e3) / gt.GB})
-                print(f"  decode B={batch:3d} ctx={context:6d}: {point['kv_gbps']:7.0f} GB/s "
-                      f"({fraction or 0:.0%} of copy)", flush=True)
+        copy = self.device_rates.get("copy_gbps")
+        samples, calibration = [], {}
+        for heads in DECODE_HEADS:
+            sdpa_name, calibration[heads] = gt.best_sdpa(kernels, pool, 16, 32768, heads)
+            for context in contexts:
+                for batch in batches:
+                    samples += self._decode_point(kernels, pool, batch, context, heads, sdpa_name, copy)
         for sample in samples:
-            sample.update(time_ms=sample["ms"], bytes=sample["batch"] * sample["context"] * gt.WIDTH * 2,
-                          achieved_gbps=sample["kv_gbps"])
+            sample.update(time_ms=sample["ms"], achieved_gbps=sample["kv_gbps"])
         points = [{k: s[k] for k in ("kernel", "batch", "context", "time_ms", "bytes", "achieved_gbps")} for s in samples]
-        target = [s["fraction_of_copy"] for s in samples
-                  if s["kernel"] == "triton-splitkv" and s["batch"] >= 16 and s["context"] >= 32768]
-        verdict = {"fraction_of_copy_wanted": 0.8, "where": "batch >= 16 and context >= 32768",
-                   "min_fraction": min(target) if target and copy else None}
-        verdict["met"] = verdict["min_fraction"] is not None and verdict["min_fraction"] >= 0.8
+        verdict = {}
+        for heads in DECODE_HEADS:
+            target = [s for s in samples if s["kernel"] == f"triton-splitkv-h{heads}"
+                      and s["batch"] >= 16 and s["context"] >= 32768]
+            verdict[f"h{heads}"] = {
+                timing: {"min_fraction_of_copy": lowest, "met": lowest is not None and lowest >= 0.8}
+                for timing, key in (("eager", "fraction_of_copy"), ("graph", "graph_fraction_of_copy"))
+                for lowest in [min((s[key] for s in target if s.get(key) is not None), default=None)]}
         self.write("mla_decode", samples, {"copy_gbps": copy or 0.0, "points": points},
-                   notes=(f"Triton tile {self.hopper.decode.label()}; target >= 80% of the copy bandwidth at "
-                          f"B >= 16, context >= 32K: {'met' if verdict['met'] else 'not met'} (lowest "
-                          f"{verdict['min_fraction'] or 0:.0%}). torch rows: scaled_dot_product_attention on the "
-                          f"latent gathered contiguous, heads as query rows (MQA); gather timed separately."),
-                   target=verdict, sdpa_calibration=sdpa_report)
+                   notes=(f"Triton tiles {_tiles(self.hopper)}. Target: >= 80% of the copy bandwidth at "
+                          f"B >= 16, context >= 32K; lowest there (eager / CUDA graph): "
+                          + ", ".join(f"{h} {_pct(v['eager'])} / {_pct(v['graph'])}" for h, v in verdict.items())
+                          + ". time_ms: do_bench (L2 flushed, host launch included); graph_ms: CUDA-graph replay of "
+                          "calls on disjoint pages (3x the L2 cache), the GPU's own time. At 128 heads each "
+                          "1152-byte key costs 128 x 2176 FLOPs (~240 FLOP/byte), above the H200 datasheet ratio "
+                          "(989 TFLOP/s / 4.8 TB/s ~ 206), so compute bounds it (see the samples' tflops). "
+                          "torch rows: scaled_dot_product_attention on the latent gathered contiguous, heads as "
+                          "query rows of one key head (MQA); gather+sdpa adds the gather."),
+                   target=verdict, sdpa_calibration={f"h{h}": r for h, r in calibration.items()})
+
+    def _decode_point(self, kernels, pool, batch, context, heads, sdpa_name, copy) -> list[dict]:
+        point = gt.decode_point(kernels, pool, batch, context, heads)
+        tile, splits = _plan(kernels, "decode", batch, heads, context)
+        row = {"kernel": f"triton-splitkv-h{heads}", "tile": tile, "splits": splits,
+               "fraction_of_copy": point["kv_gbps"] / copy if copy else None, **point}
+        try:
+            graph = gt.decode_graph_ms(kernels, pool, batch, context, heads)
+            row.update(graph_ms=graph, graph_gbps=point["bytes"] / (graph / 1e3) / gt.GB,
+                       graph_fraction_of_copy=point["bytes"] / (graph / 1e3) / gt.GB / copy if copy else None)
+        except Exception as exc:  # capture not possible here: the eager time stands alone
+            row["graph_error"] = _one_line(exc)
+        rows = [row]
+        if sdpa_name:
+            torch_point = gt.sdpa_point(pool, batch, context, sdpa_name, heads)
+            for kernel, t in ((f"torch-sdpa-{sdpa_name.lower()}-h{heads}", torch_point["sdpa_ms"]),
+                              (f"torch-gather+sdpa-{sdpa_name.lower()}-h{heads}",
+                               torch_point["sdpa_ms"] + torch_point["gather_ms"])):
+                rows.append({"kernel": kernel, "batch": batch, "context": context, "heads": heads, "ms": t,
+                             "bytes": point["bytes"], "kv_gbps": point["bytes"] / (t / 1e3) / gt.GB})
+        print(f"  decode H={heads:3d} B={batch:3d} ctx={context:6d} {tile} x{splits:<3d}: "
+              f"{point['kv_gbps']:6.0f} GB/s eager, {row.get('graph_gbps', 0):6.0f} GB/s graph "
+              f"({row.get('graph_fraction_of_copy') or 0:.0%} of copy), {point['tflops']:4.0f} TFLOP/s", flush=True)
+        return rows
 
     def prefill(self):
-        points = [(2048, 2048), (8192, 8192), (2048, 32768)] if not self.args.quick else [(2048, 2048), (2048, 16384)]
+        points = [(2048, 2048, 128), (8192, 8192, 128), (2048, 32768, 128), (2048, 8192, 16)]
+        if self.args.quick:
+            points = [(2048, 2048, 128), (2048, 16384, 128)]
         kernels = triton_mla_kernels(self.hopper)
-        pool = gt.PagedPool(self.device, 1, max(c for _, c in points))
-        matmul = self.rates.get("matmul_tflops")
+        pool = gt.PagedPool(self.device, 1, max(c for _, c, _ in points))
+        matmul = self.device_rates.get("matmul_tflops")
         samples = []
-        for rows, context in points:
-            point = gt.prefill_point(kernels, pool, rows, context)
-            samples.append({"kernel": "triton-extend", "batch": 1, "input_tokens": rows, "context": context - rows,
-                            "time_ms": point["ms"], "achieved_tflops": point["tflops"],
+        for rows, context, heads in points:
+            point = gt.prefill_point(kernels, pool, rows, context, heads)
+            samples.append({"kernel": f"triton-extend-h{heads}", "batch": 1, "input_tokens": rows,
+                            "context": context - rows, "heads": heads, "time_ms": point["ms"],
+                            "achieved_tflops": point["tflops"],
                             "fraction_of_matmul": point["tflops"] / matmul if matmul else None,
-                            "tile": self.hopper.extend.label()})
+                            "tile": _plan(kernels, "extend", rows, heads, context)[0]})
+            print(f"  prefill H={heads:3d} rows={rows:5d} ctx={context:6d}: {point['tflops']:5.0f} TFLOP/s", flush=True)
         rows = [{k: s[k] for k in ("kernel", "batch", "input_tokens", "context", "time_ms", "achieved_tflops")}
                 for s in samples]
         self.write("prefill", samples, {"matmul_tflops": matmul or 0.0, "points": rows},
-                   notes=f"Triton extend tile {self.hopper.extend.label()}, H = 128, d_c 512 + d_r 64, causal "
-                         f"FLOPs 2 x (576 + 512) per visible key and head; matmul: bf16 8192^3 in the same run.")
+                   notes=f"Triton tiles {_tiles(self.hopper)}, d_c 512 + d_r 64, causal FLOPs 2 x (576 + 512) per "
+                         f"visible key and head; matmul: bf16 8192^3 in the same run.")
 
     def conformance(self):
         ranks = min(2, torch.cuda.device_count())
@@ -203,6 +230,24 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
 
 
+def _pct(verdict: dict) -> str:
+    value = verdict["min_fraction_of_copy"]
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _tiles(config) -> str:
+    rules = "".join(f", {r.entry} >= {r.min_heads} heads {r.tile.label()}" for r in config.rules)
+    return f"decode {config.decode.label()}, extend {config.extend.label()}{rules}"
+
+
+def _plan(kernels, entry: str, rows: int, heads: int, context: int) -> tuple[str, int]:
+    """(tile label, splits) the entry point used for a call of these sizes (its plan cache)."""
+    for key, (tile, splits) in getattr(kernels, entry).keywords["plans"].items():
+        if (key[0], key[1], key[3]) == (rows, heads, context // gt.PAGE):
+            return tile.label(), splits
+    return "?", 0
+
+
 def _compare(got, want, dtype) -> dict:
     (out, lse), (ref_out, ref_lse) = got, want
     atol, rtol = tolerance(dtype)
@@ -215,8 +260,8 @@ def _compare(got, want, dtype) -> dict:
     return {"ok": ok, "max_abs_err_out": out_err, "max_abs_err_lse": lse_err}
 
 
-def _long_case(device, entry: str):
-    """Longer requests so decode splits them (and the merge stage runs) at H = 128."""
+def _long_case(device, entry: str, heads: int = gt.HEADS):
+    """Longer requests so decode splits them (and the merge stage runs)."""
     lengths = (4096, 2500, 1, 4000)
     cache, table, index = paged_cache(lengths, (None, None, None, tuple(range(1, 63, 2))), page=gt.PAGE,
                                       width=gt.WIDTH, device=device, dtype=torch.bfloat16, seed=7)
@@ -228,29 +273,22 @@ def _long_case(device, entry: str):
         rows = [(0, p) for p in range(3840, 4096)] + [(3, p) for p in range(3000, 3064)]
         rows = [rows[i] for i in torch.randperm(len(rows), generator=g).tolist()]
         req, pos = (torch.tensor(col, dtype=torch.int32) for col in zip(*rows))
-    q = torch.randn(len(req), gt.HEADS, gt.WIDTH, generator=g).to(device=device, dtype=torch.bfloat16)
+    q = torch.randn(len(req), heads, gt.WIDTH, generator=g).to(device=device, dtype=torch.bfloat16)
     return q, cache, table, index, req.to(device), pos.to(device), gt.SCALE, gt.D_C
 
 
-def _correct(kernels, device) -> bool:
-    return all(c["ok"] for c in _kernel_checks(kernels, device, short=True))
-
-
-def _kernel_checks(kernels, device, short: bool = False) -> list[dict]:
+def _kernel_checks(kernels, device, heads: int) -> list[dict]:
     dtype = torch.bfloat16
-    cases = [("decode", decode_case(device, dtype, heads=gt.HEADS, page=gt.PAGE)),
-             ("extend", extend_case(device, dtype, heads=gt.HEADS, page=gt.PAGE))]
-    if not short:
-        cases += [("decode", _long_case(device, "decode")), ("extend", _long_case(device, "extend"))]
-    checks = []
-    for i, (entry, case) in enumerate(cases):
-        checks.append({"kernel": entry, "case": "short" if i < 2 else "long",
-                       **_compare(getattr(kernels, entry)(*case), ref_mla.attention(*case), dtype)})
-    if short:
-        return checks
+    cases = [("decode", "short", decode_case(device, dtype, heads=heads, page=gt.PAGE)),
+             ("extend", "short", extend_case(device, dtype, heads=heads, page=gt.PAGE)),
+             ("decode", "long", _long_case(device, "decode", heads)),
+             ("extend", "long", _long_case(device, "extend", heads))]
+    checks = [{"kernel": entry, "case": name,
+               **_compare(getattr(kernels, entry)(*case), ref_mla.attention(*case), dtype)}
+              for entry, name, case in cases]
     g = torch.Generator().manual_seed(9)
-    outs = torch.randn(4, 64, gt.HEADS, gt.D_C, generator=g).to(device=device, dtype=dtype)
-    lses = torch.randn(4, 64, gt.HEADS, generator=g).to(device)
+    outs = torch.randn(4, 64, heads, gt.D_C, generator=g).to(device=device, dtype=dtype)
+    lses = torch.randn(4, 64, heads, generator=g).to(device)
     lses[:, 0] = float("-inf")
     checks.append({"kernel": "merge", **_compare(kernels.merge(outs, lses), ref_mla.merge(outs, lses), dtype)})
     cache = torch.randn(300, gt.PAGE, gt.WIDTH, generator=g).to(device=device, dtype=dtype)
@@ -278,21 +316,28 @@ def _kda_checks(device) -> list[dict]:
     return checks
 
 
+def _sections(text: str) -> list[str]:
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+    if {"decode", "prefill"} & set(wanted):
+        wanted.append("rates")  # they report fractions of the rates of the same run
+    return [s for s in SECTIONS if s in wanted]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="results root (files go to OUT/<platform>/)")
     parser.add_argument("--platform", default="h200")
+    parser.add_argument("--sections", default=DEFAULT_SECTIONS,
+                        help=f"comma-separated, from {', '.join(SECTIONS)} (default {DEFAULT_SECTIONS})")
     parser.add_argument("--quick", action="store_true", help="fewer points and candidates")
-    parser.add_argument("--conformance", action="store_true", help="also run the conformance suite for hopper and cuda")
-    parser.add_argument("--skip", nargs="*", default=[], help="sections to skip")
     args = parser.parse_args(argv)
+    sections = _sections(args.sections)
     bench = Bench(args)
-    sections = ["gpu_rates", "mla_kernel_sweep", "mla_correctness", "mla_decode", "prefill"]
-    sections += ["conformance"] if args.conformance else []
     failures = {}
     for name in sections:
-        if name in args.skip:
-            continue
         print(f"[{time.monotonic() - bench.started:6.1f}s] {name}", flush=True)
         try:
             getattr(bench, name)()

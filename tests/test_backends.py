@@ -56,8 +56,14 @@ def test_h200_selects_hopper_which_refines_cuda(monkeypatch):
     assert backend.chain[:2] == ["hopper", "cuda"]
     assert backend.hardware_profile() == "h200"
     assert backend.process_group_backend() == "nccl"
+    kernels = backend.mla_kernels(torch.device("cuda", 0), torch.bfloat16)
+    from splash_backend_hopper import tuned
+
+    assert kernels.name == f"triton:{tuned.load()[0].name}" and kernels.decode.keywords["config"].processors == 132
     monkeypatch.setenv(plugins.ALLOW_ENV, "cuda,reference")
     assert plugins.select(plugins.load(), "auto") == "cuda"  # generic NVIDIA path on the same GPU
+    cuda = Backend(plugins.load(), "cuda")
+    assert cuda.mla_kernels(torch.device("cuda", 0), torch.bfloat16).name == "triton:cuda-generic"
 
 
 def test_nccl_multicast_stays_off(monkeypatch):

@@ -22,7 +22,7 @@ def _naive():
     return naive
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 def test_reference_matches_fla_naive_recurrent_and_chunk():
     naive = _naive()
     q, k, v, g, beta, state, scale = kda_inputs(2, 32, 3, 16, torch.device("cpu"), torch.float32, seed=5)

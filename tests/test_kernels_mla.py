@@ -1,6 +1,8 @@
 """Triton MLA attention (decode and extend) against the torch reference, in Triton's
 interpreter on CPU. fp16/fp32 only: the interpreter computes bf16 dots wrongly (DESIGN.md §6);
-bf16 is checked on the GPU by bench/gpu_kernels.py. Every backend's tile config runs here."""
+bf16 is checked on the GPU by bench/gpu_kernels.py. Every backend's tile config runs here,
+and every kernel variant (key tile inside a page or spanning pages, value split, row blocks,
+one or several splits)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import kernel_interpreter  # noqa: F401  (must precede the kernels' import)
 import pytest
 import torch
 
-from splash_core.kernels import AttentionTile, MLAKernelConfig, triton_mla_kernels
+from splash_core.kernels import AttentionTile, MLAKernelConfig, TileRule, triton_mla_kernels
+from splash_core.kernels.attention import plan
 from splash_core.reference import mla as ref
-from splash_core.testing.mla_inputs import decode_case, extend_case, paged_cache, tolerance
+from splash_core.testing.mla_inputs import decode_case, extend_case, tolerance
 
 CPU = torch.device("cpu")
 
@@ -37,28 +40,68 @@ def _check(got, want, dtype):
     assert out.dtype == ref_out.dtype and lse.dtype == torch.float32
 
 
+def _plan(kernels, entry, case):
+    """(tile, splits) the entry point uses for this case (the planner the call itself uses)."""
+    q, cache, table, *_, v_dim = case
+    fn = getattr(kernels, entry)
+    return plan(fn.keywords["config"], entry, fn.keywords["plans"], q.shape[0], q.shape[1], table.shape[0],
+                table.shape[1], cache.shape[1], v_dim, q.shape[2], q.element_size())
+
+
+def _run(config, entry, case, dtype, *, splits_more_than=0):
+    kernels = triton_mla_kernels(config)
+    _check(getattr(kernels, entry)(*case), ref.attention(*case), dtype)
+    tile, splits = _plan(kernels, entry, case)
+    assert splits > splits_more_than, (entry, tile.label(), splits)
+    return tile
+
+
 @pytest.mark.parametrize("name", ["cuda-generic", "cuda-small", "b200", "h200", "rocm"])
 def test_backend_tiles_match_reference_at_mla_dims(name):
     """Each backend's tiles at d_c 512 + d_r 64 (two dots, non-power-of-two width), with
-    shuffled pages, a CP-style request, an empty request and interleaved extend rows.
-    Short splits make both entry points split each request's keys, so the merge runs too."""
-    config = dataclasses.replace(_backend_configs()[name], processors=8, min_keys_per_split=16)
-    kernels = triton_mla_kernels(config)
-    for entry, case in (("decode", decode_case(CPU, torch.float16)), ("extend", extend_case(CPU, torch.float16))):
-        _check(getattr(kernels, entry)(*case), ref.attention(*case), torch.float16)
+    shuffled pages, a CP-style request, an empty request and interleaved extend rows. Many
+    processors and short splits make both entry points split, so the merge runs too; the
+    head counts of the config's rules reach their tiles (at most three splits: the
+    interpreter's time grows with the programs)."""
+    config = dataclasses.replace(_backend_configs()[name], processors=512, min_keys_per_split=16, max_splits=3)
+    for entry, make in (("decode", decode_case), ("extend", extend_case)):
+        for heads in sorted({16, *(rule.min_heads for rule in config.rules if rule.entry == entry)}):
+            tile = _run(config, entry, make(CPU, torch.float16, heads=heads), torch.float16, splits_more_than=1)
+            assert tile == config.tile(entry, heads)
 
 
-def test_fp32_small_pages_spanning_tiles():
-    """Pages of 4 keys under 16-key tiles (one tile gathers from four pages), odd head count,
-    float32 (exact dots), one and several splits."""
-    for processors in (1, 8):
-        config = MLAKernelConfig(name="t", decode=AttentionTile(heads=16, keys=16),
-                                 extend=AttentionTile(rows=4, heads=16, keys=16),
-                                 processors=processors, min_keys_per_split=8)
-        kernels = triton_mla_kernels(config)
+# (tile, page size): a key tile inside one page at its start or middle (scalar page lookup),
+# one spanning several pages (per-key lookup), two value parts, row blocks of several rows.
+VARIANTS = [
+    (AttentionTile(rows=1, heads=16, keys=16, stages=3), 32),
+    (AttentionTile(rows=1, heads=16, keys=32, stages=2), 4),
+    (AttentionTile(rows=1, heads=16, keys=16, value_split=2), 16),
+    (AttentionTile(rows=4, heads=16, keys=16, value_split=2, stages=4), 8),
+    (AttentionTile(rows=4, heads=4, keys=16, stages=1), 64),
+]
+
+
+@pytest.mark.parametrize("tile,page", VARIANTS, ids=[f"{t.label()}-page{p}" for t, p in VARIANTS])
+def test_kernel_variants_fp32_one_and_several_splits(tile, page):
+    """float32 (exact dots) at small dims, 3 heads (a partial head block), a hole (-1) among
+    request 0's pages, the same tile for both entry points, unsplit and split."""
+    for processors in (1, 64):
+        config = MLAKernelConfig(name="t", decode=tile, extend=tile, processors=processors, max_splits=3,
+                                 min_keys_per_split=8)
         for entry, make in (("decode", decode_case), ("extend", extend_case)):
-            case = make(CPU, torch.float32, heads=3, dims=(32, 16), page=4, seed=processors)
-            _check(getattr(kernels, entry)(*case), ref.attention(*case), torch.float32)
+            case = make(CPU, torch.float32, heads=3, dims=(32, 16), page=page, seed=processors)
+            case[2][0, 1] = -1
+            _run(config, entry, case, torch.float32, splits_more_than=0 if processors == 1 else 1)
+
+
+def test_rules_pick_the_tile_by_head_count():
+    wide = AttentionTile(rows=1, heads=16, keys=16, value_split=2, resident=1)
+    config = MLAKernelConfig(name="t", decode=AttentionTile(keys=16), rules=(TileRule("decode", 8, wide),))
+    kernels = triton_mla_kernels(config)
+    for heads, want in ((4, config.decode), (8, wide), (24, wide)):
+        case = decode_case(CPU, torch.float32, heads=heads, dims=(32, 16))
+        _check(kernels.decode(*case), ref.attention(*case), torch.float32)
+        assert _plan(kernels, "decode", case)[0] == want
 
 
 def test_fp8_cache_widens_to_the_query_dtype():
@@ -78,6 +121,10 @@ def test_empty_inputs_and_bad_shapes():
         kernels.decode(q, cache, table, index, rows, pos, scale, 48)
     with pytest.raises(ValueError, match="unit channel stride"):
         kernels.decode(q, cache.transpose(1, 2).contiguous().transpose(1, 2), table, index, rows, pos, scale, v_dim)
+    split = triton_mla_kernels(MLAKernelConfig(name="t", decode=AttentionTile(value_split=2)))
+    q, cache, table, index, rows, pos, scale, v_dim = decode_case(CPU, torch.float16, heads=2, dims=(16, 16))
+    with pytest.raises(ValueError, match="value_split 2 leaves fewer than 16 value columns"):
+        split.decode(q, cache, table, index, rows, pos, scale, v_dim)
 
 
 def test_row_blocks_cover_every_row_once():

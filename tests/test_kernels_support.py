@@ -1,4 +1,5 @@
-"""LSE merge and page pack/unpack in Triton's interpreter, and the kernel config's checks."""
+"""LSE merge and page pack/unpack in Triton's interpreter, and the kernel config's checks,
+tile table and split model."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import kernel_interpreter  # noqa: F401  (must precede the kernels' import)
 import pytest
 import torch
 
-from splash_core.kernels import AttentionTile, MLAKernelConfig, triton_mla_kernels
+from splash_core.kernels import AttentionTile, MLAKernelConfig, TileRule, triton_mla_kernels
 from splash_core.reference import mla as ref
 
 
-def test_merge_matches_reference_including_empty_parts():
-    g = torch.Generator().manual_seed(0)
-    outs = torch.randn(3, 4, 2, 40, generator=g, dtype=torch.float32)
-    lses = torch.randn(3, 4, 2, generator=g)
+@pytest.mark.parametrize("parts,dim", [(3, 40), (70, 200)])
+def test_merge_matches_reference_including_empty_parts(parts, dim):
+    """Few parts in one column block; more parts than one part block (64) over several
+    column blocks."""
+    g = torch.Generator().manual_seed(parts)
+    outs = torch.randn(parts, 4, 2, dim, generator=g, dtype=torch.float32)
+    lses = torch.randn(parts, 4, 2, generator=g)
     lses[:, 0, 0] = float("-inf")
     lses[1, 1, :] = float("-inf")
+    lses[parts - 1, 2, 1] = 30.0  # one part dominates, the rest underflow to weight 0
     out, lse = triton_mla_kernels().merge(outs, lses)
     want_out, want_lse = ref.merge(outs, lses)
     torch.testing.assert_close(out, want_out)
@@ -47,23 +52,55 @@ def test_tiles_must_be_powers_of_two_and_big_enough():
         AttentionTile(rows=1, heads=8)
     with pytest.raises(ValueError, match="keys must be >= 16"):
         AttentionTile(keys=8)
+    with pytest.raises(ValueError, match="value_split must be 1 or 2"):
+        AttentionTile(value_split=4)
+    with pytest.raises(ValueError, match="resident must be >= 1"):
+        AttentionTile(resident=0)
+    assert AttentionTile(heads=64, value_split=2, resident=1).label() == "r1h64k32w4s2v2p1"
 
 
 def test_shared_memory_limit_names_the_tile():
     config = MLAKernelConfig(name="big", decode=AttentionTile(keys=128, stages=4), shared_memory_bytes=64 * 1024)
-    with pytest.raises(ValueError, match="decode tile r1h16k128w4s4 needs about"):
+    with pytest.raises(ValueError, match="decode tile r1h16k128w4s4p2 needs about"):
         config.validate(512, 64, 2)
+    wide = TileRule("decode", 64, AttentionTile(heads=64, keys=64, stages=4))
+    with pytest.raises(ValueError, match=r"decode \(heads >= 64\) tile r1h64k64w4s4p2 needs about"):
+        MLAKernelConfig(name="wide", rules=(wide,), shared_memory_bytes=232448).validate(512, 64, 2)
 
 
-def test_splits_fill_the_device_but_keep_long_ranges():
-    config = MLAKernelConfig(name="t", processors=132, programs_per_processor=2, max_splits=64, min_keys_per_split=256)
-    assert config.splits(rows=1, heads=128, max_keys=131072) == 33  # 8 head blocks, 264 programs wanted
-    assert config.splits(rows=64, heads=128, max_keys=131072) == 1  # 512 programs already
-    assert config.splits(rows=1, heads=128, max_keys=1024) == 4  # no split below 256 keys
+def test_rules_choose_tiles_by_head_count():
+    mid, wide = AttentionTile(heads=32), AttentionTile(heads=64, resident=1)
+    config = MLAKernelConfig(name="t", rules=(TileRule("decode", 64, wide), TileRule("decode", 32, mid),
+                                              TileRule("extend", 128, wide)))
+    assert [config.tile("decode", h) for h in (8, 16, 32, 48, 64, 128)] == [config.decode] * 2 + [mid] * 2 + [wide] * 2
+    assert config.tile("extend", 64) == config.extend and config.tile("extend", 128) == wide
+    with pytest.raises(ValueError, match="two rules for decode at min_heads 64"):
+        MLAKernelConfig(name="t", rules=(TileRule("decode", 64, wide), TileRule("decode", 64, mid)))
+    with pytest.raises(ValueError, match="entry must be one of"):
+        TileRule("prefill", 64, wide)
+
+
+def test_splits_fill_one_wave_of_resident_programs():
+    """Equal-length requests: split until the programs fill processors x resident slots
+    once (not a second, nearly empty wave); none when the rows fill them already."""
+    config = MLAKernelConfig(name="t", processors=132, max_splits=256, min_keys_per_split=256)
+    tile = AttentionTile(keys=64, resident=2)  # 264 slots
+    merge = 0.9  # partial bytes per program in key tiles (16 heads x 512 float32, 64 x 576 bf16 keys)
+    assert config.splits(tile, programs=16, max_keys=32768, partial_tiles=merge) == 16  # 256 programs
+    assert config.splits(tile, programs=64, max_keys=131072, partial_tiles=merge) == 4
+    assert config.splits(tile, programs=256, max_keys=131072, partial_tiles=merge) == 1
+    assert config.splits(tile, programs=1, max_keys=131072, partial_tiles=merge) == 256
+    assert config.splits(tile, programs=1, max_keys=1024, partial_tiles=merge) == 4  # >= 256 keys each
+    one_slot = AttentionTile(keys=64, resident=1)
+    assert config.splits(one_slot, programs=16, max_keys=32768, partial_tiles=merge) == 8
+    # More rows than slots: enough splits that the last wave is nearly full.
+    splits = config.splits(tile, programs=300, max_keys=32768, partial_tiles=merge)
+    assert 300 * splits / 264 / -(-300 * splits // 264) > 0.9
 
 
 def test_config_round_trips_through_a_dict():
     config = MLAKernelConfig(name="x", extend=AttentionTile(rows=4, heads=16, keys=64, warps=8),
+                             rules=(TileRule("decode", 64, AttentionTile(heads=64, value_split=2, resident=1)),),
                              launch_options=(("waves_per_eu", 1),))
     assert MLAKernelConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown MLAKernelConfig keys"):

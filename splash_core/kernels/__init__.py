@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ..interfaces import MLAKernels
-from .config import PORTABLE, AttentionTile, MLAKernelConfig
+from .config import PORTABLE, AttentionTile, MLAKernelConfig, TileRule
 from .kda import fla_kda_kernels, fla_missing_reason
 
 
@@ -23,8 +23,8 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
     if interpreter.interpreting():
         interpreter.patch_scalar_index()
     return MLAKernels(
-        decode=functools.partial(attention.paged_attention, config=config, tile=config.decode),
-        extend=functools.partial(attention.paged_attention, config=config, tile=config.extend),
+        decode=functools.partial(attention.paged_attention, config=config, entry="decode", plans={}),
+        extend=functools.partial(attention.paged_attention, config=config, entry="extend", plans={}),
         merge=merge.merge,
         pack=functools.partial(pages.pack, config=config),
         unpack=functools.partial(pages.unpack, config=config),
@@ -32,5 +32,5 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
     )
 
 
-__all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "fla_kda_kernels", "fla_missing_reason",
+__all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels", "fla_missing_reason",
            "triton_mla_kernels"]

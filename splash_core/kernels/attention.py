@@ -3,13 +3,19 @@
 One kernel serves both entry points of :class:`splash_core.interfaces.MLAKernels`. A program
 takes ``tile.rows`` query rows of one request times ``tile.heads`` heads (the M side of the
 matrix multiplies: every head of a row reads the same latent keys, so a key tile loaded once
-serves them all) and one of ``splits`` ranges of that request's keys. Keys are gathered per
-key through the block table, so pages of any size, in any order and with holes (-1) work.
-The 576-wide key is never one dot: the latent part (also the value) and the rotary part are
-two power-of-two dots summed. With one split the kernel writes the result; with more, each
-split writes a float32 partial and its log-sum-exp and :mod:`.merge` combines them.
+serves them all), ``1/tile.value_split`` of the value columns, and one of ``splits`` ranges of
+that request's keys. The 576-wide key is never one dot: the latent part (also the value) and
+the rotary part are power-of-two dots summed, and the latent tile loaded for the scores is
+the one the values are read from. With one split the kernel writes the result; with more,
+each split writes a float32 partial and its log-sum-exp and :mod:`.merge` combines them.
 Float32 inputs get "ieee" dots (exact rather than tf32-rounded); 16-bit inputs get the
 target's default, as any bf16 Triton kernel does.
+
+Keys are found through the block table, so pages of any size, in any order and with holes
+(-1) work. When a key tile lies inside one page (the page size is a multiple of the tile)
+the kernel looks the page up with one scalar load: Triton's pipeliner then sees the key load
+as direct and issues it ``stages - 1`` iterations ahead. Looked up per key (smaller pages),
+the key load counts as indirect and runs at most one iteration ahead.
 
 Integer offsets into the cache and the outputs are 64-bit: B = 64 requests of 128K tokens
 hold more than 2**31 cache elements.
@@ -25,40 +31,51 @@ from .config import AttentionTile, MLAKernelConfig, block
 from .merge import merge_into
 
 LOG2E = tl.constexpr(1.4426950408889634)
-_TABLE_CHUNK = 256  # block-table entries scanned per step when sizing a request
+_TABLE_CHUNK = 1024  # block-table entries scanned per step when sizing a request
+_PLAN_CACHE = 4096  # call shapes whose (tile, splits) are kept
 
 
-# Sizes that change from call to call are not specialised on (Triton would otherwise compile
-# a variant whenever one of them happens to be 1 or a multiple of 16).
-@triton.jit(do_not_specialize=["heads", "table_width", "num_splits"])
+# Sizes that change from call to call (batch shape, table width, split count) are not
+# specialised on: Triton would otherwise compile a variant whenever one of them happens to be
+# 1 or a multiple of 16, in the middle of serving.
+@triton.jit(do_not_specialize=["heads", "table_width", "num_splits", "row_programs", "s_bt", "s_pi",
+                               "s_ln", "s_lh", "s_ls"])
 def _attention_kernel(
     Q, KV, BlockTable, PageIndex, RowReq, RowPos, Order, BlockStart, BlockLen, Out, Lse,
-    scale_log2, heads, table_width, num_splits,
+    scale_log2, heads, table_width, num_splits, row_programs,
     s_qn, s_qh, s_kp, s_kt, s_bt, s_pi, s_on, s_oh, s_os, s_ln, s_lh, s_ls,
     PAGE_SIZE: tl.constexpr, V_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-    ROWS: tl.constexpr, HEADS: tl.constexpr, KEYS: tl.constexpr, TABLE_CHUNK: tl.constexpr,
-    ROW_BLOCKS: tl.constexpr, FINAL: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_VP: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+    ROWS: tl.constexpr, HEADS: tl.constexpr, KEYS: tl.constexpr, VALUE_SPLIT: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr, ROW_BLOCKS: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+    FINAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    pid_s = tl.program_id(2)
+    # Axis 0: row programs x head blocks x value parts, parts fastest, so the programs that
+    # read the same keys run side by side and share them through the L2 cache.
+    parts = tl.cdiv(heads, HEADS) * VALUE_SPLIT
+    pid = tl.program_id(0)
+    pid_row = pid // parts
+    head_block = (pid % parts) // VALUE_SPLIT
+    value_part = pid % VALUE_SPLIT
+    pid_s = tl.program_id(1)
     m = tl.arange(0, ROWS * HEADS)
     row_in_block = m // HEADS
-    head = pid_h * HEADS + m % HEADS
+    head = head_block * HEADS + m % HEADS
 
-    # Which query rows this program owns; all belong to one request.
+    # Which query rows this program owns; all belong to one request. Row blocks run in
+    # reverse: in a prefill chunk the last rows see the most keys, so they start first.
     if ROW_BLOCKS:
-        start = tl.load(BlockStart + pid_b)
-        length = tl.load(BlockLen + pid_b)
+        row_block = row_programs - 1 - pid_row
+        start = tl.load(BlockStart + row_block)
+        length = tl.load(BlockLen + row_block)
         row_ok = row_in_block < length
         rows = tl.load(Order + start + row_in_block, mask=row_ok, other=0)
         first = tl.load(Order + start, mask=length > 0, other=0)
     else:
         length = tl.full([], 1, tl.int32)
         row_ok = row_in_block < 1
-        rows = pid_b + row_in_block
-        first = pid_b
+        rows = pid_row + row_in_block
+        first = pid_row
     req = tl.load(RowReq + first).to(tl.int64)
     valid = row_ok & (head < heads)
     pos = tl.load(RowPos + rows, mask=valid, other=-1)  # -1: sees no key
@@ -79,31 +96,48 @@ def _attention_kernel(
     k_begin = pid_s * per_split
     k_end = tl.minimum(k_begin + per_split, total)
 
-    dv = tl.arange(0, BLOCK_V)
+    # This program's value columns come first (also the first part of the scores); with two
+    # value parts the other half only adds to the scores.
+    dv = tl.arange(0, BLOCK_VP)
+    own = value_part * BLOCK_VP + dv
+    other = (1 - value_part) * BLOCK_VP + dv
     dr = tl.arange(0, BLOCK_ROPE)
     q_base = Q + rows.to(tl.int64)[:, None] * s_qn + head.to(tl.int64)[:, None] * s_qh
-    q_nope = tl.load(q_base + dv[None, :], mask=valid[:, None] & (dv < V_DIM)[None, :], other=0.0)
+    q_own = tl.load(q_base + own[None, :], mask=valid[:, None] & (own < V_DIM)[None, :], other=0.0)
+    if VALUE_SPLIT == 2:
+        q_other = tl.load(q_base + other[None, :], mask=valid[:, None] & (other < V_DIM)[None, :], other=0.0)
     q_rope = tl.load(q_base + V_DIM + dr[None, :], mask=valid[:, None] & (dr < ROPE_DIM)[None, :], other=0.0)
 
     m_i = tl.full([ROWS * HEADS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS * HEADS], tl.float32)
-    acc = tl.zeros([ROWS * HEADS, BLOCK_V], tl.float32)
+    acc = tl.zeros([ROWS * HEADS, BLOCK_VP], tl.float32)
     for k0 in range(k_begin, k_end, KEYS):
-        key = k0 + tl.arange(0, KEYS)
-        in_range = key < k_end
-        slot = key // PAGE_SIZE
-        offset = key % PAGE_SIZE
-        page = tl.load(BlockTable + req * s_bt + slot, mask=in_range, other=-1)
-        index = tl.load(PageIndex + req * s_pi + slot, mask=in_range, other=0)
-        key_pos = index * PAGE_SIZE + offset
-        key_ok = in_range & (page >= 0)
-        kv_base = KV + page.to(tl.int64)[:, None] * s_kp + offset.to(tl.int64)[:, None] * s_kt
-        k_nope = tl.load(kv_base + dv[None, :], mask=key_ok[:, None] & (dv < V_DIM)[None, :], other=0.0)
+        if TILE_IN_PAGE:  # one scalar lookup; the range never ends inside a tile
+            slot = k0 // PAGE_SIZE
+            page = tl.load(BlockTable + req * s_bt + slot)
+            offset = k0 % PAGE_SIZE + tl.arange(0, KEYS)
+            key_pos = tl.load(PageIndex + req * s_pi + slot) * PAGE_SIZE + offset
+            key_ok = (page >= 0) & (offset >= 0)  # the page's validity as a vector, like the masks below
+            kv_base = KV + page.to(tl.int64) * s_kp + offset.to(tl.int64)[:, None] * s_kt
+        else:
+            key = k0 + tl.arange(0, KEYS)
+            in_range = key < k_end
+            slot = key // PAGE_SIZE
+            offset = key % PAGE_SIZE
+            page = tl.load(BlockTable + req * s_bt + slot, mask=in_range, other=-1)
+            key_pos = tl.load(PageIndex + req * s_pi + slot, mask=in_range, other=0) * PAGE_SIZE + offset
+            key_ok = in_range & (page >= 0)
+            kv_base = KV + page.to(tl.int64)[:, None] * s_kp + offset.to(tl.int64)[:, None] * s_kt
+        # A narrower cache (fp8) computes in q's dtype.
+        k_own = tl.load(kv_base + own[None, :], mask=key_ok[:, None] & (own < V_DIM)[None, :],
+                        other=0.0).to(Q.dtype.element_ty)
         k_rope = tl.load(kv_base + V_DIM + dr[None, :], mask=key_ok[:, None] & (dr < ROPE_DIM)[None, :],
-                         other=0.0)
-        k_nope = k_nope.to(Q.dtype.element_ty)  # a narrower cache (fp8) computes in q's dtype
-        k_rope = k_rope.to(Q.dtype.element_ty)
-        s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
+                         other=0.0).to(Q.dtype.element_ty)
+        s = tl.dot(q_own, tl.trans(k_own), input_precision=PRECISION)
+        if VALUE_SPLIT == 2:
+            k_other = tl.load(kv_base + other[None, :], mask=key_ok[:, None] & (other < V_DIM)[None, :],
+                              other=0.0).to(Q.dtype.element_ty)
+            s += tl.dot(q_other, tl.trans(k_other), input_precision=PRECISION)
         s += tl.dot(q_rope, tl.trans(k_rope), input_precision=PRECISION)
         visible = key_ok[None, :] & (key_pos[None, :] <= pos[:, None])
         s = tl.where(visible, s * scale_log2, float("-inf"))
@@ -113,7 +147,7 @@ def _attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_own.dtype), k_own, input_precision=PRECISION)
         m_i = m_new
 
     seen = l_i > 0
@@ -125,8 +159,8 @@ def _attention_kernel(
     if not FINAL:
         out_base += pid_s * s_os
         lse_ptr += pid_s * s_ls
-    tl.store(out_base + dv[None, :], out.to(Out.dtype.element_ty), mask=valid[:, None] & (dv < V_DIM)[None, :])
-    tl.store(lse_ptr, lse, mask=valid)
+    tl.store(out_base + own[None, :], out.to(Out.dtype.element_ty), mask=valid[:, None] & (own < V_DIM)[None, :])
+    tl.store(lse_ptr, lse, mask=valid & (value_part == 0))  # every value part computed the same lse
 
 
 def _row_blocks(row_req, requests: int, rows_per_block: int):
@@ -153,12 +187,37 @@ def _row_blocks(row_req, requests: int, rows_per_block: int):
 def _index(t, name: str, dims: int):
     if t.dim() != dims:
         raise ValueError(f"{name} must have {dims} dims (got shape {tuple(t.shape)})")
-    return t.to(torch.int32).contiguous()
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def plan(config: MLAKernelConfig, entry: str, plans: dict, rows: int, heads: int, requests: int,
+         table_width: int, page_size: int, v_dim: int, width: int, elem_bytes: int) -> tuple[AttentionTile, int]:
+    """(tile, splits) of ``entry`` for a call of these sizes, checked against the device once
+    and kept in ``plans`` (one dict per entry point), so a call costs a dictionary lookup."""
+    key = (rows, heads, requests, table_width, page_size, v_dim, width, elem_bytes)
+    found = plans.get(key)
+    if found is not None:
+        return found
+    config.validate(v_dim, width - v_dim, elem_bytes)
+    tile = config.tile(entry, heads)
+    if block(v_dim) // tile.value_split < 16:
+        raise ValueError(f"tile {tile.label()}: value_split {tile.value_split} leaves fewer than 16 "
+                         f"value columns a program for v_dim={v_dim}")
+    row_programs = rows if tile.rows == 1 else min(rows, -(-rows // tile.rows) + min(requests, rows))
+    programs = row_programs * -(-heads // tile.heads) * tile.value_split
+    partial_bytes = tile.m * (block(v_dim) // tile.value_split) * 4 * 2  # written, then read back
+    splits = config.splits(tile, programs, table_width * page_size,
+                           partial_bytes / (tile.keys * width * elem_bytes))
+    if len(plans) >= _PLAN_CACHE:  # serving shapes recur; a stray sweep must not grow it forever
+        plans.clear()
+    plans[key] = (tile, splits)
+    return tile, splits
 
 
 def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim, *,
-                    config: MLAKernelConfig, tile: AttentionTile):
-    """``(out [N, H, v_dim] in q's dtype, lse [N, H] float32)``, the MLAKernels contract."""
+                    config: MLAKernelConfig, entry: str, plans: dict):
+    """``(out [N, H, v_dim] in q's dtype, lse [N, H] float32)``, the MLAKernels contract, with
+    the tile ``config`` gives ``entry`` ("decode" or "extend") for this head count."""
     if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[2] != kv_cache.shape[2]:
         raise ValueError(f"q [N, H, W] and kv_cache [pages, page_size, W] must share W "
                          f"(got {tuple(q.shape)} and {tuple(kv_cache.shape)})")
@@ -175,20 +234,19 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
     rows, heads, _ = q.shape
     requests, table_width = block_table.shape
     page_size = kv_cache.shape[1]
-    config.validate(v_dim, width - v_dim, q.element_size())
+    tile, splits = plan(config, entry, plans, rows, heads, requests, table_width, page_size, v_dim, width,
+                        q.element_size())
     if rows == 0 or heads == 0 or table_width == 0:
         return (torch.zeros(rows, heads, v_dim, dtype=q.dtype, device=q.device),
                 torch.full((rows, heads), float("-inf"), dtype=torch.float32, device=q.device))
-    # Every (row, head) belongs to exactly one program, which always writes it.
+    # Every (row, head, value column) belongs to exactly one program, which always writes it.
     out = torch.empty(rows, heads, v_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-
     if tile.rows == 1:
         order = start = length = row_req  # unused by the kernel when ROW_BLOCKS is off
-        programs = rows
+        row_programs = rows
     else:
-        order, start, length, programs = _row_blocks(row_req, requests, tile.rows)
-    splits = config.splits(programs, heads, table_width * page_size)
+        order, start, length, row_programs = _row_blocks(row_req, requests, tile.rows)
     if splits == 1:
         part, part_lse = out, lse
         strides = (out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1), 0)
@@ -196,17 +254,17 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
         part = torch.empty(rows, heads, splits, v_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(rows, heads, splits, dtype=torch.float32, device=q.device)
         strides = (part.stride(0), part.stride(1), part.stride(2), *part_lse.stride())
-    grid = (programs, triton.cdiv(heads, tile.heads), splits)
+    grid = (row_programs * triton.cdiv(heads, tile.heads) * tile.value_split, splits)
     _attention_kernel[grid](
         q, kv_cache, block_table, page_index, row_req, row_pos, order, start, length, part, part_lse,
-        float(scale) * 1.4426950408889634, heads, table_width, splits,
+        float(scale) * 1.4426950408889634, heads, table_width, splits, row_programs,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
         block_table.stride(0), page_index.stride(0), *strides,
         PAGE_SIZE=page_size, V_DIM=v_dim, ROPE_DIM=width - v_dim,
-        BLOCK_V=block(v_dim), BLOCK_ROPE=block(width - v_dim),
-        ROWS=tile.rows, HEADS=tile.heads, KEYS=tile.keys, TABLE_CHUNK=_TABLE_CHUNK,
-        ROW_BLOCKS=tile.rows > 1, FINAL=splits == 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else None,
+        BLOCK_VP=block(v_dim) // tile.value_split, BLOCK_ROPE=block(width - v_dim),
+        ROWS=tile.rows, HEADS=tile.heads, KEYS=tile.keys, VALUE_SPLIT=tile.value_split,
+        TABLE_CHUNK=_TABLE_CHUNK, ROW_BLOCKS=tile.rows > 1, TILE_IN_PAGE=page_size % tile.keys == 0,
+        FINAL=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=tile.warps, num_stages=tile.stages, **dict(config.launch_options),
     )
     if splits > 1:

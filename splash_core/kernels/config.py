@@ -2,13 +2,21 @@
 
 A backend builds one :class:`MLAKernelConfig` for the device it finds (by measurement, by
 the device's limits) and hands it to :func:`splash_core.kernels.triton_mla_kernels`. The
-kernels themselves never guess: everything that differs between devices is here.
+kernels themselves never guess: everything that differs between devices is here, including
+which tile serves which head count (a small table: :class:`TileRule`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+ENTRIES = ("decode", "extend")
+# Fixed cost of one program in units of one key tile's loop iteration (query load, block-table
+# scan, epilogue) and of the merge pass (its launch and the read of the first partials).
+_PROGRAM_SETUP_TILES = 2.0
+_MERGE_SETUP_TILES = 2.0
+_SPLIT_TOLERANCE = 0.02
 
 
 def _power_of_two(value: int) -> bool:
@@ -22,15 +30,27 @@ def block(dim: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionTile:
-    """One program's share of the attention: ``rows`` query rows of one request times
-    ``heads`` heads form the M side of both matrix multiplies; ``keys`` keys are read per
-    loop iteration. ``warps`` and ``stages`` are Triton's ``num_warps`` and ``num_stages``."""
+    """One program's share of the attention.
+
+    - ``rows`` query rows of one request times ``heads`` heads form the M side of both
+      matrix multiplies (every head of a row reads the same latent keys, so a key tile
+      loaded once serves them all); ``keys`` keys are read per loop iteration.
+    - ``value_split`` (1 or 2): programs that share the (rows, heads) block and each
+      accumulate ``1/value_split`` of the value columns. Each recomputes the scores, so it
+      trades matrix-multiply work for fewer accumulator registers (large M).
+    - ``warps`` and ``stages`` are Triton's ``num_warps`` and ``num_stages``; with a key tile
+      inside one page the key loads run ``stages - 1`` iterations ahead of their use.
+    - ``resident``: programs of this tile one processor runs at once (from its shared memory
+      and registers); decode sizes its key splits to fill ``processors x resident`` slots.
+    """
 
     rows: int = 1
     heads: int = 16
     keys: int = 32
     warps: int = 4
     stages: int = 2
+    value_split: int = 1
+    resident: int = 2
 
     def __post_init__(self):
         for name in ("rows", "heads", "keys", "warps"):
@@ -44,31 +64,62 @@ class AttentionTile:
             raise ValueError(f"AttentionTile.keys must be >= 16 for a matrix multiply (got {self.keys})")
         if self.stages < 1:
             raise ValueError(f"AttentionTile.stages must be >= 1 (got {self.stages})")
+        if self.value_split not in (1, 2):
+            raise ValueError(f"AttentionTile.value_split must be 1 or 2 (got {self.value_split})")
+        if self.resident < 1:
+            raise ValueError(f"AttentionTile.resident must be >= 1 (got {self.resident})")
 
     @property
     def m(self) -> int:
         return self.rows * self.heads
 
     def shared_bytes(self, v_dim: int, rope_dim: int, elem_bytes: int) -> int:
-        """Upper estimate of the shared memory one program needs: ``stages`` buffered key
-        tiles, plus the query tile and the probability tile when the compiler stages them."""
+        """Estimate (from above, within a few KiB of Triton 3.6's sm_90 builds) of the shared
+        memory one program needs: the key tiles, the query tile, the probability tile when
+        the compiler stages it there, and reduction scratch. Key tiles: ``stages - 1`` in
+        flight, or ``stages`` from 64 rows on, where targets with asynchronous matrix
+        multiplies keep the tile being multiplied alive while the next ones load; without
+        pipelining (one stage) the loaded tile and its transposed operand copy."""
         width = block(v_dim) + block(rope_dim)
-        return elem_bytes * (self.stages * self.keys * width + self.m * width + self.m * self.keys)
+        if self.stages == 1:
+            buffers = 2
+        else:
+            buffers = self.stages if self.m >= 64 else self.stages - 1
+        return elem_bytes * (buffers * self.keys * width + self.m * width + self.m * self.keys) + 1024
 
     def label(self) -> str:
-        return f"r{self.rows}h{self.heads}k{self.keys}w{self.warps}s{self.stages}"
+        split = f"v{self.value_split}" if self.value_split > 1 else ""
+        return f"r{self.rows}h{self.heads}k{self.keys}w{self.warps}s{self.stages}{split}p{self.resident}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileRule:
+    """Use ``tile`` for ``entry`` ("decode" or "extend") when a call has at least
+    ``min_heads`` heads (DP/DOP owners compute all heads: compute-bound, wider tiles win;
+    TP ranks a few: bound by key reads)."""
+
+    entry: str
+    min_heads: int
+    tile: AttentionTile
+
+    def __post_init__(self):
+        if self.entry not in ENTRIES:
+            raise ValueError(f"TileRule.entry must be one of {ENTRIES} (got {self.entry!r})")
+        if self.min_heads < 1:
+            raise ValueError(f"TileRule.min_heads must be >= 1 (got {self.min_heads})")
 
 
 @dataclasses.dataclass(frozen=True)
 class MLAKernelConfig:
     """Everything the portable MLA kernels need to know about a device.
 
-    - ``decode`` / ``extend``: tiles of the two attention entry points.
-    - ``processors``: compute units of the device (streaming multiprocessors, compute units);
-      decode splits each request's keys until about ``programs_per_processor`` programs per
-      unit are in flight, with at most ``max_splits`` splits of at least
-      ``min_keys_per_split`` keys.
-    - ``copy_block``: elements one program moves in page pack/unpack and merge.
+    - ``decode`` / ``extend``: tiles of the two attention entry points; ``rules`` override
+      them by head count (:meth:`tile`).
+    - ``processors``: compute units of the device (streaming multiprocessors, compute units).
+      Decode and short extends split each request's keys into at most ``max_splits`` ranges
+      of at least ``min_keys_per_split`` keys, as many as a small cost model of waves,
+      per-program setup and merge traffic finds fastest (:meth:`splits`).
+    - ``copy_block``: elements one program moves in page pack/unpack.
     - ``shared_memory_bytes``: the device's per-program limit, checked by :meth:`validate`
       (0 = unchecked).
     - ``launch_options``: extra (name, value) compiler options for the attention launch that
@@ -79,8 +130,8 @@ class MLAKernelConfig:
     name: str
     decode: AttentionTile = AttentionTile()
     extend: AttentionTile = AttentionTile(rows=2, heads=16, keys=32)
+    rules: tuple[TileRule, ...] = ()
     processors: int = 1
-    programs_per_processor: int = 2
     max_splits: int = 64
     min_keys_per_split: int = 256
     copy_block: int = 2048
@@ -88,17 +139,35 @@ class MLAKernelConfig:
     launch_options: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
-        for name in ("processors", "programs_per_processor", "max_splits", "min_keys_per_split"):
+        for name in ("processors", "max_splits", "min_keys_per_split"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MLAKernelConfig.{name} must be >= 1 (got {getattr(self, name)})")
         if not _power_of_two(self.copy_block):
             raise ValueError(f"MLAKernelConfig.copy_block must be a power of two (got {self.copy_block})")
+        seen = set()
+        for rule in self.rules:
+            if (rule.entry, rule.min_heads) in seen:
+                raise ValueError(f"MLAKernelConfig.rules: two rules for {rule.entry} at min_heads {rule.min_heads}")
+            seen.add((rule.entry, rule.min_heads))
+
+    def tile(self, entry: str, heads: int) -> AttentionTile:
+        """The tile of ``entry`` for calls with ``heads`` heads: the rule with the largest
+        ``min_heads <= heads``, else the entry's own tile."""
+        best, chosen = 0, getattr(self, entry)
+        for rule in self.rules:
+            if rule.entry == entry and best < rule.min_heads <= heads:
+                best, chosen = rule.min_heads, rule.tile
+        return chosen
+
+    def tiles(self) -> list[tuple[str, AttentionTile]]:
+        """Every (what, tile) this config can launch, for checks and reports."""
+        return [("decode", self.decode), ("extend", self.extend)] + [
+            (f"{r.entry} (heads >= {r.min_heads})", r.tile) for r in self.rules]
 
     def validate(self, v_dim: int, rope_dim: int, elem_bytes: int) -> "MLAKernelConfig":
         """Raise ValueError if a tile cannot fit the device's shared memory for these dims."""
         if self.shared_memory_bytes:
-            for which in ("decode", "extend"):
-                tile: AttentionTile = getattr(self, which)
+            for which, tile in self.tiles():
                 need = tile.shared_bytes(v_dim, rope_dim, elem_bytes)
                 if need > self.shared_memory_bytes:
                     raise ValueError(
@@ -107,12 +176,29 @@ class MLAKernelConfig:
                         f"{self.shared_memory_bytes}")
         return self
 
-    def splits(self, rows: int, heads: int, max_keys: int) -> int:
-        """How many key ranges decode splits each request into."""
-        programs = rows * -(-heads // self.decode.heads)
-        wanted = -(-self.processors * self.programs_per_processor // max(programs, 1))
-        by_length = max(1, max_keys // self.min_keys_per_split)
-        return max(1, min(wanted, by_length, self.max_splits))
+    def splits(self, tile: AttentionTile, programs: int, max_keys: int, partial_tiles: float) -> int:
+        """How many key ranges to split each request into.
+
+        ``programs``: programs without splitting (row blocks x head blocks x value parts);
+        ``max_keys``: keys of the longest request; ``partial_tiles``: bytes one split program
+        writes and the merge reads back, in units of one key tile. Programs of equal length
+        run in waves of ``processors x tile.resident``; the estimate is waves x (key tiles
+        per split + setup) plus the merge's traffic spread over the device. The fewest
+        splits within ``_SPLIT_TOLERANCE`` of the best estimate win: the model is rough, and
+        every split adds partials to write and merge. Pure arithmetic: callers cache it.
+        """
+        slots = self.processors * tile.resident
+        most = max(1, min(self.max_splits, max_keys // self.min_keys_per_split))
+        costs = []
+        for splits in range(1, most + 1):
+            waves = -(-programs * splits // slots)
+            per_split = -(-max_keys // (splits * tile.keys))
+            cost = waves * (per_split + _PROGRAM_SETUP_TILES)
+            if splits > 1:
+                cost += _MERGE_SETUP_TILES + programs * splits * partial_tiles / slots
+            costs.append(cost)
+        good_enough = min(costs) * (1 + _SPLIT_TOLERANCE)
+        return next(splits for splits, cost in enumerate(costs, start=1) if cost <= good_enough)
 
     def with_processors(self, processors: int) -> "MLAKernelConfig":
         return dataclasses.replace(self, processors=max(1, int(processors)))
@@ -128,9 +214,12 @@ class MLAKernelConfig:
         if unknown:
             raise ValueError(f"unknown MLAKernelConfig keys {unknown} (known: {sorted(known)})")
         data = dict(data)
-        for which in ("decode", "extend"):
+        for which in ENTRIES:
             if isinstance(data.get(which), dict):
                 data[which] = AttentionTile(**data[which])
+        data["rules"] = tuple(
+            TileRule(**{**rule, "tile": AttentionTile(**rule["tile"])}) if isinstance(rule, dict) else rule
+            for rule in data.get("rules", ()))
         data["launch_options"] = tuple(tuple(pair) for pair in data.get("launch_options", ()))
         return cls(**data)
 

@@ -1,8 +1,8 @@
 """Tiles of the portable Triton MLA kernels for NVIDIA devices.
 
 ``GENERIC`` is the SGLang-style tile every NVIDIA GPU since sm_80 compiles; ``SMALL`` fits
-64 KiB of shared memory for older or smaller parts. ``B200`` (sm_100) was chosen from the
-part's 228 KiB of shared memory and has not been measured: no B200 was available.
+64 KiB of shared memory for older or smaller parts. ``B200`` (sm_100) takes the Hopper
+defaults (same 228 KiB of shared memory) and has not been measured: no B200 was available.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ MLA_DIMS = (512, 64)  # d_c, d_r of every MLA model SPLASH ships profiles for
 
 GENERIC = MLAKernelConfig(
     name="cuda-generic",
-    decode=AttentionTile(rows=1, heads=16, keys=32, warps=4, stages=2),
+    # Three stages: two key tiles of decode in flight (~94 KB: fits sm_80 and sm_86/89 parts).
+    decode=AttentionTile(rows=1, heads=16, keys=32, warps=4, stages=3),
     extend=AttentionTile(rows=2, heads=16, keys=32, warps=4, stages=2),
 )
 SMALL = MLAKernelConfig(
@@ -25,8 +26,8 @@ SMALL = MLAKernelConfig(
 )
 B200 = MLAKernelConfig(
     name="b200-untuned",
-    decode=AttentionTile(rows=1, heads=16, keys=64, warps=4, stages=2),
-    extend=AttentionTile(rows=4, heads=16, keys=64, warps=8, stages=2),
+    decode=AttentionTile(rows=1, heads=16, keys=32, warps=4, stages=3),
+    extend=AttentionTile(rows=4, heads=16, keys=32, warps=8, stages=3, resident=1),
     shared_memory_bytes=232448,
 )
 

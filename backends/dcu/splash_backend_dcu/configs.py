@@ -20,7 +20,9 @@ MLA_DIMS = (512, 64)
 ROCM = MLAKernelConfig(
     name="rocm-64k",
     decode=AttentionTile(rows=1, heads=16, keys=16, warps=4, stages=1),
-    extend=AttentionTile(rows=2, heads=16, keys=16, warps=4, stages=1),
+    # One row: unpipelined, a key tile is held twice (loaded and as an operand), and 32 query
+    # rows x heads would push the estimate past 64 KiB.
+    extend=AttentionTile(rows=1, heads=16, keys=16, warps=4, stages=1),
     shared_memory_bytes=DEFAULT_LDS,
     launch_options=(("waves_per_eu", 1),),
 )

@@ -1,9 +1,10 @@
 """The Hopper kernel config, read from data: ``tuned/h200.json``.
 
-The file holds an :class:`~splash_core.kernels.MLAKernelConfig` and where it came from.
-``bench/gpu_kernels.py --sweep`` measures candidate tiles on an H200 and writes a new file
-(``source: measured``, with date, machine, command and the timings); copying it here makes
-it the backend's config. Until then the file says ``source: default``.
+The file holds an :class:`~splash_core.kernels.MLAKernelConfig` (tiles, and rules choosing
+tiles by head count) and where it came from. ``bench/gpu_kernels.py --sections sweep``
+measures candidate tiles on an H200 and writes a new file (``source: measured``, with date,
+machine, command and the timings); copying it here makes it the backend's config. Until
+then the file says ``source: default``.
 """
 
 from __future__ import annotations
