@@ -77,9 +77,11 @@ class Bench:
 
         return tuned.load()[0].with_processors(self.processors)
 
-    def write(self, benchmark: str, samples: list, summary: dict, notes: str | None = None, **extra) -> None:
+    def write(self, benchmark: str, samples: list, summary: dict, notes: str | None = None, T: int = 1,
+              **extra) -> None:
+        """Write one result; ``T`` is 1 (one device) except where ranks run together (conformance)."""
         data = make_result(benchmark=benchmark, platform=self.args.platform, backend="hopper", model="deepseek-v3",
-                           T=1, dtype="bf16", samples=samples, summary=summary, machine=self.machine,
+                           T=T, dtype="bf16", samples=samples, summary=summary, machine=self.machine,
                            notes=notes, extra=extra or None)
         path = write_result(data, root=self.args.out)
         print(f"[{time.monotonic() - self.started:6.1f}s] wrote {path}", flush=True)
@@ -223,7 +225,7 @@ class Bench:
             samples.append({"backend": backend, "returncode": proc.returncode, "summary": tail[-1] if tail else "",
                             "output_tail": tail[-40:], "command": " ".join(cmd[1:])})
             print(f"  conformance {backend}: {samples[-1]['summary']}", flush=True)
-        self.write("conformance", samples, {s["backend"]: s["returncode"] == 0 for s in samples})
+        self.write("conformance", samples, {s["backend"]: s["returncode"] == 0 for s in samples}, T=ranks)
 
 
 def _one_line(exc: BaseException) -> str:

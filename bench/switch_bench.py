@@ -10,13 +10,15 @@ On the lent nvidia-h200-x2 machine (T = 2, NCCL through the selected backend)::
    DeepSeek-V3 attention dims at B = 16 and ``--primitive-context`` tokens (128K by default),
    ``--samples`` each (the slowest rank's device time per sample), with a bare all-gather /
    all-to-all of the same bytes on the same communicator beside each (ratio = bare / ours).
-2. Sizing: from the per-layer step times of each layout (measured in phase 1 on a few layers)
-   and the primitive costs, the longest of ``--contexts`` at which at least ``--min-layers``
-   layers fit both device memory and the rest of the time budget, and the most layers that do.
+2. Sizing: the overhead target is relative to a whole-model step, so the table's layers are
+   sized by device memory (up to the model's layer count) and its runs by the time left
+   (between ``--min-runs`` and ``--runs``, estimated from the per-layer step times of each
+   layout measured in phase 1 and the primitive costs); only where ``--min-runs`` runs do not
+   fit are layers cut. The longest of ``--contexts`` with at least ``--min-layers`` layers wins.
 3. ``switch_overhead``: matched target-ready / blocking / SPLASH runs of one chunked-prefill
-   step (B requests x ``--rows`` query rows over the history) in all 12 directions,
-   ``--runs`` per direction; p50/p95 overheads (Eq 15), against the targets: SPLASH p50
-   overhead <= 1% of the ready step, >= 98% below blocking where state crosses the network.
+   step (B requests x ``--rows`` query rows over the history) in all 12 directions; p50/p95
+   overheads (Eq 15), against the targets: SPLASH p50 overhead <= 1% of the ready step,
+   >= 98% below blocking where state crosses the network.
 
 Writes ``<out>/<platform>/primitive_costs.json`` and ``switch_overhead.json`` through
 :mod:`splash_core.results`; whatever the time budget cut is recorded in them (``skipped``).
@@ -34,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from splash_core import dtypes, ownership, results  # noqa: E402
-from splash_core.layouts import DIRECTIONS, Layout  # noqa: E402
+from splash_core.layouts import DIRECTIONS  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
 from splash_core.result_shapes import percentile, switch_overhead_summary  # noqa: E402
 from splash_core.runtime import step_bench  # noqa: E402
@@ -64,7 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-layers", type=int, default=32, help="fewest layers worth an overhead table at a context")
     p.add_argument("--max-layers", type=int, default=0, help="cap on the table's layers (0: the model's)")
     p.add_argument("--samples", type=int, default=20, help="samples per primitive (state, direction)")
-    p.add_argument("--runs", type=int, default=20, help="matched runs per direction")
+    p.add_argument("--runs", type=int, default=20, help="most matched runs per direction (fewer if time is short)")
+    p.add_argument("--min-runs", type=int, default=8,
+                   help="fewest matched runs per direction; below it the table has fewer layers instead")
     p.add_argument("--gate-ms", type=float, default=15.0, help="device work queued ahead of each primitive sample")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="share of free device memory to plan with")
     p.add_argument("--margin-gib", type=float, default=6.0, help="memory kept free for activations and the allocator")
@@ -77,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.backend, args.model, args.dtype, args.batch, args.page_size = "reference", "tiny-mla", "fp32", 4, 16
         args.rows, args.primitive_context, args.contexts = 4, 64, "64,32"
         args.samples, args.runs, args.gate_ms, args.min_layers, args.margin_gib = 3, 2, 0.0, 1, 0.0
+        args.min_runs = 2
         args.platform = args.platform or "cpu"
     args.contexts = sorted({int(c) for c in str(args.contexts).split(",")}, reverse=True)
     for c in [args.primitive_context, *args.contexts]:
@@ -143,24 +148,42 @@ def _count(samples, s) -> int:
     return sum(1 for x in samples if (x["state"], x["src"], x["dst"]) == (s["state"], s["src"], s["dst"]))
 
 
-def choose_table(args, profile, phase1: dict, budget_bytes: float, seconds_left: float) -> tuple[int, int, dict]:
-    """(context, layers) for the overhead table and the reasoning, as a dict."""
+def choose_table(args, profile, phase1: dict, budget_bytes: float, seconds_left: float) -> tuple[int, int, int, dict]:
+    """(context, layers, runs) for the overhead table and the reasoning, as a dict.
+
+    The overhead target is relative to a whole-model step, so layers are sized by memory (up to
+    the model's count) and the runs by the time left, between ``--min-runs`` and ``--runs``;
+    only where even ``--min-runs`` runs of that many layers do not fit are layers cut to the
+    time. The longest context with at least ``--min-layers`` layers wins."""
     model_layers = min(profile.num_layers, args.max_layers or profile.num_layers)
+    usable_s = 0.85 * seconds_left - 20.0  # building and filling the model
     candidates = []
     for context in args.contexts:
         mem_fit, memory = layers_that_fit(args, profile, context, budget_bytes)
         per_layer, fixed = run_cost_ms(phase1["steps"], phase1["samples"], context, args.primitive_context)
-        runs = args.runs + 1  # + the warm-up run
-        per_layer_s = runs * sum(per_layer.values()) / 1e3
-        fixed_s = runs * sum(fixed.values()) / 1e3 + 20.0  # + building and filling the model
-        time_fit = max(0, int((0.85 * seconds_left - fixed_s) // per_layer_s)) if per_layer_s > 0 else model_layers
-        layers = min(mem_fit, time_fit, model_layers)
-        candidates.append({"context": context, "layers": layers, "memory_fit": mem_fit, "time_fit": time_fit,
-                           "est_run_ms_per_layer": per_layer, "est_run_ms_fixed": fixed, "memory": memory})
+        per_layer_s, fixed_s = sum(per_layer.values()) / 1e3, sum(fixed.values()) / 1e3  # one run, every direction
+        layers = min(mem_fit, model_layers)
+        runs = _runs_that_fit(usable_s, layers * per_layer_s + fixed_s, args.runs)
+        time_fit = layers
+        if runs < args.min_runs:  # cut layers so that --min-runs runs fit
+            runs = args.min_runs
+            time_fit = max(0, int((usable_s / (runs + 1) - fixed_s) // per_layer_s)) if per_layer_s > 0 else layers
+            layers = min(layers, time_fit)
+        candidates.append({"context": context, "layers": layers, "runs": runs, "memory_fit": mem_fit,
+                           "time_fit": time_fit, "est_run_ms_per_layer": per_layer, "est_run_ms_fixed": fixed,
+                           "memory": memory})
     fitting = [c for c in candidates if c["layers"] >= args.min_layers]
     pick = fitting[0] if fitting else max(candidates, key=lambda c: (c["layers"], -c["context"]))
-    return pick["context"], pick["layers"], {"candidates": candidates, "seconds_left": seconds_left,
-                                             "min_layers": args.min_layers}
+    return pick["context"], pick["layers"], pick["runs"], {
+        "candidates": candidates, "seconds_left": seconds_left, "min_layers": args.min_layers,
+        "min_runs": args.min_runs, "max_runs": args.runs}
+
+
+def _runs_that_fit(usable_s: float, run_s: float, most: int) -> int:
+    """Timed runs (after one warm-up run) of ``run_s`` each that fit ``usable_s``, at most ``most``."""
+    if run_s <= 0:
+        return most
+    return max(0, min(most, int(usable_s // run_s) - 1))
 
 
 # ---- summaries ------------------------------------------------------------------------------
@@ -250,14 +273,14 @@ def run(args, pool) -> int:
     _print_primitives(costs, bare)
 
     # 2. size and 3. run the overhead table
-    context, layers, sizing = choose_table(args, profile, phase1, budget, deadline - time.time())
-    print(f"overhead table: {layers} layers at {context} tokens per request "
+    context, layers, runs, sizing = choose_table(args, profile, phase1, budget, deadline - time.time())
+    print(f"overhead table: {layers} layers at {context} tokens per request, {runs} runs per direction "
           f"(memory fits {next(c['memory_fit'] for c in sizing['candidates'] if c['context'] == context)}, "
           f"time fits {next(c['time_fit'] for c in sizing['candidates'] if c['context'] == context)})", flush=True)
     if layers < 1:
         print("not even one layer fits the time or memory left: no overhead table", flush=True)
         return 1
-    spec = _spec(args, context=context, layers=layers, runs=args.runs, warmup=1, deadline=deadline)
+    spec = _spec(args, context=context, layers=layers, runs=runs, warmup=1, deadline=deadline)
     per_rank = pool.run(bench.switch_overhead, spec)
     samples = _slowest([r["samples"] for r in per_rank], ("ready_ms", "blocking_ms", "splash_ms"))
     if not samples:
@@ -266,18 +289,22 @@ def run(args, pool) -> int:
     directions = switch_overhead_summary(samples)
     network = {(r["src"], r["dst"]) for r in costs if r["primitive"] != "discard"}
     targets = overhead_targets(directions, network)
+    host = splash_host_summary(per_rank, spec["warmup"])
     data = results.make_result(
         benchmark="switch_overhead", samples=samples,
         summary={"workload": f"B={args.batch}, {context // 1024}K context, {layers} layers, prefill chunk of "
                              f"{args.rows} rows per request", "directions": directions},
         extra={"targets": targets, "skipped": per_rank[0]["skipped"], "plan_ms": per_rank[0]["plan_ms"],
-               "splash_exposed": per_rank[0]["exposed"], "sizing": sizing, "layers": layers, "context": context},
+               "splash_exposed": per_rank[0]["exposed"], "splash_host": host, "sizing": sizing, "layers": layers,
+               "context": context},
         notes=(f"one chunked-prefill step of {args.batch} requests x {args.rows} rows over {context - args.rows} "
                f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
                f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
-               f"are planned in each pair's warm-up run (plan_ms) and reused. kernels: {args.kernels}"), **common)
+               f"are planned in each pair's warm-up run (plan_ms) and reused. splash_host: per direction, p50 of the "
+               f"host time of SPLASH's switch work (SwitchReport.host_ms) and of the step's waits on transfers. "
+               f"kernels: {args.kernels}"), **common)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
-    _print_overheads(directions, targets)
+    _print_overheads(directions, targets, host)
     return 0
 
 
@@ -290,16 +317,33 @@ def _print_primitives(costs, bare) -> None:
               f"{c['per_layer_ms']:8.3f} {c['per_layer_ms_p95']:8.3f} {'' if r is None else f'{r:9.2f}'}")
 
 
-def _print_overheads(directions, targets) -> None:
+def splash_host_summary(per_rank: list[dict], warmup: int) -> dict[str, dict]:
+    """Per direction, p50 over timed runs of the slowest rank's host time in SPLASH's switch work
+    (``SwitchReport.host_ms``) and of its waits on transfers (``exposed_ms``)."""
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for i, e in enumerate(per_rank[0]["exposed"]):
+        if e["run"] >= warmup:
+            worst = [r["exposed"][i] for r in per_rank]
+            runs.setdefault(f"{e['src']}->{e['dst']}", []).append(
+                (max(w["host_ms"] for w in worst), max(w["exposed_ms"] for w in worst)))
+    return {k: {"host_p50_ms": percentile([h for h, _ in v], 50), "exposed_p50_ms": percentile([x for _, x in v], 50)}
+            for k, v in runs.items()}
+
+
+def _print_overheads(directions, targets, host) -> None:
     t = {(x["src"], x["dst"]): x for x in targets}
     print(f"{'direction':10s} {'ready':>9s} {'blocking':>9s} {'splash':>9s} {'dBlock p50(p95)':>18s} "
-          f"{'dSPLASH p50(p95)':>18s} {'%ready':>7s} {'vs block':>8s}")
+          f"{'dSPLASH p50(p95)':>18s} {'%ready':>7s} {'vs block':>8s} {'host':>7s} {'waits':>6s}")
     for d in directions:
         x = t[(d["src"], d["dst"])]
+        h = host.get(f"{d['src']}->{d['dst']}", {"host_p50_ms": 0.0, "exposed_p50_ms": 0.0})
         red = f"{x['reduction_vs_blocking_pct']:7.2f}%" if "reduction_vs_blocking_pct" in x else "       -"
         print(f"{d['src'] + '->' + d['dst']:10s} {d['ready_p50_ms']:9.2f} {d['blocking_p50_ms']:9.2f} "
               f"{d['splash_p50_ms']:9.2f} {d['blocking_overhead_p50_ms']:8.2f}({d['blocking_overhead_p95_ms']:8.2f}) "
-              f"{d['splash_overhead_p50_ms']:8.2f}({d['splash_overhead_p95_ms']:8.2f}) {x['splash_pct_of_ready']:6.2f}% {red}")
+              f"{d['splash_overhead_p50_ms']:8.2f}({d['splash_overhead_p95_ms']:8.2f}) {x['splash_pct_of_ready']:6.2f}% "
+              f"{red} {h['host_p50_ms']:7.2f} {h['exposed_p50_ms']:6.2f}")
+    print("host: SPLASH's switch work on the host (checks, issuing and landing every layer), waits: the step's "
+          "waits on transfers; p50 ms, slowest rank")
 
 
 def main(argv=None) -> int:

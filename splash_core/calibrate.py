@@ -6,7 +6,8 @@ paths SPLASH itself uses. A backend may answer ``splash_calibrate`` itself (and 
 calls :func:`measure` and adds what only it can read, such as device memory).
 :func:`build_profile` turns rank 0's numbers into a hardware profile mapping where every
 number it measured is ``measured`` with date, machine and command; the entries it did not
-measure keep the base profile's value and provenance.
+measure keep the base profile's value and provenance. The runtime part of θ (t0 and the
+host overheads per layout) is timed and fitted by :mod:`splash_core.calibrate_runtime`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 import datetime
 import statistics
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
@@ -206,28 +207,47 @@ def build_profile(theta: dict, base: HardwareProfile | None, *, name: str, machi
                             "platform": base.platform if base else backend,
                             "device": base.device if base else machine}
     kept = []
+
+    def measured(key: str, value: float) -> dict:
+        return {"value": round(float(value), 4), "source": "measured",
+                "ref": methods.get(key, f"splash_calibrate of backend {backend}"),
+                "date": date, "machine": machine, "command": command}
+
     for field in dataclasses.fields(HardwareProfile):
         key = field.name
-        if key in ("name", "platform", "device", "collective_samples", "notes"):
+        if key in ("name", "platform", "device", "notes") or key.endswith("_samples"):
             continue
+        optional = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        kept_value = getattr(base, key) if base is not None else None
         if key in theta:
-            data[key] = {"value": round(float(theta[key]), 4), "source": "measured",
-                         "ref": methods.get(key, f"splash_calibrate of backend {backend}"),
-                         "date": date, "machine": machine, "command": command}
-        elif base is not None:
-            data[key] = {k: v for k, v in dataclasses.asdict(getattr(base, key)).items() if v != ""}
+            value = theta[key]
+            data[key] = ({layout: measured(key, v) for layout, v in value.items()} if isinstance(value, dict)
+                         else measured(key, value))
+        elif kept_value:  # present in the base (an optional key may be absent or empty there)
+            data[key] = _as_yaml(kept_value)
             kept.append(key)
         elif key in UNMEASURED_DEFAULTS:
             data[key] = dict(UNMEASURED_DEFAULTS[key])
-        else:
+        elif not optional:
             raise ValueError(f"calibration measured no {key} and there is no base profile to keep it "
                              f"from; pass --base PROFILE")
     data["collective_samples"] = [dict(s, seconds=float(f"{s['seconds']:.6g}")) for s in theta.get("collective_samples", ())]
+    if theta.get("step_samples"):
+        data["step_samples"] = [dict(s, seconds=float(f"{s['seconds']:.6g}")) for s in theta["step_samples"]]
+    elif "layer_overhead_us" in kept and base.step_samples:  # the samples the kept overheads were fitted to
+        data["step_samples"] = [{**dataclasses.asdict(s), "layout": str(s.layout)} for s in base.step_samples]
     note = f"Calibrated by `{command}` on {machine} ({date})."
     if kept:
         note += f" Kept from the base profile {base.name!r}: {', '.join(kept)}."
     data["notes"] = note
     return data
+
+
+def _as_yaml(value: Any) -> Any:
+    """A profile entry kept from the base, as YAML data (a Quantity, or a mapping of them)."""
+    if isinstance(value, Mapping):
+        return {str(k): _as_yaml(v) for k, v in value.items()}
+    return {k: v for k, v in dataclasses.asdict(value).items() if v != ""}
 
 
 def write_profile(data: dict, path: str | Path) -> HardwareProfile:

@@ -1,5 +1,6 @@
-"""The stage-wise cost model of appendix B (Eq 10), each layout's own traffic (Eq 4 and
-friends) and the exposed switch time of Eq 7.
+"""The stage-wise cost model of appendix B (Eq 10) and each layout's own traffic (Eq 4 and
+friends); Eq 7's switch time is in :mod:`splash_core.switch_time`, the batch's per-rank loads
+in :mod:`splash_core.batch_loads` (both re-exported here: the cost model's public API).
 
 For a layout ℓ and the busiest rank's loads (Table 2, exact for any batch via
 :mod:`splash_core.loads`; :func:`rank_loads` is the vectorised equivalent the scheduler uses),
@@ -7,10 +8,18 @@ one layer of each kind costs
 
     t_proj = max(F_proj / Φ, W_read / β_W)          projections: compute- or weight-read-bound
     t_att  = max(F_att / Φ, K_read / β_KV)          attention: compute- or KV-read-bound
-    t_layer = t_proj + t_att + δ + [R − η t_att]+    δ: collective latency, R: bandwidth cost
+    t_dev  = t_proj + t_att + δ + [R − η t_att]+     δ: collective latency, R: bandwidth cost
+    t_layer = t_dev + [h_ℓ − η_h t_dev]+             h_ℓ: host time per layer, η_h: how much of it hides
 
 and a step costs t_ℓ = t0 + Σ_layers t_layer (Eq 10 summed over the layers). θ comes from a
 hardware profile, η from the deployment's ``scheduler.overlap``.
+
+The host term belongs with t0 and δ, the fixed costs of Eq 10: what a real runtime spends per
+layer outside the modelled stages (kernel launches, Python, synchronisation), measured per
+layout by ``splash calibrate`` (:mod:`splash_core.calibrate_runtime`). On an accelerator
+the host queues work ahead of the device, so host time hides behind device time (η_h near
+1: the layer takes the longer of the two); on the host backend the two add (η_h near 0). A
+profile without the term (the paper's, a datasheet's) gives Eq 10 as printed.
 
 Each layout's traffic per layer (bytes the busiest rank receives; b = activation bytes):
 
@@ -24,150 +33,32 @@ Each layout's traffic per layer (bytes the busiest rank receives; b = activation
 
 KDA layers follow the same rules with their own widths, except that CP keeps each request's
 recurrent state on its owner, so a CP rank computes KDA like DP. The dense/MoE part is the
-same in every layout and is not modelled (it cancels in the argmin of Eq 8).
+same in every layout and is not modelled (it cancels in the argmin of Eq 8); a calibrated
+host term absorbs what it costs on the machine it was measured on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from . import dtypes, weights
+from .batch_loads import BatchArrays, RankLoads, rank_loads
 from .layouts import LAYOUTS, Layout, Placement, Primitive
-from .ownership import Batch, Request, cp_prefix_matrix, layer_indices
+from .ownership import layer_indices
 from .profiles.hardware import HardwareProfile
 from .profiles.model import LayerKind, ModelProfile
+from .switch_time import SwitchCost, exposed_switch_time, layer_transfer_times, switch_cost
+
+__all__ = ["BatchArrays", "RankLoads", "rank_loads", "KindCosts", "kind_costs", "StepTime", "Estimates",
+           "CostModel", "weight_fraction", "dop_exchange_bytes", "eq4_volume", "SwitchCost",
+           "exposed_switch_time", "layer_transfer_times", "switch_cost"]
 
 GB = 1e9
 _LSE_BYTES = 4  # one fp32 log-sum-exp per row and head
 _I = {layout: i for i, layout in enumerate(LAYOUTS)}  # row of each layout in the stacked arrays
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchArrays:
-    """A step's running requests as arrays: what the scheduler evaluates every step.
-
-    ``reserved`` is the KV each request may reach (context plus the output it may still
-    generate): Eq 6 checks it, so an admitted batch keeps fitting as it decodes. A request
-    with 0 query rows (waiting for prefill budget) holds KV but costs no compute or reads."""
-
-    contexts: np.ndarray  # s_i, including this step's query rows
-    query_rows: np.ndarray  # q_i ≤ s_i: chunk rows in prefill, 1 in decode
-    owners: np.ndarray
-    ids: np.ndarray
-    reserved: np.ndarray
-    decode: bool = False  # every request has one query row (set by :meth:`of`)
-
-    @classmethod
-    def of(cls, contexts, owners, *, query_rows=None, ids=None, reserved=None) -> "BatchArrays":
-        s = np.asarray(contexts, dtype=np.int64)
-        q = np.ones_like(s) if query_rows is None else np.minimum(np.asarray(query_rows, dtype=np.int64), s)
-        ids = np.arange(len(s), dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
-        res = s if reserved is None else np.maximum(np.asarray(reserved, dtype=np.int64), s)
-        return cls(s, q, np.asarray(owners, dtype=np.int64), ids, res, bool((q == 1).all()))
-
-    @classmethod
-    def from_batch(cls, batch: Batch, reserved=None) -> "BatchArrays":
-        return cls.of(batch.contexts, batch.owners, ids=batch.ids, reserved=reserved,
-                      query_rows=[r.query_rows for r in batch.requests])
-
-    def to_batch(self) -> Batch:
-        return Batch(tuple(Request(int(i), int(s), int(o), int(q)) for i, s, o, q in
-                           zip(self.ids, self.contexts, self.owners, self.query_rows)))
-
-    def __len__(self) -> int:
-        return len(self.contexts)
-
-
-@dataclasses.dataclass(frozen=True)
-class RankLoads:
-    """Per-rank loads of every layout for one step: each array is [len(LAYOUTS), T], row i
-    for ``LAYOUTS[i]`` (Table 2's quantities per layer, exact for any batch)."""
-
-    proj_rows: np.ndarray  # rows through the rank's projections (on 1/T of the heads if sharded)
-    own_rows: np.ndarray  # rows of the requests the rank owns (TP: N/T, its head share)
-    kv_tokens: np.ndarray  # history tokens held and read per MLA layer
-    pairs: np.ndarray  # causal (row, key) pairs per MLA layer, all-head units (TP: 1/T of them)
-    reserved_pages: np.ndarray  # pages Eq 6 reserves per MLA layer
-    state_requests: np.ndarray  # requests' worth of KDA state held (TP: B/T)
-
-    def of(self, layout: Layout) -> dict[str, np.ndarray]:
-        i = LAYOUTS.index(layout)
-        return {f.name: getattr(self, f.name)[i] for f in dataclasses.fields(self)}
-
-
-def rank_loads(x: BatchArrays, T: int, page_size: int) -> RankLoads:
-    """Every layout's per-rank loads, vectorised with a handful of O(B) bincounts (the
-    scheduler's per-step path). Equal to :func:`splash_core.loads.loads` (tested)."""
-    s, q, owners, P = x.contexts, x.query_rows, x.owners, page_size
-    B = len(s)
-    decode = x.decode
-    if not decode:  # a request without rows this step holds its KV (Eq 6) but reads none
-        s = np.where(q > 0, s, 0)
-    pairs_i = s if decode else q * s - q * (q - 1) // 2
-    pages_res = (x.reserved + (P - 1)) // P
-    out = np.empty((6, len(LAYOUTS), T))
-    proj, own, tokens, pairs, reserved, state = out
-    n_rows = float(B if decode else q.sum())
-    # request-owned layouts (DP, DOP) and what CP keeps on owners (KDA state)
-    dp, dop, cp, tp = _I[Layout.DP], _I[Layout.DOP], _I[Layout.CP], _I[Layout.TP]
-    held = np.bincount(owners, minlength=T)
-    own[dp] = held if decode else np.bincount(owners, q, minlength=T)
-    own[dop] = own[cp] = own[dp]
-    tokens[dp] = np.bincount(owners, s, minlength=T)
-    tokens[dop] = tokens[dp]
-    pairs[dp] = pairs[dop] = tokens[dp] if decode else np.bincount(owners, pairs_i, minlength=T)
-    reserved[dp] = np.bincount(owners, pages_res, minlength=T)
-    reserved[dop] = reserved[dp]
-    state[dp] = state[dop] = state[cp] = held
-    # TP: every rank holds and reads everything, computes 1/T of the heads
-    own[tp] = n_rows / T
-    tokens[tp] = float(s.sum())
-    pairs[tp] = float(pairs_i.sum()) / T
-    reserved[tp] = float(pages_res.sum())
-    state[tp] = B / T
-    proj[:] = n_rows
-    proj[dp] = own[dp]
-    # CP: page p of request i lives on rank (p + i) mod T (ownership.cp_rank_of_page)
-    if B:
-        start = x.ids % T
-        full, part = np.divmod(s, P)
-        base, extra = np.divmod(full, T)
-        rbase, rextra = np.divmod(pages_res, T)
-        windows = _window_counts(start, (extra, rextra), T)
-        tokens[cp] = P * float(base.sum()) + P * windows[0] + np.bincount((start + extra) % T, part, minlength=T)
-        reserved[cp] = float(rbase.sum()) + windows[1]
-        pairs[cp] = tokens[cp] if decode else _cp_pairs(s, q, x.ids, T, P)
-    else:
-        tokens[cp] = reserved[cp] = pairs[cp] = 0.0
-    return RankLoads(proj, own, tokens, pairs, reserved, state)
-
-
-def _window_counts(start: np.ndarray, lengths: tuple[np.ndarray, ...], T: int) -> list[np.ndarray]:
-    """For each set of lengths (each < T) and rank r: how many requests' circular windows
-    [start, start + length) mod T contain r. A histogram of (start, length) pairs times a
-    constant T² x T incidence matrix: two numpy calls per set."""
-    incidence = _incidence(T)
-    key = start * T
-    return [np.bincount(key + length, minlength=T * T) @ incidence for length in lengths]
-
-
-@functools.lru_cache(maxsize=None)
-def _incidence(T: int) -> np.ndarray:
-    """[(start, length), rank] -> 1 if rank lies in the circular window [start, start + length)."""
-    s, e, r = np.meshgrid(np.arange(T), np.arange(T), np.arange(T), indexing="ij")
-    return (((r - s) % T) < e).reshape(T * T, T).astype(np.float64)
-
-
-def _cp_pairs(s, q, ids, T: int, P: int) -> np.ndarray:
-    """CP pairs per rank in prefill: keys below s − q are seen by all q rows, a key at t ≥ s − q
-    by the s − t rows at or after it (splash_core.loads._cp_tokens_and_pairs)."""
-    f_s, g_s = cp_prefix_matrix(s, ids, T, P)
-    f_c, g_c = cp_prefix_matrix(s, ids, T, P, upto=np.maximum(s - q, 0))
-    return (q[:, None] * f_c + s[:, None] * (f_s - f_c) - (g_s - g_c)).sum(axis=0).astype(np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +115,8 @@ class StepTime:
     latency_s: float  # δ
     comm_s: float  # R before overlap
     exposed_comm_s: float  # [R − η t_att]+
-    layer_s: Mapping[LayerKind, float]  # one layer of each kind (Eq 7's per-layer compute)
+    host_s: float  # [h_ℓ − η_h t_dev]+: host overhead not hidden behind the device
+    layer_s: Mapping[LayerKind, float]  # one layer of each kind, host included (Eq 7's per-layer compute)
     bounds: Mapping[str, str]  # "proj"/"att" -> "compute" or "memory" (the costliest layer kind's)
 
 
@@ -239,6 +131,7 @@ class Estimates:
     latency_s: np.ndarray
     comm_s: np.ndarray
     exposed_comm_s: np.ndarray
+    host_s: np.ndarray
     layer_s: Mapping[LayerKind, np.ndarray]
     proj_compute_bound: np.ndarray  # of the costliest layer kind
     att_compute_bound: np.ndarray
@@ -250,7 +143,7 @@ class Estimates:
         bound = {True: "compute", False: "memory"}
         return StepTime(layout, float(self.total_s[i]), self.overhead_s, float(self.proj_s[i]), float(self.att_s[i]),
                         float(self.latency_s[i]), float(self.comm_s[i]), float(self.exposed_comm_s[i]),
-                        {k: float(v[i]) for k, v in self.layer_s.items()},
+                        float(self.host_s[i]), {k: float(v[i]) for k, v in self.layer_s.items()},
                         {"proj": bound[bool(self.proj_compute_bound[i])], "att": bound[bool(self.att_compute_bound[i])]})
 
 
@@ -276,6 +169,8 @@ class CostModel:
                    Primitive.ALL_TO_ALL: h.all_to_all_gbps.value * GB, "all_reduce": h.all_reduce_gbps.value * GB}
         self.latency = h.collective_latency_us.value * 1e-6 if T > 1 else 0.0
         self.overhead = h.step_overhead_us.value * 1e-6
+        self.host_list = [h.layer_overhead_s(l) for l in LAYOUTS]  # h_ℓ (zeros without calibration)
+        self.host_overlap = h.host_overlap_fraction  # η_h
         self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
         self.frac_list, self.eta_list = self.frac.tolist(), self.eta.tolist()
         self.weights_bytes = sum(kc.layers * kc.weight_bytes for kc in self.kinds) * self.frac  # W_r per layout
@@ -301,8 +196,8 @@ class CostModel:
         n_layouts = len(LAYOUTS)
         own_list = ld.own_rows[_I[Layout.DOP]].tolist()  # owner rows (the same in CP, DP, DOP)
         n, own_min, own_max = float(sum(own_list)), min(own_list, default=0.0), max(own_list, default=0.0)
-        # rows: proj, att, lat, comm, exposed, total (then per-kind layer times), per layout
-        sums = [[0.0] * n_layouts for _ in range(6)]
+        # rows: proj, att, lat, comm, exposed, host, total (then per-kind layer times), per layout
+        sums = [[0.0] * n_layouts for _ in range(7)]
         layer_s, proj_cb, att_cb, costliest = {}, [False] * n_layouts, [False] * n_layouts, [-1.0] * n_layouts
         scratch = None
         for kc in self.kinds:
@@ -324,8 +219,10 @@ class CostModel:
                 t_proj, t_att = max(p_c, p_m), max(att_c[i], att_m[i])
                 t_exp = max(0.0, comm[i] - self.eta_list[i] * t_att)
                 t_lat = collectives[i] * self.latency
-                layer[i] = t = t_proj + t_att + t_lat + t_exp
-                for row, value in zip(sums, (t_proj, t_att, t_lat, comm[i], t_exp, t)):
+                t_dev = t_proj + t_att + t_lat + t_exp
+                t_host = max(0.0, self.host_list[i] - self.host_overlap * t_dev)
+                layer[i] = t = t_dev + t_host
+                for row, value in zip(sums, (t_proj, t_att, t_lat, comm[i], t_exp, t_host, t)):
                     row[i] += n_layers * value
                 if n_layers * t > costliest[i]:  # report the bounds of the costliest kind
                     costliest[i] = n_layers * t
@@ -333,9 +230,9 @@ class CostModel:
             layer_s[kc.kind] = layer
         memory = (self.weights_bytes[:, None] + ld.reserved_pages * (self.page_size * self.kv_bytes_token)
                   + ld.state_requests * self.state_bytes_request + scratch)
-        sums[5] = [self.overhead + t for t in sums[5]]
-        proj, att, lat, comm, exposed, total = np.array(sums)
-        return Estimates(total, self.overhead, proj, att, lat, comm, exposed,
+        sums[6] = [self.overhead + t for t in sums[6]]
+        proj, att, lat, comm, exposed, host, total = np.array(sums)
+        return Estimates(total, self.overhead, proj, att, lat, comm, exposed, host,
                          {k: np.array(v) for k, v in layer_s.items()}, np.array(proj_cb), np.array(att_cb),
                          memory, scratch)
 
@@ -398,48 +295,3 @@ def eq4_volume(rows: int, heads: int, d_q: int, d_z: int, elem_bytes: int, T: in
     """Eq 4 as printed: aggregate bytes received by DOP's two exchanges of one layer."""
     return (1.0 - 1.0 / T) * rows * heads * (d_q + d_z) * elem_bytes
 
-
-# ---- Eq 7: exposed switch time ---------------------------------------------------------
-
-def exposed_switch_time(transfer_s: Sequence[float], compute_s: Sequence[float]) -> float:
-    """Eq 7: t_xfer,1 + Σ_{i≥2} [t_xfer,i − t_comp,i−1]+.
-
-    ``transfer_s[i]`` is layer i's transfer, ``compute_s[i]`` its computation in the
-    destination layout; layer i's transfer hides behind layer i−1's computation."""
-    xfer = np.asarray(transfer_s, dtype=np.float64)
-    if not len(xfer):
-        return 0.0
-    comp = np.asarray(compute_s, dtype=np.float64)
-    return float(xfer[0] + np.maximum(xfer[1:] - comp[:-1], 0.0).sum())
-
-
-@dataclasses.dataclass(frozen=True)
-class SwitchCost:
-    """What one switch costs in time: Eq 7's exposed part and the blocking total."""
-
-    exposed_s: float
-    blocking_s: float  # every layer's transfer back to back (the paper's blocking mode)
-    transfer_s: tuple[float, ...]  # per planned layer
-    compute_s: tuple[float, ...]  # per planned layer, destination layout
-
-
-def layer_transfer_times(manifest, model: CostModel) -> np.ndarray:
-    """Per planned layer of a :class:`~splash_core.manifest.Manifest`: the busiest rank's
-    received bytes of each state over the primitive's bandwidth, plus one latency per
-    collective (a discard costs nothing)."""
-    per_kind = {}
-    for kind, layer in manifest.kinds().items():
-        t = 0.0
-        for plan in layer.states.values():
-            if plan.primitive is not Primitive.DISCARD:
-                t += float(plan.fetched_bytes.max()) / model.bw[plan.primitive] + model.latency
-        per_kind[kind] = t
-    return np.array([per_kind[layer.kind] for layer in manifest.layers])
-
-
-def switch_cost(manifest, model: CostModel, dest: StepTime) -> SwitchCost:
-    """Eq 7 for a planned switch, layer i−1 computing in the destination layout (``dest``)."""
-    transfer = layer_transfer_times(manifest, model)
-    compute = np.array([dest.layer_s.get(layer.kind, 0.0) for layer in manifest.layers])
-    return SwitchCost(exposed_switch_time(transfer, compute), float(transfer.sum()),
-                      tuple(transfer.tolist()), tuple(compute.tolist()))

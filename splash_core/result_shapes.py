@@ -9,7 +9,12 @@ the envelope checks alone; the report lists them as "no renderer".
 Field kinds (a trailing ``?`` makes a field optional): ``text`` non-empty string; ``layout``
 TP|CP|DP|DOP; ``state`` weights|kv|indexer|recurrent; ``primitive`` discard|all_gather|all_to_all;
 ``axis`` input_tokens|batch; ``count`` integer >= 0; ``positive`` integer > 0; ``number`` finite
-real; ``nonneg`` finite real >= 0; ``fraction`` real in (0, 1].
+real; ``nonneg`` finite real >= 0; ``fraction`` real in (0, 1]; ``flag`` true|false; ``integer``
+any integer; ``phase`` decode|prefill; ``numbers`` non-empty list of finite reals >= 0; ``pairs``
+non-empty list of [integer > 0, integer > 0]; ``texts`` list of non-empty strings; ``labels``
+non-empty object of names to non-empty strings; ``counts`` non-empty object of names to integers
+>= 0; ``rates`` non-empty list of objects of rate names (ending ``gbps`` or ``tflops``) to
+finite reals >= 0; ``object`` any object (what another component wrote, shown as is).
 
 Summary keys are checked strictly (an unknown key is an error: it is most often a typo);
 samples must carry their listed fields and may carry more (run index, rank ...).
@@ -18,6 +23,7 @@ samples must carry their listed fields and may carry more (run index, rank ...).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,6 +41,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_list(v: Any, test: Callable[[Any], bool]) -> bool:
+    return isinstance(v, list) and v != [] and all(test(x) for x in v)
+
+
+def _is_names(v: Any, test: Callable[[Any], bool]) -> bool:
+    """A non-empty object whose keys are non-empty names and whose values pass ``test``."""
+    return (isinstance(v, dict) and v != {} and all(isinstance(k, str) and k.strip() for k in v)
+            and all(test(x) for x in v.values()))
+
+
 KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "text": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
     "layout": (lambda v: v in LAYOUT_NAMES, "one of " + ", ".join(LAYOUT_NAMES)),
@@ -46,18 +62,39 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "number": (_is_real, "a finite number"),
     "nonneg": (lambda v: _is_real(v) and v >= 0, "a finite number >= 0"),
     "fraction": (lambda v: _is_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "integer": (_is_int, "an integer"),
+    "phase": (lambda v: v in ("decode", "prefill"), "decode or prefill"),
+    "numbers": (lambda v: _is_list(v, lambda x: _is_real(x) and x >= 0), "a non-empty list of finite numbers >= 0"),
+    "pairs": (lambda v: _is_list(v, lambda p: _is_list(p, lambda x: _is_int(x) and x > 0) and len(p) == 2),
+              "a non-empty list of [integer > 0, integer > 0] pairs"),
+    "texts": (lambda v: isinstance(v, list) and all(isinstance(x, str) and x.strip() for x in v),
+              "a list of non-empty strings"),
+    "labels": (lambda v: _is_names(v, lambda x: isinstance(x, str) and x.strip() != ""),
+               "a non-empty object of names to non-empty strings"),
+    "counts": (lambda v: _is_names(v, lambda x: _is_int(x) and x >= 0), "a non-empty object of names to integers >= 0"),
+    "rates": (lambda v: _is_list(v, lambda r: _is_names(r, lambda x: _is_real(x) and x >= 0)
+                                 and all(k.endswith(("gbps", "tflops")) for k in r)),
+              "a non-empty list of objects of rate names (ending gbps or tflops) to finite numbers >= 0"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
 }
+CONTAINERS = ("rows", "named", "record")  # summary values holding objects of listed fields (see Shape)
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """What one benchmark's ``summary`` and ``samples`` hold.
 
-    ``summary`` maps each summary key to a kind, or to ``"rows"`` for a list of objects whose
-    fields ``rows[key]`` lists; ``row_key`` names the fields that identify a row (no two rows
-    may share them). ``sample`` lists the fields of each raw sample. ``measured_only`` are row
-    fields (listed without ``?``) required in measured results, optional in paper and model ones. ``sources`` are the
-    provenance values allowed (predictions are never "measured").
+    ``summary`` maps each summary key to a kind, or to a container of objects whose fields
+    ``rows[key]`` lists: ``"rows"`` a non-empty list of them, ``"named"`` a non-empty object of
+    names to them, ``"record"`` one of them; ``row_key`` names the fields that identify a row of
+    a list (no two rows may share them). ``summary_names``, when set, is the kind of every
+    summary value of a benchmark whose summary keys are names the writer chooses (backends, say)
+    rather than fixed keys. ``check_samples(summary, samples, where)`` checks that the summary
+    agrees with the samples it was computed from. ``sample`` lists the fields of each raw
+    sample. ``measured_only`` are row fields (listed without ``?``) required in measured
+    results, optional in paper and model ones. ``sources`` are the provenance values allowed
+    (predictions are never "measured").
     """
 
     doc: str
@@ -68,6 +105,8 @@ class Shape:
     measured_only: frozenset[str] = frozenset()
     sources: frozenset[str] = frozenset({"measured", "paper"})
     check: Callable[[dict, str], str | None] | None = None
+    summary_names: str = ""
+    check_samples: Callable[[dict, list, str], str | None] | None = None
 
 
 def _crossover_axis(summary: dict, where: str) -> str | None:
@@ -90,6 +129,90 @@ _TIMING = Shape(
     row_key={"cases": ("case",)},
     sample={"case": "text", "us": "nonneg"},
 )
+
+def _checks_agree(summary: dict, samples: list, where: str) -> str | None:
+    """A correctness run's counts say what its samples say (one sample per check)."""
+    failed = sum(1 for s in samples if not s["ok"])
+    if summary["checks"] != len(samples):
+        return f"{where}: summary.checks: is {summary['checks']} but there are {len(samples)} samples"
+    if summary["failed"] != failed:
+        return f"{where}: summary.failed: is {summary['failed']} but {failed} sample(s) are not ok"
+    if summary["all_ok"] != (failed == 0):
+        return f"{where}: summary.all_ok: is {summary['all_ok']} but {failed} check(s) failed"
+    return None
+
+
+def _equivalence_agrees(summary: dict, samples: list, where: str) -> str | None:
+    """Each layout passed exactly when it met the stated rule, and the summary lists the failures."""
+    for i, s in enumerate(samples):
+        if s["decisive_mismatches"] > s["greedy_mismatches"]:
+            return f"{where}: samples[{i}].decisive_mismatches: more than its greedy_mismatches"
+        met = s["rel_err"] <= s["tolerance"] and s["decisive_mismatches"] == 0
+        if s["passed"] != met:
+            return (f"{where}: samples[{i}].passed: is {s['passed']} but rel_err {s['rel_err']:.3g} against "
+                    f"tolerance {s['tolerance']:g} with {s['decisive_mismatches']} decisive mismatch(es) says {met}")
+    failed = [f"{s['model']}/{s['layout']}" for s in samples if not s["passed"]]
+    if sorted(summary["failed"]) != sorted(failed) or summary["passed"] != (not failed):
+        return f"{where}: summary.failed: lists {summary['failed']} but the failing samples are {failed}"
+    return None
+
+
+def _conformance_agrees(summary: dict, samples: list, where: str) -> str | None:
+    """One sample per backend in the summary; a backend passed exactly when its suite exited 0."""
+    backends = [s["backend"] for s in samples]
+    if sorted(backends) != sorted(summary):
+        return f"{where}: summary: names backends {sorted(summary)} but the samples ran {backends}"
+    for i, s in enumerate(samples):
+        if summary[s["backend"]] != (s["returncode"] == 0):
+            return (f"{where}: summary.{s['backend']}: is {summary[s['backend']]} but samples[{i}] exited with "
+                    f"{s['returncode']}")
+    return None
+
+
+_SWEEP_LISTS = ("winner_ms", "winner_rates", "previous_ms", "previous_rates", "speedup_vs_previous")
+
+
+def _sweep_workloads(summary: dict, where: str) -> str | None:
+    """Workload names start with their kernel entry; every per-point list has one value per point,
+    a winner comes with its times and rates, and a speed-up with both sides."""
+    for name, w in summary["workloads"].items():
+        at = f"{where}.workloads[{json.dumps(name)}]"
+        if not name.startswith(("decode", "extend")):
+            return f"{at}: a workload's name starts with its kernel entry, decode or extend"
+        for key in _SWEEP_LISTS:
+            if key in w and len(w[key]) != len(w["points"]):
+                return f"{at}.{key}: has {len(w[key])} values for {len(w['points'])} points"
+        needs = {"winner": ("winner_ms", "winner_rates"), "previous_ms": ("previous_rates",),
+                 "speedup_vs_previous": ("winner", "previous_ms")}
+        for key, companions in needs.items():
+            missing = [c for c in companions if key in w and c not in w]
+            if missing:
+                return f"{at}: {key} needs {missing[0]}"
+    return None
+
+
+def _sweep_samples_agree(summary: dict, samples: list, where: str) -> str | None:
+    for i, s in enumerate(samples):
+        if s["workload"] not in summary["workloads"]:
+            return f"{where}: samples[{i}].workload: {s['workload']!r} is not in summary.workloads"
+    return None
+
+
+def _steps_agree(summary: dict, samples: list, where: str) -> str | None:
+    """Each point's median_ms is the median of its sample's step times."""
+    by_key = {(s["layout"], s["phase"], s["context"], s["batch"]): s for s in samples}
+    for i, p in enumerate(summary["points"]):
+        sample = by_key.get((p["layout"], p["phase"], p["context"], p["batch"]))
+        if sample is None:
+            return f"{where}: summary.points[{i}]: no sample of {p['layout']} {p['phase']} at context {p['context']}"
+        median = percentile(sample["step_ms"], 50)
+        if not math.isclose(p["median_ms"], median, rel_tol=1e-9, abs_tol=1e-12):
+            return f"{where}: summary.points[{i}].median_ms: is {p['median_ms']} but its samples' median is {median}"
+    return None
+
+
+_CORRECTNESS_SUMMARY = {"checks": "positive", "failed": "count", "all_ok": "flag"}
+
 
 SHAPES: dict[str, Shape] = {
     "fixed_layout_sweep": Shape(
@@ -141,6 +264,17 @@ SHAPES: dict[str, Shape] = {
         row_key={"points": ("kernel", "batch", "input_tokens", "context")},
         sample={"kernel": "text", "batch": "positive", "input_tokens": "positive", "time_ms": "nonneg"},
     ),
+    "switch_host_profile": Shape(
+        doc="host time of the switching step on CPU: overhead over target-ready, the executor's own bookkeeping",
+        summary={"workload": "text", "layers": "positive", "directions": "rows"},
+        rows={"directions": {"src": "layout", "dst": "layout", "ready_p50_ms": "nonneg", "splash_p50_ms": "nonneg",
+                             "overhead_p50_ms": "number", "switch_host_p50_ms": "nonneg", "prepare_p50_ms": "nonneg",
+                             "bookkeeping_per_layer_us": "number", "warm_bookkeeping_per_layer_us": "number",
+                             "data_p50_ms": "nonneg", "runs": "positive"}},
+        row_key={"directions": ("src", "dst")},
+        sample={"src": "layout", "dst": "layout", "ready_ms": "nonneg", "splash_ms": "nonneg",
+                "bookkeeping_ms": "number"},
+    ),
     "plan_speed": _TIMING,
     "scheduler_speed": _TIMING,
     "rollout_serving": Shape(
@@ -152,6 +286,19 @@ SHAPES: dict[str, Shape] = {
         row_key={"policies": ("policy",)},
         sample={"policy": "text", "tokens_per_s": "nonneg"},
     ),
+    "runtime_host_profile": Shape(
+        doc="host time of the runtime per layer and layout, attention kernels excluded, with operation counts",
+        summary={"workload": "text", "layers": "positive", "baseline": "text?", "points": "rows"},
+        rows={"points": {"layout": "layout", "phase": "text", "runtime_us": "nonneg", "first_layer_us": "nonneg",
+                         "kernel_us": "nonneg", "collective_us": "nonneg", "step_ms": "nonneg", "aten_ops": "count",
+                         "host_copies": "count", "step_copies": "count", "host_reads": "count",
+                         "collectives": "count", "before_runtime_us": "nonneg?", "before_first_layer_us": "nonneg?",
+                         "before_step_ms": "nonneg?", "before_aten_ops": "count?", "before_host_copies": "count?",
+                         "before_step_copies": "count?", "before_host_reads": "count?",
+                         "before_collectives": "count?"}},
+        row_key={"points": ("layout", "phase")},
+        sample={"layout": "layout", "phase": "text", "runtime_us": "nonneg", "step_ms": "nonneg"},
+    ),
     "crossovers": Shape(
         doc="where the cost model predicts the fastest layout changes along one axis",
         summary={"axis": "axis", "batch": "positive?", "input_tokens": "positive?", "scenario": "text?",
@@ -160,6 +307,86 @@ SHAPES: dict[str, Shape] = {
         row_key={"predicted": ("at",)},
         sources=frozenset({"model", "paper"}),
         check=_crossover_axis,
+    ),
+    "mla_correctness": Shape(
+        doc="the MLA kernels of each kernel config in the compute format against the torch reference",
+        summary=_CORRECTNESS_SUMMARY,
+        sample={"config": "text", "heads": "positive", "kernel": "text", "case": "text?", "ok": "flag",
+                "max_abs_err_out": "nonneg?", "max_abs_err_lse": "nonneg?"},
+        sources=frozenset({"measured"}),
+        check_samples=_checks_agree,
+    ),
+    "kda_correctness": Shape(
+        doc="the KDA kernels (flash-linear-attention) against the torch recurrence",
+        summary=_CORRECTNESS_SUMMARY,
+        sample={"kernel": "text", "ok": "flag", "rel_err_out": "nonneg?", "rel_err_state": "nonneg?",
+                "error": "text?"},
+        sources=frozenset({"measured"}),
+        check_samples=_checks_agree,
+    ),
+    "runtime_equivalence": Shape(
+        doc="the distributed runtime in each layout against a float32 reference with the same rounded weights",
+        summary={"passed": "flag", "failed": "texts", "tolerance": "nonneg", "kernels": "text"},
+        sample={"model": "text", "layout": "layout", "max_abs_err": "nonneg", "ref_scale": "nonneg",
+                "rel_err": "nonneg", "tolerance": "nonneg", "greedy_mismatches": "count",
+                "decisive_mismatches": "count", "steps": "positive", "passed": "flag"},
+        sources=frozenset({"measured"}),
+        check_samples=_equivalence_agrees,
+    ),
+    "conformance": Shape(
+        doc="the conformance suite (pytest --pyargs splash_core.testing) per backend: did it pass",
+        summary={},
+        summary_names="flag",
+        sample={"backend": "text", "returncode": "integer", "summary": "text", "command": "text?"},
+        sources=frozenset({"measured"}),
+        check_samples=_conformance_agrees,
+    ),
+    "gpu_rates": Shape(
+        doc="the device's memory copy bandwidth and dense matmul rate: the rooflines of the kernel sections",
+        summary={"copy_gbps": "nonneg", "matmul_tflops": "nonneg"},
+        sample={"copy_gbps": "nonneg", "matmul_tflops": "nonneg"},
+        sources=frozenset({"measured"}),
+    ),
+    "mla_kernel_sweep": Shape(
+        doc="candidate attention tiles timed per workload, the winner against the previous kernel",
+        summary={"tiles": "labels", "workloads": "named", "previous_config": "object", "tuned_file": "text"},
+        rows={"workloads": {"points": "pairs", "heads": "positive", "candidates": "count", "failed": "count",
+                            "skipped": "count", "winner": "text?", "winner_ms": "numbers?",
+                            "winner_rates": "rates?", "previous_ms": "numbers?", "previous_rates": "rates?",
+                            "speedup_vs_previous": "numbers?"}},
+        sample={"workload": "text", "kernel": "text", "tile": "text"},
+        sources=frozenset({"measured"}),
+        check=_sweep_workloads,
+        check_samples=_sweep_samples_agree,
+    ),
+    "runtime_step": Shape(
+        doc="one decode step and one prefill chunk of the distributed runtime per layout and context",
+        summary={"layers": "positive", "layers_fit": "count", "memory": "record", "points": "rows",
+                 "skipped": "texts"},
+        rows={"memory": {"per_layer_bytes": "counts", "fixed_bytes": "count", "transient_bytes": "count",
+                         "budget_bytes": "count"},
+              "points": {"layout": "layout", "phase": "phase", "context": "positive", "batch": "positive",
+                         "rows": "positive", "median_ms": "nonneg"}},
+        row_key={"points": ("layout", "phase", "context", "batch")},
+        sample={"layout": "layout", "phase": "phase", "context": "positive", "batch": "positive",
+                "rows": "positive", "layers": "positive", "step_ms": "numbers"},
+        sources=frozenset({"measured"}),
+        check_samples=_steps_agree,
+    ),
+    "costmodel_check": Shape(
+        doc="the cost model's step times against the runtime's measured ones, host term fitted to a subset",
+        summary={"measured_file": "text", "hardware": "text", "layers": "positive", "fit": "text",
+                 "step_overhead_us": "nonneg", "variants": "rows", "overheads": "rows", "points": "rows"},
+        rows={"variants": {"variant": "text", "host_overlap": "nonneg?", "decode_mean_abs_error_pct": "nonneg",
+                           "decode_max_abs_error_pct": "nonneg", "prefill_mean_abs_error_pct": "nonneg",
+                           "prefill_max_abs_error_pct": "nonneg", "mean_regret_pct": "nonneg",
+                           "max_regret_pct": "nonneg", "cases": "positive"},
+              "overheads": {"variant": "text", "layout": "layout", "layer_overhead_us": "nonneg"},
+              "points": {"variant": "text", "layout": "layout", "phase": "phase", "context": "positive",
+                         "role": "text", "measured_ms": "nonneg", "predicted_ms": "nonneg", "error_pct": "number"}},
+        row_key={"variants": ("variant",), "overheads": ("variant", "layout"),
+                 "points": ("variant", "layout", "phase", "context")},
+        sources=frozenset({"model"}),
     ),
 }
 
@@ -180,7 +407,7 @@ def _check_object(obj: Any, fields: Mapping[str, str], where: str, *, strict: bo
             if kind.endswith("?") or name in optional:
                 continue
             return f"{where}: missing field {name!r}"
-        if kind != "rows":
+        if kind.rstrip("?") not in CONTAINERS:
             error = _check_value(obj[name], kind, f"{where}.{name}")
             if error:
                 return error
@@ -203,23 +430,18 @@ def shape_error(data: dict, where: str) -> str | None:
                 f" (got {data['source']!r})")
     measured = data["source"] == "measured"
     summary = data["summary"]
-    error = _check_object(summary, shape.summary, f"{where}: summary", strict=True)
+    if shape.summary_names:
+        error = _check_names(summary, shape.summary_names, f"{where}: summary")
+    else:
+        error = _check_object(summary, shape.summary, f"{where}: summary", strict=True)
     if error:
         return error
+    optional = frozenset() if measured else shape.measured_only
     for key, fields in shape.rows.items():
-        rows = summary[key]
-        if not isinstance(rows, list) or not rows:
-            return f"{where}: summary.{key}: must be a non-empty list of objects"
-        optional = frozenset() if measured else shape.measured_only
-        seen: dict[tuple, int] = {}
-        for i, row in enumerate(rows):
-            error = _check_object(row, fields, f"{where}: summary.{key}[{i}]", strict=True, optional=optional)
+        if key in summary:  # a container marked optional may be absent
+            error = _check_container(shape, key, summary[key], fields, f"{where}: summary.{key}", optional)
             if error:
                 return error
-            ident = tuple(row.get(f) for f in shape.row_key.get(key, ()))
-            if ident and ident in seen:
-                return f"{where}: summary.{key}[{i}]: repeats row {seen[ident]} ({ident})"
-            seen[ident] = i
     if shape.check:
         error = shape.check(summary, f"{where}: summary")
         if error:
@@ -229,6 +451,47 @@ def shape_error(data: dict, where: str) -> str | None:
             error = _check_object(sample, shape.sample, f"{where}: samples[{i}]", strict=False)
             if error:
                 return error
+    if shape.check_samples:
+        return shape.check_samples(summary, data["samples"], where)
+    return None
+
+
+def _check_container(shape: Shape, key: str, value: Any, fields: Mapping[str, str], where: str,
+                     optional: frozenset[str]) -> str | None:
+    """One ``rows``, ``named`` or ``record`` summary value: its objects, each strictly."""
+    container = shape.summary[key].rstrip("?")
+    if container == "record":
+        return _check_object(value, fields, where, strict=True, optional=optional)
+    if container == "named":
+        if not isinstance(value, dict) or not value:
+            return f"{where}: must be a non-empty object of names to objects"
+        for name, obj in value.items():
+            error = _check_object(obj, fields, f"{where}[{json.dumps(name)}]", strict=True, optional=optional)
+            if error:
+                return error
+        return None
+    if not isinstance(value, list) or not value:
+        return f"{where}: must be a non-empty list of objects"
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(value):
+        error = _check_object(row, fields, f"{where}[{i}]", strict=True, optional=optional)
+        if error:
+            return error
+        ident = tuple(row.get(f) for f in shape.row_key.get(key, ()))
+        if ident and ident in seen:
+            return f"{where}[{i}]: repeats row {seen[ident]} ({ident})"
+        seen[ident] = i
+    return None
+
+
+def _check_names(obj: Any, kind: str, where: str) -> str | None:
+    """A summary keyed by names the writer chose, every value of ``kind``."""
+    if not isinstance(obj, dict) or not obj:
+        return f"{where}: must be a non-empty object of names to {KINDS[kind][1]}"
+    for name, value in obj.items():
+        error = _check_value(value, kind, f"{where}.{name}")
+        if error:
+            return error
     return None
 
 

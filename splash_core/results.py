@@ -74,13 +74,17 @@ class Result:
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes); where the code runs from a
+    copy without git (a device machine), ``$SPLASH_GIT_COMMIT`` as the sender recorded it."""
+    where = cwd or Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=cwd or Path(__file__).resolve().parents[1], timeout=10)
-        commit = out.stdout.strip() if out.returncode == 0 else "unknown"
+                             cwd=where, timeout=10)
+        if out.returncode != 0:
+            return os.environ.get("SPLASH_GIT_COMMIT", "unknown")
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=cwd or Path(__file__).resolve().parents[1], timeout=10)
-        return commit + ("+dirty" if dirty.stdout.strip() else "")
+                               text=True, cwd=where, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("SPLASH_GIT_COMMIT", "unknown")
 

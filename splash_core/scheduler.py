@@ -1,6 +1,7 @@
 """The transition-aware scheduler π(x; θ) of paper §4.2.
 
-Every step it costs all four layouts (Eq 10, :class:`~splash_core.costmodel.CostModel`),
+Every step it costs all four layouts (Eq 10, :class:`~splash_core.costmodel.CostModel`, with
+the host overheads the hardware profile was calibrated with, if any),
 keeps those that fit in steady state (Eq 6: M0 + W + K + A + R ≤ H on every rank, K at the
 requests' reserved lengths), and runs the fastest (Eq 8) — but it leaves the current layout
 only when another feasible one is faster by at least ``scheduler.margin`` (and not within
@@ -99,7 +100,7 @@ class Decision:
                 "switch_peak_gib": None if check is None else check.peak_bytes / GIB,
                 "eq5_how": None if check is None else check.how,
                 "proj_s": step.proj_s, "att_s": step.att_s, "latency_s": step.latency_s,
-                "exposed_comm_s": step.exposed_comm_s, "bounds": dict(step.bounds),
+                "exposed_comm_s": step.exposed_comm_s, "host_s": step.host_s, "bounds": dict(step.bounds),
             })
         return rows
 

@@ -70,18 +70,110 @@ def examples() -> dict[str, tuple[dict, list]]:
                   "served": 12, "layout_steps": "CP 64"}]},
             [{"policy": "SPLASH", "tokens_per_s": 1250.0}, {"policy": "TP", "tokens_per_s": 1000.0},
              {"policy": "CP", "tokens_per_s": 800.0}]),
+        "switch_host_profile": (
+            {"workload": "B=16, 32K context, page 64, tiny widths", "layers": 8, "directions": [
+                {"src": "CP", "dst": "TP", "ready_p50_ms": 300.0, "splash_p50_ms": 305.5, "overhead_p50_ms": 5.5,
+                 "switch_host_p50_ms": 9.5, "prepare_p50_ms": 0.5, "bookkeeping_per_layer_us": 250.0,
+                 "warm_bookkeeping_per_layer_us": 125.0, "data_p50_ms": 7.0, "runs": 2}]},
+            [{"src": "CP", "dst": "TP", "ready_ms": 300.0, "splash_ms": 305.5, "bookkeeping_ms": 2.0, "run": 0}]),
         "crossovers": ({"axis": "input_tokens", "batch": 4, "scenario": "profiles/deployments/cpu-tiny.yaml",
                         "predicted": [{"at": 2000.0, "from": "TP", "to": "DP"},
                                       {"at": 20000.0, "from": "DP", "to": "DOP"}]}, []),
+        "runtime_host_profile": (
+            {"workload": "B=4, 64-token histories in 16-token pages", "layers": 3, "baseline": "commit abc1234",
+             "points": [{"layout": l, "phase": ph, "runtime_us": 900.0, "first_layer_us": 1000.0, "kernel_us": 500.0,
+                         "collective_us": 50.0, "step_ms": 5.0, "aten_ops": 90, "host_copies": 0, "step_copies": 5,
+                         "host_reads": 0, "collectives": 2, "before_runtime_us": 1200.0,
+                         "before_first_layer_us": 1300.0, "before_step_ms": 6.0, "before_aten_ops": 144,
+                         "before_host_copies": 1, "before_step_copies": 13, "before_host_reads": 0,
+                         "before_collectives": 2} for l in ("TP", "CP") for ph in ("decode", "prefill")]},
+            [{"layout": "TP", "phase": "decode", "rep": 0, "runtime_us": 900.0, "step_ms": 5.0}]),
+        **device_examples(),
+    }
+
+
+STEP_MS = {  # (layout, phase, context) -> three step times (ms); medians 10.0, 12.5, ...
+    ("TP", "decode", 1024): [10.0, 11.0, 9.0], ("CP", "decode", 1024): [14.0, 12.0, 13.0],
+    ("TP", "decode", 4096): [12.5, 12.0, 13.0], ("CP", "decode", 4096): [11.0, 11.5, 10.0],
+    ("TP", "prefill", 1024): [20.0, 21.0, 22.0], ("CP", "prefill", 1024): [25.0, 24.0, 26.0],
+}
+
+
+def device_examples() -> dict[str, tuple[dict, list]]:
+    """The device benchmarks' examples: correctness, equivalence, conformance, tuning, step times."""
+    mla_checks = [{"config": "generic", "heads": 16, "kernel": "decode", "case": "short", "ok": True,
+                   "max_abs_err_out": 0.001953125, "max_abs_err_lse": 9.5367431640625e-07},
+                  {"config": "generic", "heads": 16, "kernel": "decode", "case": "long", "ok": True,
+                   "max_abs_err_out": 0.00048828125, "max_abs_err_lse": 1.9073486328125e-06},
+                  {"config": "generic", "heads": 16, "kernel": "pack/unpack", "ok": True},
+                  {"config": "wide", "heads": 128, "kernel": "decode", "case": "short", "ok": False,
+                   "max_abs_err_out": 0.25, "max_abs_err_lse": 0.125},
+                  {"config": "wide", "heads": 128, "kernel": "pack/unpack", "ok": False}]
+    equivalence = [{"model": "tiny-mla", "layout": l, "max_abs_err": 0.0375, "ref_scale": 5.0, "rel_err": 0.0075,
+                    "tolerance": 0.05, "greedy_mismatches": m, "decisive_mismatches": 0, "steps": 24, "passed": True}
+                   for l, m in (("TP", 0), ("DOP", 2))]
+    step_points = [{"layout": l, "phase": ph, "context": c, "batch": 4, "rows": 4 if ph == "decode" else 32,
+                    "median_ms": sorted(ts)[1]} for (l, ph, c), ts in STEP_MS.items()]
+    step_samples = [{**{k: p[k] for k in ("layout", "phase", "context", "batch", "rows")}, "layers": 3,
+                     "step_ms": STEP_MS[(p["layout"], p["phase"], p["context"])]} for p in step_points]
+    sweep = {"points": [[16, 4096], [64, 4096]], "heads": 16, "candidates": 3, "failed": 1, "skipped": 0,
+             "winner": "r1h16k64", "winner_ms": [0.5, 1.5], "winner_rates": [{"kv_gbps": 24.0, "tflops": 0.75},
+                                                                            {"kv_gbps": 27.0, "tflops": 0.8}],
+             "previous_ms": [1.0, 2.25], "previous_rates": [{"kv_gbps": 12.0, "tflops": 0.375},
+                                                            {"kv_gbps": 18.0, "tflops": 0.5}],
+             "speedup_vs_previous": [2.0, 1.5]}
+    return {
+        "mla_correctness": ({"checks": 5, "failed": 2, "all_ok": False}, mla_checks),
+        "kda_correctness": ({"checks": 2, "failed": 0, "all_ok": True},
+                            [{"kernel": "kda.chunk", "ok": True, "rel_err_out": 0.00390625, "rel_err_state": 0.0078125},
+                             {"kernel": "kda.step", "ok": True, "rel_err_out": 0.001953125, "rel_err_state": 0.0}]),
+        "runtime_equivalence": ({"passed": True, "failed": [], "tolerance": 0.05, "kernels": "backend"}, equivalence),
+        "conformance": ({"reference": True, "other": False},
+                        [{"backend": "reference", "returncode": 0, "summary": "18 passed, 2 skipped in 12.50s",
+                          "command": "-m pytest --pyargs splash_core.testing --splash-backend reference "
+                                     "--splash-ranks 2"},
+                         {"backend": "other", "returncode": 1, "summary": "17 passed, 1 failed, 2 errors in 3.00s"}]),
+        "gpu_rates": ({"copy_gbps": 30.0, "matmul_tflops": 1.5}, [{"copy_gbps": 30.0, "matmul_tflops": 1.5}]),
+        "mla_kernel_sweep": (
+            {"tiles": {"decode": "r1h16k64", "extend": "r4h16k32"},
+             "workloads": {"decode-h16": sweep, "extend-h16": {"points": [[256, 2048]], "heads": 16, "candidates": 1,
+                                                                "failed": 1, "skipped": 0}},
+             "previous_config": {"name": "cpu-default"}, "tuned_file": "tuned.json"},
+            [{"workload": "decode-h16", "kernel": "previous (abc1234)", "tile": "r1h16k32", "ms": [1.0, 2.25]},
+             {"workload": "decode-h16", "kernel": "current", "tile": "r1h16k64", "ms": [0.5, 1.5]},
+             {"workload": "extend-h16", "kernel": "current", "tile": "r4h16k32", "error": "does not fit"}]),
+        "runtime_step": ({"layers": 3, "layers_fit": 5,
+                          "memory": {"per_layer_bytes": {"TP": 3 << 29, "CP": 1 << 29}, "fixed_bytes": 1 << 30,
+                                     "transient_bytes": 1 << 29, "budget_bytes": 8 << 30},
+                          "points": step_points, "skipped": ["CP/prefill/4096"]}, step_samples),
+        "costmodel_check": (
+            {"measured_file": "bench/results/cpu/runtime_step.json", "hardware": "cpu", "layers": 3,
+             "fit": "decode at 1024 tokens", "step_overhead_us": 500.0,
+             "variants": [{"variant": "Eq 10 alone", "decode_mean_abs_error_pct": 50.0,
+                           "decode_max_abs_error_pct": 60.0, "prefill_mean_abs_error_pct": 40.0,
+                           "prefill_max_abs_error_pct": 45.0, "mean_regret_pct": 10.0, "max_regret_pct": 20.0,
+                           "cases": 2},
+                          {"variant": "host hidden", "host_overlap": 1.0, "decode_mean_abs_error_pct": 5.0,
+                           "decode_max_abs_error_pct": 6.0, "prefill_mean_abs_error_pct": 12.5,
+                           "prefill_max_abs_error_pct": 15.0, "mean_regret_pct": 0.0, "max_regret_pct": 0.0,
+                           "cases": 2}],
+             "overheads": [{"variant": "host hidden", "layout": l, "layer_overhead_us": 250.0 * (i + 1)}
+                           for i, l in enumerate(("TP", "CP", "DP", "DOP"))],
+             "points": [{"variant": v, "layout": "TP", "phase": ph, "context": c, "role": r, "measured_ms": 10.0,
+                         "predicted_ms": p, "error_pct": 10.0 * (p - 10.0)}
+                        for v, p in (("Eq 10 alone", 5.0), ("host hidden", 9.5))
+                        for ph, c, r in (("decode", 1024, "fit"), ("decode", 4096, "check"),
+                                         ("prefill", 1024, "check"))]}, []),
     }
 
 
 def make(benchmark: str, platform: str = "cpu", **overrides) -> dict:
-    """A valid result of ``benchmark`` (crossovers come from the cost model, others measured)."""
+    """A valid result of ``benchmark`` (crossovers and costmodel_check come from the cost model,
+    others measured)."""
     summary, samples = copy.deepcopy(examples()[benchmark])
     fields = dict(benchmark=benchmark, platform=platform, backend="reference", model="tiny-mla", T=2,
                   dtype="fp32", samples=samples, summary=summary, machine="test machine", command="pytest",
-                  source="model" if benchmark == "crossovers" else "measured")
+                  source="model" if benchmark in ("crossovers", "costmodel_check") else "measured")
     fields.update(overrides)
     return make_result(**fields)
 

@@ -1,5 +1,6 @@
-"""``splash calibrate``: the generic θ measurement on gloo ranks, the collective fit, and
-the hardware profile it writes (measured entries carry date, machine and command)."""
+"""``splash calibrate``: the generic θ measurement on gloo ranks, the collective fit, the
+runtime host overheads (timed decode steps and their fit), and the hardware profile it writes
+(measured entries carry date, machine and command)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 import yaml
 
-from splash_core import calibrate
+from splash_core import calibrate, calibrate_runtime, host_overhead
 from splash_core.cli.main import main
+from splash_core.layouts import LAYOUTS, Layout
 from splash_core.profiles import loader
 
 KEYS = ("matmul_tflops", "weight_read_gbps", "kv_read_gbps", "all_gather_gbps", "all_to_all_gbps",
@@ -65,6 +67,8 @@ def test_cli_writes_a_profile_that_loads(tmp_path, capsys):
     profile = loader.load("hardware", str(out))
     assert profile.name == "host" and profile.matmul_tflops.source == "measured"
     assert "--backend reference --ranks 1" in profile.matmul_tflops.command
+    assert "--model tiny-mla --layers 3" in profile.step_overhead_us.command  # the runtime was timed
+    assert set(profile.layer_overhead_us) == set(LAYOUTS) and profile.host_overlap.source == "measured"
     assert profile.all_gather_gbps == loader.load("hardware", "cpu").all_gather_gbps  # one rank: kept from base
     assert "wrote" in capsys.readouterr().out
     assert yaml.safe_load(out.read_text())["kind"] == "hardware"
@@ -77,6 +81,13 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     assert "no backend named 'nosuch'" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "reference", "--base", "nosuch", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "no hardware profile 'nosuch'" in capsys.readouterr().err
+    for bad, message in ((["--layers", "9"], "--layers must be in 1..3 for model 'tiny-mla' (got 9)"),
+                         (["--no-runtime", "--model", "tiny-mla"], "drop --no-runtime"),
+                         (["--model", "glm-5.3-flash", "--layers", "8"], "mix layer kinds (kda, mla)")):
+        assert main(["calibrate", "--backend", "reference", *bad, "--out", str(tmp_path / "x.yaml")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_shipped_cpu_profile_is_measured():
@@ -84,3 +95,72 @@ def test_shipped_cpu_profile_is_measured():
     for key in KEYS:
         assert getattr(profile, key).source == "measured", key
     assert profile.collective_samples
+    host = [profile.step_overhead_us, profile.host_overlap, *profile.layer_overhead_us.values()]
+    assert len(host) == 6 and all(q.source == "measured" for q in host)
+    assert {s.layers for s in profile.step_samples} == {0, 3}
+
+
+# ---- the runtime's host overheads ------------------------------------------------------
+
+def synthetic_points(host_us: dict, eta: float, device_us=(20.0, 300.0, 900.0)):
+    """Per-layer points of a runtime that follows the cost model's host term exactly."""
+    return [host_overhead.LayerPoint(l, i, (d + max(0.0, host_us[l] - eta * d)) * 1e-6, d * 1e-6)
+            for l in LAYOUTS for i, d in enumerate(device_us)]
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.37, 1.0])
+def test_host_fit_recovers_overheads_and_overlap(eta):
+    host = {Layout.TP: 700.0, Layout.CP: 1500.0, Layout.DP: 400.0, Layout.DOP: 1000.0}
+    points = synthetic_points(host, eta)  # at η_h = 1 the 900 µs points of DP are device-bound
+    fit = host_overhead.fit_host_overheads(points)
+    assert fit.host_overlap == pytest.approx(eta) and not fit.notes
+    for layout in LAYOUTS:
+        assert fit.layer_s[layout] * 1e6 == pytest.approx(host[layout])
+    assert host_overhead.rms_residual(points, fit) < 1e-12
+    # given η_h, one context per layout is enough
+    single = [p for p in points if p.context == 0]
+    given = host_overhead.fit_host_overheads(single, host_overlap=eta)
+    assert given.layer_s[Layout.CP] * 1e6 == pytest.approx(1500.0)
+
+
+def test_host_fit_says_what_it_cannot_know():
+    host = {l: 100.0 for l in LAYOUTS}
+    device_bound = synthetic_points(host, 1.0, device_us=(300.0, 900.0))
+    fit = host_overhead.fit_host_overheads(device_bound)
+    assert any("not identifiable" in n for n in fit.notes)
+    over = [host_overhead.LayerPoint(l, 0, 50e-6, 80e-6) for l in LAYOUTS]  # faster than Eq 10 predicts
+    fit = host_overhead.fit_host_overheads(over, host_overlap=0.0)
+    assert all(h == 0.0 for h in fit.layer_s.values()) and "over-predicts" in fit.notes[0]
+    with pytest.raises(ValueError, match="two contexts"):
+        host_overhead.fit_host_overheads(over)
+    with pytest.raises(ValueError, match="layout DOP"):
+        host_overhead.fit_host_overheads([p for p in over if p.layout is not Layout.DOP], host_overlap=0.0)
+
+
+def test_runtime_timing_on_two_gloo_ranks(rank_pools):
+    spec = calibrate_runtime.RuntimeSpec.choose(accelerator=False, quick=True)
+    per_rank = rank_pools(2).run(calibrate_runtime.time_steps, spec, "fp32")
+    samples = per_rank[0]
+    assert per_rank[1] == samples  # agreed: the slowest rank's times
+    assert sorted((s["layers"], s["layout"], s["context"]) for s in samples) == sorted(
+        [(0, "TP", c) for c in spec.contexts] + [(3, str(l), c) for l in LAYOUTS for c in spec.contexts])
+    assert all(s["seconds"] > 0 and s["batch"] == spec.batch for s in samples)
+
+    base = loader.load("hardware", "cpu").without_host_overheads()
+    host = calibrate_runtime.fit_theta(samples, base, spec, 2, "fp32")
+    assert host["step_overhead_us"] > 0 and 0 <= host["host_overlap"] <= 1
+    assert set(host["layer_overhead_us"]) == {str(l) for l in LAYOUTS}
+    theta = {"matmul_tflops": 1.0, **host}
+    data = calibrate.build_profile(theta, base, name="t", machine="test host", command="splash calibrate ...",
+                                   backend="reference", date="2026-01-02")
+    profile = loader.from_mapping("hardware", data, file="<test>")
+    for q in (profile.step_overhead_us, profile.host_overlap, *profile.layer_overhead_us.values()):
+        assert (q.source, q.date, q.machine) == ("measured", "2026-01-02", "test host")
+    assert "rms residual" in profile.layer_overhead_us[Layout.CP].ref
+    assert len(profile.step_samples) == len(samples)
+    # a later calibration without the runtime keeps the host term and the steps it was fitted to
+    again = calibrate.build_profile({"matmul_tflops": 2.0}, profile, name="t", machine="m", command="c",
+                                    backend="reference")
+    kept = loader.from_mapping("hardware", again, file="<test>")
+    assert kept.layer_overhead_us == profile.layer_overhead_us and kept.step_samples == profile.step_samples
+    assert "layer_overhead_us" in kept.notes

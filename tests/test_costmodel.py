@@ -4,6 +4,7 @@ arithmetic on round numbers, Eq 4, Eq 7, and monotonic properties."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -166,3 +167,108 @@ def test_hybrid_model_costs_kda_layers():
     assert set(est.layer_s) == {k for k in model.layer_kinds}
     assert (est.total_s > 0).all()
     assert dataclasses.asdict(est.step_time(DOP))["layer_s"]
+
+
+# ---- the calibrated host term (t0/δ of Eq 10 as a runtime pays them) ---------------------
+
+def with_host(hw, overheads_us: dict, overlap: float = 0.0):
+    """``hw`` with per-layout host overheads (µs) and η_h."""
+    return hw.with_host_overheads(overheads_us, overlap, source="assumed", ref="test")
+
+
+def test_host_term_by_hand_additive_and_overlapped():
+    model = load("model", "tiny-mla")
+    x = BatchArrays.of([100, 300], [0, 1])
+    plain = CostModel(model, hardware(), 2, page_size=16, compute_dtype="fp32").evaluate(x)
+    assert (plain.host_s == 0).all()
+    h = {TP: 50.0, CP: 400.0, DP: 0.0, DOP: 5.0}
+    for eta in (0.0, 0.5, 1.0):
+        est = CostModel(model, with_host(hardware(), h, eta), 2, page_size=16, compute_dtype="fp32").evaluate(x)
+        for i, layout in enumerate(LAYOUTS):
+            device = plain.layer_s[model.layer_kinds[0]][i]
+            host = max(0.0, h[layout] * 1e-6 - eta * device)
+            assert est.layer_s[model.layer_kinds[0]][i] == pytest.approx(device + host, rel=1e-12)
+            assert est.host_s[i] == pytest.approx(3 * host, rel=1e-12, abs=1e-18)
+            assert est.total_s[i] == pytest.approx(plain.total_s[i] + 3 * host, rel=1e-12)
+    # η_h = 1: a layer takes the longer of host and device time
+    big = CostModel(model, with_host(hardware(), {l: 1e5 for l in LAYOUTS}, 1.0), 2, page_size=16,
+                    compute_dtype="fp32").evaluate(x)
+    np.testing.assert_allclose(big.total_s, 100e-6 + 3 * 0.1)
+
+
+def test_absent_host_term_is_eq10_as_printed(dsv32):
+    """Paper and datasheet profiles carry no host term: every number is what it was."""
+    paper = load("hardware", "h200-paper")
+    assert not paper.layer_overhead_us and paper.host_overlap is None
+    assert paper.without_host_overheads() == paper
+    x = BatchArrays.of([65536] * 16, np.arange(16) % 8)
+    est = CostModel(dsv32, paper, 8, page_size=64).evaluate(x)
+    assert (est.host_s == 0).all()
+    parts = est.proj_s + est.att_s + est.latency_s + est.exposed_comm_s + est.overhead_s
+    np.testing.assert_allclose(est.total_s, parts, rtol=1e-12)
+
+
+def test_equal_additive_overheads_shift_every_layout_alike(dsv32):
+    x = BatchArrays.of([40000] * 16, np.arange(16) % 8)
+    plain = CostModel(dsv32, hardware(), 8, page_size=64).evaluate(x)
+    shifted = CostModel(dsv32, with_host(hardware(), {l: 250.0 for l in LAYOUTS}), 8, page_size=64).evaluate(x)
+    np.testing.assert_allclose(shifted.total_s - plain.total_s, 61 * 250e-6)
+    assert list(np.argsort(shifted.total_s)) == list(np.argsort(plain.total_s))
+    # Eq 7's per-layer compute includes the host time (later transfers hide behind it)
+    assert shifted.step_time(DP).layer_s[dsv32.layer_kinds[0]] == pytest.approx(
+        plain.step_time(DP).layer_s[dsv32.layer_kinds[0]] + 250e-6)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["layer_overhead_us"].update(XP={"value": 1, "source": "assumed", "ref": "t"}),
+     "layer_overhead_us.XP: must be one of TP, CP, DP, DOP"),
+    (lambda d: d["layer_overhead_us"]["CP"].update(value=-3.0), "layer_overhead_us.CP.value: must be >= 0"),
+    (lambda d: d["layer_overhead_us"].pop("DOP"), "layer_overhead_us: give every layout or none (missing DOP)"),
+    (lambda d: d["layer_overhead_us"]["TP"].update(source="measured"), "a measured number needs date, machine"),
+    (lambda d: d["host_overlap"].update(value=1.5), "host_overlap.value: must be in [0, 1]"),
+    (lambda d: d.pop("layer_overhead_us"), "host_overlap: only meaningful with layer_overhead_us"),
+])
+def test_host_term_is_validated_at_load(change, message):
+    from splash_core.profiles import ProfileError
+
+    q = {"source": "assumed", "ref": "t"}
+    data = {"name": "x", "platform": "test", "device": "test",
+            **{k: {"value": 1.0, **q} for k in ("memory_gib", "matmul_tflops", "weight_read_gbps", "kv_read_gbps",
+                                                "all_gather_gbps", "all_to_all_gbps", "all_reduce_gbps",
+                                                "collective_latency_us", "step_overhead_us")},
+            "layer_overhead_us": {l: {"value": 10.0, **q} for l in ("TP", "CP", "DP", "DOP")},
+            "host_overlap": {"value": 0.5, **q}}
+    load("hardware", data)  # valid as given
+    change(data)
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        load("hardware", data)
+
+
+def test_costmodel_check_fits_only_its_fit_points(tmp_path):
+    """bench/costmodel_check.py on the committed H200 steps: the host term reproduces the fit
+    points exactly, every other point is held out, and the summary is computed from the points."""
+    import importlib.util
+    from pathlib import Path
+
+    from splash_core.results import read_result
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "costmodel_check.py"
+    spec = importlib.util.spec_from_file_location("costmodel_check", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = script.parents[1] / "bench" / "results" / "h200" / "runtime_step.json"
+    assert bench.main(["--measured", str(measured), "--out", str(tmp_path)]) == 0
+    summary = read_result(tmp_path / "h200" / "costmodel_check.json")["summary"]
+    points = summary["points"]
+    fit = [p for p in points if p["role"] == "fit"]
+    assert {(p["phase"], p["context"]) for p in fit} == {("decode", 8192)}
+    for p in fit:
+        if p["variant"] not in ("Eq 10 alone", bench.AS_CALIBRATED):  # the variants fitted here
+            assert p["predicted_ms"] == pytest.approx(p["measured_ms"], rel=1e-9)
+    for v in summary["variants"]:
+        held = [p for p in points if p["variant"] == v["variant"] and p["role"] == "check"]
+        decode = [abs(p["error_pct"]) for p in held if p["phase"] == "decode"]
+        assert v["decode_mean_abs_error_pct"] == pytest.approx(np.mean(decode))
+        assert v["cases"] == len({(p["phase"], p["context"]) for p in held})
+    overheads = {(o["variant"], o["layout"]) for o in summary["overheads"]}
+    assert len(overheads) == 4 * (len(summary["variants"]) - 1)  # every variant but Eq 10 alone

@@ -56,18 +56,31 @@ def _run(config, entry, case, dtype, *, splits_more_than=0):
     return tile
 
 
+def _short_keys(config):
+    """The config with 16-key tiles everywhere: the test cases hold at most 150 keys, too few to
+    split a 64-key tile, and the merge must run for every backend's other tile parameters."""
+    def short(tile):
+        return dataclasses.replace(tile, keys=16)
+
+    return dataclasses.replace(config, decode=short(config.decode), extend=short(config.extend),
+                               rules=tuple(dataclasses.replace(r, tile=short(r.tile)) for r in config.rules))
+
+
 @pytest.mark.parametrize("name", ["cuda-generic", "cuda-small", "b200", "h200", "rocm"])
 def test_backend_tiles_match_reference_at_mla_dims(name):
     """Each backend's tiles at d_c 512 + d_r 64 (two dots, non-power-of-two width), with
-    shuffled pages, a CP-style request, an empty request and interleaved extend rows. Many
-    processors and short splits make both entry points split, so the merge runs too; the
-    head counts of the config's rules reach their tiles (at most three splits: the
-    interpreter's time grows with the programs)."""
-    config = dataclasses.replace(_backend_configs()[name], processors=512, min_keys_per_split=16, max_splits=3)
+    shuffled pages, a CP-style request, an empty request and interleaved extend rows, as
+    configured; then with 16-key tiles, many processors and short splits, so both entry points
+    split and the merge runs too. The head counts of the config's rules reach their tiles (at
+    most three splits: the interpreter's time grows with the programs)."""
+    config = _backend_configs()[name]
+    split = dataclasses.replace(_short_keys(config), processors=512, min_keys_per_split=16, max_splits=3)
     for entry, make in (("decode", decode_case), ("extend", extend_case)):
         for heads in sorted({16, *(rule.min_heads for rule in config.rules if rule.entry == entry)}):
-            tile = _run(config, entry, make(CPU, torch.float16, heads=heads), torch.float16, splits_more_than=1)
-            assert tile == config.tile(entry, heads)
+            case = make(CPU, torch.float16, heads=heads)
+            assert _run(config, entry, case, torch.float16) == config.tile(entry, heads)
+            tile = _run(split, entry, case, torch.float16, splits_more_than=1)
+            assert tile == split.tile(entry, heads)
 
 
 # (tile, page size): a key tile inside one page at its start or middle (scalar page lookup),

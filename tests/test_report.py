@@ -51,9 +51,20 @@ def section(text: str, title: str) -> str:
     return re.search(rf"^### {re.escape(title)}\n(.*?)(?=^### |\Z)", text, re.S | re.M)[1]
 
 
-def blocks(text: str) -> list[str]:
-    """The labelled result blocks of a section, each from its '#### ' heading."""
-    return ["#### " + b for b in re.split(r"^#### ", text, flags=re.M)[1:]]
+def part(text: str, title: str) -> str:
+    """A part of a grouped section, from its '#### ' heading."""
+    return re.search(rf"^#### {re.escape(title)}\n(.*?)(?=^#### |\Z)", text, re.S | re.M)[1]
+
+
+def section_of(text: str, s) -> str:
+    """The text of Section ``s`` in a chapter: a section of its own, or a part of its group."""
+    return part(section(text, s.group), s.title) if s.group else section(text, s.title)
+
+
+def blocks(text: str, level: int = 4) -> list[str]:
+    """The labelled result blocks of a section, each from its heading ('#### ', '##### ' in a part)."""
+    mark = "#" * level + " "
+    return [mark + b for b in re.split(rf"^{mark}", text, flags=re.M)[1:]]
 
 
 def tables(text: str) -> list[list[list[str]]]:
@@ -83,17 +94,18 @@ def test_every_platform_has_every_section_and_says_what_is_missing(rendered):
     for key in CHAPTERS:
         text = chapter(md, key)
         for s in SECTIONS:
-            body = section(text, s.title)
-            if not blocks(body):
-                assert "not measured on this platform" in body, (key, s.title)
+            body = section_of(text, s)
+            if not blocks(body, 5 if s.group else 4):
+                missing = "no cost-model prediction" if s.produced_by == "model" else "not measured on this platform"
+                assert missing in body, (key, s.title)
         assert set(status["status"][key]) == {s.benchmark for s in SECTIONS}
     for s in SECTIONS:  # nothing of ours on B200 or DCU: each section says so plainly
         for key in ("b200", "dcu"):
-            body = section(chapter(md, key), s.title)
+            body = section_of(chapter(md, key), s)
             assert ("not measured on this platform" in body) or ("no cost-model prediction" in body)
-            assert all(b.startswith("#### paper:") for b in blocks(body))
+            assert all(b.startswith("#### paper:") for b in blocks(body, 5 if s.group else 4))
     overview = md.split("## Overview", 1)[1].split("\n## ", 1)[0]
-    assert [r[0] for r in tables(overview)[0]] == [s.title for s in SECTIONS]
+    assert [r[0] for r in tables(overview)[0]] == [s.label for s in SECTIONS]
 
 
 def test_paper_and_measured_blocks_are_labelled_and_kept_apart(rendered):
@@ -102,7 +114,7 @@ def test_paper_and_measured_blocks_are_labelled_and_kept_apart(rendered):
     paper, measured = blocks(h200)
     assert paper.startswith("#### paper: Table 6, Figure 10") and "**paper** — Table 6, Figure 10 of the SPLASH paper" in paper
     assert "**measured** — h200x2" in measured and "paper" not in measured.split("\n", 3)[2]
-    assert status["status"]["h200"]["fixed_layout_sweep"] == ["paper", "measured (h200x2)"]
+    assert status["status"]["h200"]["fixed_layout_sweep"] == ["paper (T = 8)", "measured (h200x2: T = 2 on test machine)"]
     assert "**paper**" not in chapter(md, "cpu")
     crossovers = section(chapter(md, "cpu"), "Predicted vs measured crossovers")
     assert "**model (computed by SPLASH's cost model, not a measurement)**" in crossovers
@@ -185,6 +197,85 @@ def test_measured_tables_equal_their_inputs(rendered):
     assert [r[3] for r in crossovers] == ["yes", "no"]  # 2,000 in 1,024-4,096; 20,000 not in 4,096-16,384
 
 
+def test_overview_chapters_and_sections_name_source_t_and_machine(rendered):
+    md, _, _ = rendered
+    overview = {r[0]: r[1:] for r in tables(md.split("## Overview", 1)[1].split("\n## ", 1)[0])[0]}
+    # columns: B200, H200, DCU, CPU
+    assert overview["Fixed-layout throughput sweeps"][1] == "paper (T = 8), measured (h200x2: T = 2 on test machine)"
+    assert overview["Runtime step times"] == ["not measured", "measured (h200x2: T = 2 on test machine)",
+                                              "not measured", "measured (cpu: T = 2 on test machine)"]
+    assert overview["Correctness on the device: Conformance suite per backend"][3].startswith("measured (cpu: T = 2")
+    h200 = chapter(md, "h200")
+    assert "- **paper** — the paper's deployment: T = 8, 8x NVIDIA H200 prefill instance, 1P1D" in h200
+    assert "- **measured** — h200x2: T = 2, test machine; model tiny-mla." in h200
+    for title in ("Fixed-layout throughput sweeps", "Correctness on the device", "Kernel tuning"):
+        assert section(h200, title).startswith("\n*Numbers here:* "), title
+    assert "*Numbers here:* paper (T = 8; 8x NVIDIA H200 prefill instance, 1P1D); measured (h200x2: T = 2 on " \
+           "test machine)." in section(h200, "Switch overhead")
+
+
+def test_correctness_sections_equal_their_inputs(rendered):
+    md, _, _ = rendered
+    correctness = section(chapter(md, "cpu"), "Correctness on the device")
+    (mla,) = tables(part(correctness, "MLA kernels vs the torch reference"))
+    assert mla == [["generic", "16", "0.00195 / 1.91e-06", "equal", "yes"],  # largest over the short and long case
+                   ["wide", "128", "FAILED 0.25 / 0.125", "FAILED (not equal)", "FAILED"]]
+    (kda,) = tables(part(correctness, "KDA kernels (fla) vs the torch recurrence"))
+    assert [r[:4] for r in kda] == [["kda.chunk", "0.00391", "0.00781", "yes"], ["kda.step", "0.00195", "0", "yes"]]
+    equivalence = part(correctness, "Runtime per layout vs a float32 reference")
+    (rows,) = tables(equivalence)
+    assert [(r[1], number(r[2]), r[5], r[6], r[8]) for r in rows] == [("TP", 0.0075, "0", "0", "yes"),
+                                                                        ("DOP", 0.0075, "2", "0", "yes")]
+    assert "≤ 0.05 × max |reference logit|" in equivalence and "Every layout passed." in equivalence
+    (suite,) = tables(part(correctness, "Conformance suite per backend"))
+    assert suite == [["reference", "2", "18 / 20", "0", "2", "0", "yes", "12"],
+                     ["other", "n/a", "17 / 20", "3", "0", "1", "FAILED", "3"]]
+
+
+def test_tuning_and_step_sections_equal_their_inputs(rendered):
+    md, _, status = rendered
+    cpu = chapter(md, "cpu")
+    sweep_part = part(section(cpu, "Kernel tuning"), "Attention tile sweep")
+    overview, points = tables(sweep_part)
+    assert overview == [["decode-h16", "16", "3 (1 failed, 0 skipped)", "`r1h16k64`", "`r1h16k32` (abc1234)",
+                         "1.50x – 2.00x"],
+                        ["extend-h16", "16", "1 (1 failed, 0 skipped)", "none", "n/a", "n/a"]]
+    # shares of the ceilings of the same command: copy 30 GB/s, matmul 1.5 TFLOP/s
+    assert points[0] == ["decode-h16", "B 16, 4K", "0.50", "24 (80%)", "0.75 (50%)", "1.00", "12 (40%)",
+                         "0.375 (25%)", "2.00x"]
+    assert points[2][:3] == ["extend-h16", "256 rows, 2K", "n/a"]
+    (ceilings,) = tables(part(section(cpu, "Kernel tuning"), "Measured device ceilings (the rooflines)"))
+    assert [r[1] for r in ceilings] == ["30 GB/s", "1.5 TFLOP/s"]
+    assert ceilings[0][2].endswith("mla_decode.json` (same value)")
+    assert ceilings[1][2].endswith("prefill.json` (its own run: 0.2 TFLOP/s)")
+    steps = section(cpu, "Runtime step times")
+    (rows,) = tables(steps)
+    assert rows == [["decode", "1,024", "4", "4", "10.00", "13.00", "n/a", "n/a", "TP"],  # medians of the samples
+                    ["decode", "4,096", "4", "4", "12.50", "11.00", "n/a", "n/a", "CP"],
+                    ["prefill", "1,024", "4", "32", "21.00", "25.00", "n/a", "n/a", "TP"]]
+    assert "3 layers of tiny-mla per step (5 fit" in steps and "Skipped (time budget): CP/prefill/4096." in steps
+    assert "![runtime step times](cpu-measured-steps.png)" in steps and "cpu-measured-steps.png" in status["images"]
+
+
+def test_a_device_result_disagreeing_with_its_samples_is_a_one_line_error(tmp_path, capsys):
+    bad = make("runtime_step")
+    bad["summary"]["points"][1]["median_ms"] = 12.0
+    path = write_raw(tmp_path / "results", bad)
+    rc = main(["report", "--results", str(tmp_path / "results"), "--reference", str(REFERENCE),
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert f"{path}: summary.points[1].median_ms: is 12.0 but its samples' median is 13.0" in err
+
+
+def write_raw(root: Path, data: dict) -> Path:
+    """Write ``data`` without validating it, where read_results looks for it."""
+    path = root / data["platform"] / f"{data['benchmark']}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_images_are_linked_present_and_small(rendered):
     md, out, status = rendered
     linked = re.findall(r"\]\(([^)]+\.png)\)", md)
@@ -264,7 +355,7 @@ def test_without_a_results_folder_the_report_says_nothing_was_measured(tmp_path)
     report = render_report(None, tmp_path / "o", headers_only_reference(tmp_path))
     assert "no results folder `bench/results` (nothing measured yet)" in report.markdown
     assert all(labels == [] for chapter_status in report.status.values() for labels in chapter_status.values())
-    assert report.markdown.count("not measured on this platform") == 4 * (len(SECTIONS) - 1)
+    assert report.markdown.count("not measured on this platform") == 4 * sum(s.produced_by == "measured" for s in SECTIONS)
 
 
 def test_the_committed_results_render(tmp_path):
@@ -276,5 +367,15 @@ def test_the_committed_results_render(tmp_path):
     report = render_report(committed if committed.is_dir() else None, tmp_path / "o", REFERENCE)
     paper_sections = ("fixed_layout_sweep", "crossovers", "primitive_costs", "switch_overhead", "kv_capacity")
     for key in PAPER:
-        assert all("paper" in report.status[key][b] for b in paper_sections), key
+        assert all("paper (T = 8)" in report.status[key][b] for b in paper_sections), key
     assert all((tmp_path / "o" / name).is_file() for name in report.images)
+    # the device results of the H200 runs render in their sections, labelled with T and the machine
+    h200 = report.status["h200"]
+    for benchmark in ("mla_correctness", "runtime_equivalence", "conformance", "mla_kernel_sweep", "gpu_rates",
+                      "runtime_step"):
+        assert h200[benchmark] and all(label.startswith("measured (h200: T = ") for label in h200[benchmark])
+    assert h200["runtime_step"][0].startswith("measured (h200: T = 2 on 2x ")
+    assert not [path for path in report.unrendered if "/h200/" in path]
+    text = chapter(report.markdown, "h200")
+    assert "- **paper** — the paper's deployment: T = 8" in text
+    assert "![runtime step times](h200-measured-steps.png)" in section(text, "Runtime step times")

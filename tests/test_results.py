@@ -70,6 +70,64 @@ def test_a_malformed_summary_names_the_file_and_field(tmp_path, benchmark, mutat
     assert field in _bad(tmp_path, data)
 
 
+DECODE = 'summary.workloads["decode-h16"]'
+
+
+@pytest.mark.parametrize("benchmark,mutate,field", [
+    ("mla_correctness", lambda d: d["samples"][0].update(ok="yes"), "samples[0].ok: must be true or false"),
+    ("mla_correctness", lambda d: d["summary"].update(failed=0), "summary.failed: is 0 but 2 sample(s) are not ok"),
+    ("mla_correctness", lambda d: d["summary"].update(all_ok=True), "summary.all_ok: is True but 2 check(s) failed"),
+    ("kda_correctness", lambda d: d["summary"].update(checks=3), "summary.checks: is 3 but there are 2 samples"),
+    ("runtime_equivalence", lambda d: d["samples"][1].update(rel_err=0.5),
+     "samples[1].passed: is True but rel_err 0.5 against tolerance 0.05"),
+    ("runtime_equivalence", lambda d: d["samples"][0].update(decisive_mismatches=1),
+     "samples[0].decisive_mismatches: more than its greedy_mismatches"),
+    ("runtime_equivalence", lambda d: d["samples"][0].update(layout="DP-attention"), "samples[0].layout"),
+    ("runtime_equivalence", lambda d: d["summary"].update(failed=["tiny-mla/TP"]), "summary.failed: lists"),
+    ("conformance", lambda d: d["summary"].update(other=True), "summary.other: is True but samples[1] exited with 1"),
+    ("conformance", lambda d: d["summary"].update(third=True), "summary: names backends"),
+    ("conformance", lambda d: d["summary"].update(other="no"), "summary.other: must be true or false"),
+    ("conformance", lambda d: d.update(summary={}), "summary: must be a non-empty object of names"),
+    ("conformance", lambda d: d["samples"][0].update(returncode="0"), "samples[0].returncode: must be an integer"),
+    ("gpu_rates", lambda d: d["summary"].pop("copy_gbps"), "summary: missing field 'copy_gbps'"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"]["decode-h16"]["winner_ms"].pop(),
+     f"{DECODE}.winner_ms: has 1 values for 2 points"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"]["decode-h16"]["points"][0].append(1),
+     f"{DECODE}.points: must be a non-empty list of [integer > 0, integer > 0] pairs"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"]["decode-h16"]["winner_rates"][0].update(kv=1.0),
+     f"{DECODE}.winner_rates: must be a non-empty list of objects of rate names"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"]["decode-h16"].pop("winner_ms"),
+     f"{DECODE}: winner needs winner_ms"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"]["decode-h16"].update(best="x"), "unknown field 'best'"),
+    ("mla_kernel_sweep", lambda d: d["summary"]["workloads"].update(prefill=d["summary"]["workloads"]["extend-h16"]),
+     "summary.workloads[\"prefill\"]: a workload's name starts with its kernel entry"),
+    ("mla_kernel_sweep", lambda d: d["summary"].update(workloads={}), "summary.workloads: must be a non-empty object"),
+    ("mla_kernel_sweep", lambda d: d["summary"].update(tiles={"decode": ""}), "summary.tiles: must be a non-empty"),
+    ("mla_kernel_sweep", lambda d: d["samples"][0].update(workload="decode-h64"),
+     "samples[0].workload: 'decode-h64' is not in summary.workloads"),
+    ("runtime_step", lambda d: d["summary"]["points"][0].update(phase="extend"),
+     "summary.points[0].phase: must be decode or prefill"),
+    ("runtime_step", lambda d: d["summary"]["points"][0].update(median_ms=99.0),
+     "summary.points[0].median_ms: is 99.0 but its samples' median is 10.0"),
+    ("runtime_step", lambda d: d["summary"]["memory"].pop("budget_bytes"),
+     "summary.memory: missing field 'budget_bytes'"),
+    ("runtime_step", lambda d: d["summary"]["memory"]["per_layer_bytes"].update(TP=-1),
+     "summary.memory.per_layer_bytes: must be a non-empty object of names to integers >= 0"),
+    ("runtime_step", lambda d: d["samples"][0].update(step_ms=[]), "samples[0].step_ms: must be a non-empty list"),
+])
+def test_a_malformed_device_result_names_the_file_and_field(tmp_path, benchmark, mutate, field):
+    data = make(benchmark)
+    mutate(data)
+    assert field in _bad(tmp_path, data)
+
+
+@pytest.mark.parametrize("benchmark", ["mla_correctness", "gpu_rates", "runtime_step", "conformance"])
+def test_device_results_are_measurements_only(tmp_path, benchmark):
+    data = make(benchmark)
+    data.update(source="paper", reference="Table 1")
+    assert f"source: {benchmark} results must be measured (got 'paper')" in _bad(tmp_path, data)
+
+
 def test_a_sample_missing_its_fields_is_named(tmp_path):
     data = make("switch_overhead")
     del data["samples"][4]["splash_ms"]

@@ -140,3 +140,34 @@ def test_decide_cli(capsys):
     for bad in (["--requests", "16by128k"], ["--requests", "4x8q"], ["--requests", "4x8k", "--current", "XP"]):
         assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", *bad]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def with_host(dep, overheads_us: dict, overlap: float):
+    hw = dep.hardware.with_host_overheads(overheads_us, overlap, source="assumed", ref="test")
+    return dataclasses.replace(dep, hardware=hw)
+
+
+def test_ranking_follows_calibrated_host_overheads():
+    """At 16 x 64K on 8 H200s Eq 10 alone picks CP, DP close behind (attention terms close).
+    A calibrated CP overhead per layer moves the choice exactly when it outweighs that lead
+    (61 layers, host time added: η_h = 0), and a host-bound runtime (η_h = 1, CP's host time
+    above every layout's device time, as measured on the H200 pair) keeps the scheduler out of CP."""
+    x = batch([65536] * 16)
+    plain = Scheduler(deployment(margin=0.0))
+    est = plain.cost.evaluate(x)
+    t = dict(zip(LAYOUTS, est.total_s))
+    assert plain.decide(x, TP).layout is CP
+    runner_up = min((l for l in LAYOUTS if l is not CP), key=t.get)
+    threshold_us = (t[runner_up] - t[CP]) / 61 * 1e6  # extra CP host time per layer that ties
+    for factor, expected in ((0.5, CP), (2.0, runner_up)):
+        overheads = {l: 100.0 + (factor * threshold_us if l is CP else 0.0) for l in LAYOUTS}
+        s = Scheduler(with_host(deployment(margin=0.0), overheads, 0.0))
+        assert s.decide(x, TP).layout is expected, factor
+    host_bound = {TP: 2600.0, CP: 4400.0, DP: 2900.0, DOP: 2450.0}
+    s = Scheduler(with_host(deployment(), host_bound, 1.0))
+    decision = s.decide(x, CP)
+    assert decision.action == SWITCH and decision.layout is not CP
+    assert decision.time_s(CP) == pytest.approx(est.overhead_s + 61 * 4400e-6)  # host-bound: h per layer
+    assert s.decide(x, DOP).layout is DOP  # the fastest stays
+    rows = {r["layout"]: r for r in decision.layout_rows()}
+    assert rows[CP]["host_s"] > rows[DOP]["host_s"] > 0

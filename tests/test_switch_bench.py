@@ -1,5 +1,6 @@
 """bench/switch_bench.py's logic on CPU with tiny shapes (--smoke), so its first GPU run does not
-fail on a bug a CPU could have caught; and its sizing of the overhead table."""
+fail on a bug a CPU could have caught; and its sizing of the overhead table (layers by memory,
+runs by time)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from splash_core.layouts import DIRECTIONS
 from splash_core.profiles.loader import load
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "switch_bench.py"
+HOST_SCRIPT = SCRIPT.parent / "switch_host_profile.py"
 PAIRS = {(str(a), str(b)) for a, b in DIRECTIONS}
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("switch_bench", SCRIPT)
+def _bench(script=SCRIPT):
+    spec = importlib.util.spec_from_file_location(script.stem, script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,7 +45,7 @@ def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
     assert crossing == PAIRS - {("TP", "DOP"), ("DP", "DOP")}  # the two pure discards
 
 
-def test_table_sizing_follows_memory_and_time():
+def test_table_sizing_by_memory_then_time():
     bench = _bench()
     v3 = load("model", "deepseek-v3")
     args = bench.parse_args(["--out", "unused"])
@@ -53,9 +55,36 @@ def test_table_sizing_follows_memory_and_time():
     assert memory["fixed_bytes"] + fit * held <= 120 * (1 << 30) < memory["fixed_bytes"] + (fit + 1) * held
     steps = [{"context": c, "layout": l, "layer_ms": 1.0 * c / 32768, "fixed_ms": 1.0, "layers": 2}
              for c in args.contexts for l in ("TP", "CP", "DP", "DOP")]
-    prims = [{"state": "kv", "src": a, "dst": b, "per_layer_ms": 4.0} for a, b in PAIRS]
-    context, layers, why = bench.choose_table(args, v3, {"steps": steps, "samples": prims}, 120 * (1 << 30), 150.0)
-    # cost per run grows with the context, so a long context leaves time for fewer layers
-    fits = {c["context"]: c["time_fit"] for c in why["candidates"]}
-    assert fits[32768] > fits[65536] > fits[131072]
-    assert layers >= args.min_layers and context == max(c for c, n in fits.items() if n >= args.min_layers)
+    phase1 = {"steps": steps, "samples": [{"state": "kv", "src": a, "dst": b, "per_layer_ms": 4.0} for a, b in PAIRS]}
+
+    def table(seconds):
+        context, layers, runs, why = bench.choose_table(args, v3, phase1, 120 * (1 << 30), seconds)
+        return context, layers, runs, {c["context"]: c for c in why["candidates"]}
+
+    # time to spare: the longest context, every layer that fits memory (at most the model's), the most runs
+    context, layers, runs, cands = table(1e6)
+    assert (context, runs) == (131072, args.runs) and layers == min(v3.num_layers, cands[131072]["memory_fit"])
+    # less time: runs shrink first (never below --min-runs), then layers; a long context costs more per layer
+    for seconds in (150.0, 60.0):
+        context, layers, runs, cands = table(seconds)
+        assert all(args.min_runs <= c["runs"] <= args.runs for c in cands.values())
+        assert all(c["layers"] <= min(v3.num_layers, c["memory_fit"]) for c in cands.values())
+        assert layers >= args.min_layers and context == max(c for c, x in cands.items() if x["layers"] >= args.min_layers)
+        per_run = sum(cands[context]["est_run_ms_per_layer"].values()) * layers + sum(cands[context]["est_run_ms_fixed"].values())
+        assert (runs + 1) * per_run / 1e3 <= 0.85 * seconds - 20
+    assert cands[32768]["layers"] > cands[65536]["layers"] > cands[131072]["layers"]
+    assert context == 32768 and runs == args.min_runs  # 60 s: only the short context keeps --min-layers
+
+
+def test_host_profile_writes_valid_results(rank_pools, tmp_path):
+    """bench/switch_host_profile.py on a tiny batch: one network and one discard direction."""
+    host = _bench(HOST_SCRIPT)
+    args = host.parse_args(["--out", str(tmp_path), "--layers", "2", "--batch", "4", "--context", "128",
+                            "--page-size", "16", "--runs", "1", "--directions", "CP-TP,TP-DOP", "--indexer"])
+    assert host.run(args, rank_pools(2)) == 0
+    data = results.read_result(tmp_path / "cpu" / "switch_host_profile.json")
+    rows = {(r["src"], r["dst"]): r for r in data["summary"]["directions"]}
+    assert set(rows) == {("CP", "TP"), ("TP", "DOP")} and data["summary"]["layers"] == 2
+    assert rows[("CP", "TP")]["data_p50_ms"] > 0 and rows[("TP", "DOP")]["data_p50_ms"] == 0  # a discard moves nothing
+    assert all(r["switch_host_p50_ms"] >= r["prepare_p50_ms"] > 0 for r in rows.values())
+    assert "pages_mover.py" in data["profile"]  # the executor's own calls, under cProfile

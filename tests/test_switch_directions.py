@@ -95,6 +95,8 @@ def _check(results, ref, T):
             # the bytes the group received are what the manifest planned (page-granular, same formats)
             assert report["bytes_group"].get("kv", 0) == r["info"]["planned_kv"], label
             assert report["bytes_group"].get("weights", 0) == r["info"]["planned_weights"], label
+            # the host time of the switch work covers every layer's issuing and landing
+            assert report["host_ms"] >= sum(layer["host_ms"] for layer in report["layers"]) > 0, label
             rank0 = results[0][key]["served"].logits
             for rid, rows in r["served"].logits.items():  # all-gathered logits: bitwise the same everywhere
                 assert all(np.array_equal(a, b) for a, b in zip(rows, rank0[rid])), f"{label} rank {rank}"
@@ -116,7 +118,7 @@ def test_all_directions_and_modes_t2(rank_pools, references):
 def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     """Every direction in SPLASH mode, and the three modes on two directions through CP (whose page
     rotation depends on T): one all-to-all and one all-gather. At T = 3 a layer's pages travel in
-    up to 8 chunks (a page and its indexer keys are 3,584 bytes)."""
+    up to 4 chunks, the most there are (a page and its indexer keys are 3,584 bytes)."""
     modes = {(Layout.DOP, Layout.CP): list(Mode), (Layout.CP, Layout.TP): list(Mode)}
     runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
     results = rank_pools(T).run(_switch_batches, runs, chunk_bytes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -84,6 +85,9 @@ def _flatten(obj, prefix: str):
     elif dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
             yield from _flatten(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    elif isinstance(obj, Mapping) and obj and all(isinstance(v, Quantity) for v in obj.values()):
+        for key, value in obj.items():  # per-layout numbers (layer_overhead_us.TP ...)
+            yield from _flatten(value, f"{prefix}.{jsonable(key)}")
     elif isinstance(obj, (list, tuple)) and obj and dataclasses.is_dataclass(obj[0]):
         for i, item in enumerate(obj):
             yield from _flatten(item, f"{prefix}[{i}]")

@@ -76,16 +76,42 @@ def provenance(result: Result) -> str:
             f"command `{d['command']}` · file `{result.path}`.")
 
 
-def block_heading(result: Result) -> str:
+def device(machine: str) -> str:
+    """The accelerator (or CPU) part of a machine description: what follows the torch version in
+    :func:`splash_core.results.machine_description` ('vm, x86_64, torch 2.11, 2x X' -> '2x X'); a
+    description of another form is returned whole (the paper's without its 'paper: ')."""
+    parts = [p.strip() for p in machine.split(",")]
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("torch "):
+            return ", ".join(parts[i + 1:])
+    return machine.removeprefix("paper: ")
+
+
+def source_label(result: Result, detail: bool = False) -> str:
+    """Where a result's numbers come from, with the group size T and the machine: 'paper (T = 8)',
+    'measured (h200x2: T = 2 on 2x X)', 'measured (h200: T = 1, one device of 2x X)', 'model (cpu:
+    T = 2, SPLASH's cost model)'. ``detail`` adds the paper's machine."""
+    d = result.data
+    if d["source"] == "paper":
+        return f"paper (T = {d['T']}; {device(d['machine'])})" if detail else f"paper (T = {d['T']})"
+    if d["source"] == "model":
+        return f"model ({d['platform']}: T = {d['T']}, SPLASH's cost model)"
+    machine = device(d["machine"])
+    where = f"T = 1, one device of {machine}" if d["T"] == 1 else f"T = {d['T']} on {machine}"
+    return f"{d['source']} ({d['platform']}: {where})"
+
+
+def block_heading(result: Result, level: int = 4) -> str:
     """The heading of one result's block, e.g. '#### paper: Table 4, Figure 4' or '#### measured: h200x2'."""
     d = result.data
     if d["source"] == "paper":
-        return f"#### paper: {d['reference']}"
-    return f"#### {d['source']}: {d['platform']}, {d['model']}, T = {d['T']}"
+        return f"{'#' * level} paper: {d['reference']}"
+    return f"{'#' * level} {d['source']}: {d['platform']}, {d['model']}, T = {d['T']}"
 
 
-def block_intro(result: Result) -> list[str]:
-    lines = [block_heading(result), "", provenance(result)]
+def block_intro(result: Result, level: int = 4) -> list[str]:
+    """A result block's heading (Markdown ``level``), provenance line and notes."""
+    lines = [block_heading(result, level), "", provenance(result)]
     if result.data.get("notes"):
         lines += ["", f"*Note:* {result.data['notes']}"]
     return lines + [""]

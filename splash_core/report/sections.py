@@ -1,6 +1,7 @@
 """The report's sections, in order: which benchmark each renders, its title and the paper
 figure or table it mirrors. A benchmark without an entry here is listed under "Results
-without a renderer", never dropped."""
+without a renderer", never dropped. Consecutive sections with the same ``group`` render as
+parts of one section of that name (e.g. "Correctness on the device")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import capacity, crossovers, primitives, roofline, rollout, sweeps, switching, timings
+from . import (capacity, costmodel_check, crossovers, device_checks, primitives, roofline, rollout, steps, sweeps,
+               switching, timings, tuning)
 from .context import Context
 
 
@@ -19,8 +21,16 @@ class Section:
     like: str  # what in the paper it corresponds to, or "" when the paper has none
     render: Callable[[Result, Context], list[str]]
     produced_by: str = "measured"  # the non-paper source expected here (crossovers: model)
+    group: str = ""  # the section this one is a part of, or "" for a section of its own
+
+    @property
+    def label(self) -> str:
+        """The name in the overview: 'group: title' for a part, else the title."""
+        return f"{self.group}: {self.title}" if self.group else self.title
 
 
+TUNING = "Kernel tuning"
+CORRECTNESS = "Correctness on the device"
 SECTIONS: tuple[Section, ...] = (
     Section("fixed_layout_sweep", "Fixed-layout throughput sweeps", "the paper's Figures 4, 8, 10 and Tables 4-6",
             sweeps.render),
@@ -33,6 +43,18 @@ SECTIONS: tuple[Section, ...] = (
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),
     Section("mla_decode", "MLA decode bandwidth against the roofline", "", roofline.render_decode),
     Section("prefill", "Prefill compute rate against the matmul rate", "", roofline.render_prefill),
+    Section("mla_kernel_sweep", "Attention tile sweep", "", tuning.render_sweep, group=TUNING),
+    Section("gpu_rates", "Measured device ceilings (the rooflines)", "", tuning.render_rates, group=TUNING),
+    Section("runtime_step", "Runtime step times", "", steps.render),
+    Section("costmodel_check", "Cost model vs runtime step times", "", costmodel_check.render, produced_by="model"),
+    Section("mla_correctness", "MLA kernels vs the torch reference", "", device_checks.render_mla,
+            group=CORRECTNESS),
+    Section("kda_correctness", "KDA kernels (fla) vs the torch recurrence", "", device_checks.render_kda,
+            group=CORRECTNESS),
+    Section("runtime_equivalence", "Runtime per layout vs a float32 reference", "",
+            device_checks.render_equivalence, group=CORRECTNESS),
+    Section("conformance", "Conformance suite per backend", "", device_checks.render_conformance,
+            group=CORRECTNESS),
     Section("plan_speed", "Switch planner speed", "", timings.render),
     Section("scheduler_speed", "Scheduler decision speed", "", timings.render),
 )

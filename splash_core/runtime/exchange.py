@@ -17,15 +17,18 @@ from .step_context import StepContext
 def gather_rows(step: StepContext, local: torch.Tensor) -> torch.Tensor:
     """Every rank's owner rows [n_r, ...] -> all rows [N, ...] in batch order, on every rank.
 
-    A padded all-gather (to the largest owner's row count) then a selection of the real rows:
-    the gather DP-attention engines do before the dense part."""
-    counts = step.batch.owner_rows
-    width = int(counts.max())
+    An all-gather, padded to the largest owner's row count and followed by a selection of the
+    real rows when owners hold different counts: the gather DP-attention engines do before the
+    dense part. Pad rows are never read, so they are left unset."""
+    width = int(step.batch.owner_rows.max())
     tail = local.shape[1:]
     flat = local.reshape(local.shape[0], int(np.prod(tail)))
-    padded = flat.new_zeros(width, flat.shape[1])
-    padded[: flat.shape[0]] = flat
     out = flat.new_empty(step.T * width, flat.shape[1])
+    if step.gather_index is None:  # every rank owns `width` rows: the gather is in batch order
+        step.collectives.all_gather_into(out, flat)
+        return out.view(-1, *tail)
+    padded = flat.new_empty(width, flat.shape[1])
+    padded[: flat.shape[0]] = flat
     step.collectives.all_gather_into(out, padded)
     return out.index_select(0, step.gather_index).view(-1, *tail)
 
@@ -37,7 +40,7 @@ def rows_to_owners(step: StepContext, q: torch.Tensor) -> torch.Tensor:
     n, h, w = q.shape
     T, mine = step.T, step.num_own_rows
     out = q.new_empty(T * mine, h * w)
-    step.collectives.all_to_all(out, q.reshape(n, h * w), [mine] * T, step.batch.owner_rows.tolist())
+    step.collectives.all_to_all(out, q.reshape(n, h * w), [mine] * T, step.owner_splits)
     return out.view(T, mine, h, w).transpose(0, 1).reshape(mine, T * h, w)
 
 
@@ -48,7 +51,7 @@ def owners_to_rows(step: StepContext, out_own: torch.Tensor) -> torch.Tensor:
     h = heads // T
     send = out_own.view(mine, T, h, w).transpose(0, 1).reshape(T * mine, h * w)
     out = out_own.new_empty(step.batch.num_rows, h * w)
-    step.collectives.all_to_all(out, send, step.batch.owner_rows.tolist(), [mine] * T)
+    step.collectives.all_to_all(out, send, step.owner_splits, [mine] * T)
     return out.view(-1, h, w)
 
 
@@ -56,14 +59,19 @@ def partials_to_owners(step: StepContext, out: torch.Tensor, lse: torch.Tensor):
     """CP, after attention: every rank's partial (out [N, H, W], lse [N, H] fp32) of every row ->
     each owner's T partials of its rows (outs [T, N_r, H, W], lses [T, N_r, H]), in one all-to-all.
 
-    ``out`` and ``lse`` travel as bytes side by side so their formats may differ."""
+    ``out`` and ``lse`` travel as bytes side by side so their formats may differ; what arrives is
+    read in place (strided views; the merge takes any strides with a unit channel stride)."""
     n, heads, w = out.shape
     T, mine = step.T, step.num_own_rows
     out_bytes = out.reshape(n, heads * w).contiguous().view(torch.uint8)
     payload = torch.cat([out_bytes, lse.float().contiguous().view(torch.uint8)], dim=1)
     recv = payload.new_empty(T * mine, payload.shape[1])
-    step.collectives.all_to_all(recv, payload, [mine] * T, step.batch.owner_rows.tolist())
+    step.collectives.all_to_all(recv, payload, [mine] * T, step.owner_splits)
     split = out_bytes.shape[1]
-    outs = recv[:, :split].contiguous().view(out.dtype).view(T, mine, heads, w)
-    lses = recv[:, split:].contiguous().view(torch.float32).view(T, mine, heads)
-    return outs, lses
+    parts = recv[:, :split], recv[:, split:]
+    # Each part is viewed in its format in place when its columns start and its rows repeat on
+    # a multiple of that format's size; otherwise it is copied out first.
+    if split % 4 or recv.shape[1] % max(4, out.element_size()):
+        parts = tuple(p.contiguous() for p in parts)
+    return (parts[0].view(out.dtype).view(T, mine, heads, w),
+            parts[1].view(torch.float32).view(T, mine, heads))

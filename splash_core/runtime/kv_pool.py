@@ -5,19 +5,20 @@ Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, 
 :class:`~splash_core.interfaces.MLAKernels` reads), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
-for switches), a free list and a block table per request.
-
-A block table maps a request's *logical* pages (position // page_size) to physical pages of
-this layer on this rank; -1 marks a logical page held elsewhere (CP) or not at all. Layers keep
-separate free lists and tables because during a live switch layer i may already hold the
-destination layout's pages while layer i+1 still holds the source's.
+for switches), and the block tables and free list of those pages
+(:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
+free lists and tables because during a live switch layer i may already hold the destination
+layout's pages while layer i+1 still holds the source's.
 
 Switch API (used by the switch executor, and by :class:`~splash_core.runtime.model.Model`):
 ``alloc(request, logical_pages)``, ``free(request, logical_pages=None)``,
 ``pages_of(request)``, ``pack(kernels, request, logical_pages)`` and
-``unpack(kernels, request, logical_pages, kv, indexer)``. ``alloc`` and ``unpack`` check
-capacity before changing anything and raise :class:`PoolFullError`, so a failed call leaves
-the layer as it was.
+``unpack(kernels, request, logical_pages, kv, indexer)``; for many requests at once, on
+:class:`~splash_core.runtime.block_tables.PageKeys` prepared once per switch plan:
+``lookup(keys)``, ``alloc_keys(keys)`` and ``free_keys(keys)``. Allocation checks capacity
+before changing anything and raises :class:`PoolFullError`, so a failed call leaves the layer
+as it was. Step path: ``slots``, ``write`` and ``block_table`` (kept until the pages change);
+:func:`to_device` copies host index arrays to the device without waiting for queued kernels.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ import torch
 
 from .. import ownership
 from ..layouts import Layout, Ownership
+from .block_tables import BlockTables, PageKeys, PoolFullError
 
-
-class PoolFullError(RuntimeError):
-    """Not enough free pages; raised before anything is written or allocated."""
+__all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
 
 
 def held_pages(layout: Layout, request_id: int, owner: int, pages, rank: int, T: int) -> np.ndarray:
@@ -60,19 +60,15 @@ class PageFormat:
 
     @property
     def kv_page_bytes(self) -> int:
-        return self.page_size * self.kv_width * _itemsize(self.kv_dtype)
+        return self.page_size * self.kv_width * self.kv_dtype.itemsize
 
     @property
     def indexer_page_bytes(self) -> int:
-        return self.page_size * self.indexer_width * _itemsize(self.indexer_dtype)
+        return self.page_size * self.indexer_width * self.indexer_dtype.itemsize
 
     @property
     def page_bytes(self) -> int:
         return self.kv_page_bytes + self.indexer_page_bytes
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -80,13 +76,23 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t
 
 
-class LayerKV:
-    """Pages, free list and block tables of one MLA layer on this rank."""
+def to_device(array: np.ndarray, device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """A small host array (indices, tables) as a tensor on ``device`` without stalling the host:
+    off the host it is staged in pinned memory and copied asynchronously on the current stream
+    (torch's pinned-memory allocator keeps the staging buffer until that copy ran). A plain
+    ``torch.as_tensor(array, device=...)`` would wait for every queued kernel first."""
+    host = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+    if torch.device(device).type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class LayerKV(BlockTables):
+    """Pages of one MLA layer on this rank: the page tensors, and (inherited) their block tables
+    and free list."""
 
     def __init__(self, layer: int, num_pages: int, fmt: PageFormat, device):
-        if num_pages < 1:
-            raise ValueError(f"layer {layer}: a pool needs at least one page (got {num_pages})")
-        self.layer = layer
+        super().__init__(layer, num_pages)
         self.format = fmt
         self.device = device
         # Zero-filled: kernels read whole pages and mask by position, so unwritten slots must
@@ -94,82 +100,14 @@ class LayerKV:
         self.kv = torch.zeros(num_pages, fmt.page_size, fmt.kv_width, dtype=fmt.kv_dtype, device=device)
         self.indexer = (torch.zeros(num_pages, fmt.page_size, fmt.indexer_width, dtype=fmt.indexer_dtype,
                                     device=device) if fmt.indexer_width else None)
-        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low page numbers first
-        self._tables: dict[int, np.ndarray] = {}
-        self.version = 0  # bumped on every change of a table; keys the block-table cache
         self._cache: tuple[int, dict] | None = None  # (version, {request ids: tables})
-
-    # ---- accounting ----------------------------------------------------------------------
-
-    @property
-    def num_pages(self) -> int:
-        return self.kv.shape[0]
-
-    @property
-    def free_pages(self) -> int:
-        return len(self._free)
-
-    @property
-    def used_pages(self) -> int:
-        return self.num_pages - self.free_pages
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of the pages in use: latent+rotary KV and indexer keys."""
         return {"kv": self.used_pages * self.format.kv_page_bytes,
                 "indexer": self.used_pages * self.format.indexer_page_bytes}
 
-    @property
-    def requests(self) -> list[int]:
-        """Requests with at least one page here."""
-        return [rid for rid, t in self._tables.items() if (t >= 0).any()]
-
-    # ---- switch API ----------------------------------------------------------------------
-
-    def pages_of(self, request: int) -> tuple[np.ndarray, np.ndarray]:
-        """(logical pages, physical pages) of ``request`` held here, in logical order."""
-        table = self._tables.get(request)
-        if table is None:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        logical = np.flatnonzero(table >= 0)
-        return logical, table[logical].astype(np.int64)
-
-    def alloc(self, request: int, logical_pages) -> np.ndarray:
-        """Physical pages for ``logical_pages`` of ``request`` (none may be held already).
-
-        Raises :class:`PoolFullError` (changing nothing) when fewer pages are free."""
-        logical = np.asarray(logical_pages, dtype=np.int64).reshape(-1)
-        if logical.size == 0:
-            return logical
-        if len(self._free) < logical.size:
-            raise PoolFullError(f"layer {self.layer}: request {request} needs {logical.size} pages, "
-                                f"{len(self._free)} of {self.num_pages} are free")
-        table = self._tables.get(request, np.zeros(0, np.int64))
-        if table.size <= logical.max():
-            table = np.concatenate([table, np.full(int(logical.max()) + 1 - table.size, -1, np.int64)])
-        if np.unique(logical).size != logical.size or (table[logical] >= 0).any():
-            raise ValueError(f"layer {self.layer}: request {request} already holds some of pages {logical.tolist()}")
-        physical = np.array(self._free[-logical.size:][::-1], dtype=np.int64)
-        del self._free[-logical.size:]
-        table[logical] = physical
-        self._tables[request] = table
-        self.version += 1
-        return physical
-
-    def free(self, request: int, logical_pages=None) -> int:
-        """Return pages of ``request`` (all it holds by default) to the free list; returns how many."""
-        table = self._tables.get(request)
-        if table is None:
-            return 0
-        logical = np.flatnonzero(table >= 0) if logical_pages is None else np.asarray(logical_pages, np.int64)
-        logical = logical[logical < table.size]
-        physical = table[logical]
-        physical = physical[physical >= 0]
-        table[logical] = -1
-        self._free.extend(physical[::-1].tolist())
-        if not (table >= 0).any():
-            del self._tables[request]
-        self.version += 1
-        return int(physical.size)
+    # ---- switch API (the rest: BlockTables) -------------------------------------------------
 
     def pack(self, kernels, request: int, logical_pages=None):
         """(logical pages, kv [n, page_size, W], indexer [n, page_size, I] or None) of ``request``."""
@@ -179,7 +117,7 @@ class LayerKV:
             missing = np.setdiff1d(wanted, logical)
             if missing.size:
                 raise ValueError(f"layer {self.layer}: request {request} holds no pages {missing.tolist()} here")
-            physical = self._tables[request][wanted]
+            physical = self.lookup(PageKeys.one(request, wanted))
             logical = wanted
         index = torch.as_tensor(physical, device=self.device)
         kv = kernels.pack(_byte_view(self.kv), index).view(self.kv.dtype)
@@ -207,7 +145,7 @@ class LayerKV:
         pages = positions // page_size
         if pages.size and pages.max() >= dense.shape[1]:
             raise RuntimeError(f"layer {self.layer}: a row writes page {int(pages.max())}, beyond every held page")
-        physical = dense[row_req, pages]
+        physical = dense[row_req, pages].astype(np.int64)
         if (physical < 0).any():
             bad = int(np.flatnonzero(physical < 0)[0])
             raise RuntimeError(f"layer {self.layer}: request {request_ids[row_req[bad]]} writes page "
@@ -235,17 +173,8 @@ class LayerKV:
         known = self._cache[1].get(request_ids)
         if known is not None:
             return known
-        tables = [self._tables.get(rid, np.zeros(0, np.int64)) for rid in request_ids]
-        dense = np.full((len(tables), max([t.size for t in tables], default=0)), -1, dtype=np.int64)
-        held = [self.pages_of(rid) for rid in request_ids]
-        width = max([lg.size for lg, _ in held], default=0)
-        table = np.full((len(request_ids), width), -1, dtype=np.int32)
-        index = np.full((len(request_ids), width), -1, dtype=np.int32)
-        for i, (t, (logical, physical)) in enumerate(zip(tables, held)):  # per request, not per page
-            dense[i, :t.size] = t
-            table[i, :logical.size] = physical
-            index[i, :logical.size] = logical
-        value = (dense, (torch.as_tensor(table, device=self.device), torch.as_tensor(index, device=self.device)))
+        dense, table, index = self.compact(request_ids)
+        value = (dense, (to_device(table, self.device), to_device(index, self.device)))
         self._cache[1][request_ids] = value
         return value
 

@@ -9,6 +9,11 @@ computes that shard's queries and that shard's partial O output (to be summed ov
 
 RoPE rotates the first and second halves of the rotary channels (the Hugging Face
 ``rotate_half`` convention), with base ``rope_theta``; softmax scale ``1/sqrt(d_n + d_r)``.
+
+Host cost is part of the design: every layer of a step rotates the same positions, so the
+rotation tables are a :class:`Rotary` made once per step; Q-A, KV-A and the indexer keys read
+the same rows, so :meth:`MLAMath.project` applies them as one matmul; per-head products are
+batched matmuls over heads.
 """
 
 from __future__ import annotations
@@ -17,26 +22,55 @@ import dataclasses
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..profiles.model import ModelProfile
 from .weights import WeightSource, head_shard, layer_prefix, tensor_shapes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    """RMSNorm of the last dim computed in float32, in ``x``'s dtype. One call to torch's RMSNorm
+    (a fused kernel where the device has one), which upcasts 16-bit input and weight itself;
+    only a weight of another dtype than ``x`` goes through float32 explicitly."""
+    if weight.dtype == x.dtype:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotary:
+    """RoPE of n positions: ``cos`` = [cos a, cos a] and ``sin`` = [-sin a, sin a], [n, d_r] float32.
+
+    Computed once per step (every layer rotates the same positions) and applied to any rows
+    [n, ..., d_r] of those positions as ``x cos + swap_halves(x) sin``: element for element the
+    rotate-half formula ``x1 cos - x2 sin, x2 cos + x1 sin`` in float32, so the result is the same
+    to the bit as rotating with the angles recomputed."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def at(cls, positions: torch.Tensor, dim: int, theta: float) -> "Rotary":
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+        angles = positions.float()[:, None] * inv_freq[None, :]  # [n, d/2]
+        cos, sin = angles.cos(), angles.sin()
+        return cls(torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
+
+    def rows(self, index) -> "Rotary":
+        """The rotation of a subset of the rows (a slice keeps views)."""
+        return Rotary(self.cos[index], self.sin[index])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [n, ..., d_r] rotated, in its own dtype."""
+        half = x.shape[-1] // 2
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        return (x * self.cos.view(shape) + swapped * self.sin.view(shape)).to(x.dtype)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate ``x`` [n, ..., d_r] by ``positions`` [n] (rotate-half convention)."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = positions.float()[:, None] * inv_freq[None, :]  # [n, d/2]
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d // 2,)
-    cos, sin = angles.cos().view(shape), angles.sin().view(shape)
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return Rotary.at(positions, x.shape[-1], theta)(x)
 
 
 @dataclasses.dataclass
@@ -45,7 +79,10 @@ class MLAWeights:
 
     ``q_b``, ``kv_b`` and ``o`` (the projections sharded layouts split, W_A of paper Eq 1) hold
     only the heads in ``heads``; ``q_a``, ``kv_a``, the norms and the indexer key projection are
-    small and every rank keeps them whole in every layout."""
+    small and every rank keeps them whole in every layout. :meth:`load` stores ``q_a``, ``kv_a``
+    and ``indexer_wk`` as row blocks of one tensor, ``down``, so one matmul applies all three;
+    weights built without it (``down`` None) are applied one by one. Whoever replaces one of the
+    three replaces ``down`` with it (or sets it to None)."""
 
     heads: range
     total_heads: int
@@ -57,6 +94,7 @@ class MLAWeights:
     kv_b: torch.Tensor  # [h (d_n + d_v), d_c]
     o: torch.Tensor  # [d, h d_v]
     indexer_wk: torch.Tensor | None = None  # [indexer_dim, d]
+    down: torch.Tensor | None = None  # q_a, kv_a, indexer_wk stacked by rows; they are views of it
 
     SHARDED = ("q_b", "kv_b", "o")
 
@@ -75,16 +113,18 @@ class MLAWeights:
             return source.get(f"{a}.{name}", shapes[f"{a}.{name}"], **cut, **kw)
 
         q_b_name = "q_b_proj.weight" if m.q_lora_rank else "q_proj.weight"
+        parts = (get("q_a_proj.weight") if m.q_lora_rank else None, get("kv_a_proj_with_mqa.weight"),
+                 get("indexer.wk.weight") if profile.indexer is not None else None)
+        down = torch.cat([p for p in parts if p is not None])
+        q_a, kv_a, indexer_wk = _blocks(down, parts)
         return cls(
-            heads=heads, total_heads=m.heads,
-            q_a=get("q_a_proj.weight") if m.q_lora_rank else None,
+            heads=heads, total_heads=m.heads, q_a=q_a,
             q_a_norm=get("q_a_layernorm.weight") if m.q_lora_rank else None,
             q_b=get(q_b_name, rows=slice(heads.start * qk, heads.stop * qk)),
-            kv_a=get("kv_a_proj_with_mqa.weight"),
-            kv_a_norm=get("kv_a_layernorm.weight"),
+            kv_a=kv_a, kv_a_norm=get("kv_a_layernorm.weight"),
             kv_b=get("kv_b_proj.weight", rows=slice(heads.start * kvh, heads.stop * kvh)),
             o=get("o_proj.weight", cols=slice(heads.start * m.v_head_dim, heads.stop * m.v_head_dim)),
-            indexer_wk=get("indexer.wk.weight") if profile.indexer is not None else None,
+            indexer_wk=indexer_wk, down=down,
         )
 
     @property
@@ -125,6 +165,16 @@ class MLAWeights:
         return {"projections": proj, "replicated": rest}
 
 
+def _blocks(stacked: torch.Tensor, parts, dim: int = 0) -> list[torch.Tensor | None]:
+    """Views of ``stacked`` along ``dim`` where each present part (stacked by rows) sits, in
+    order; None stays None."""
+    out, start = [], 0
+    for p in parts:
+        out.append(None if p is None else stacked.narrow(dim, start, p.shape[0]))
+        start += 0 if p is None else p.shape[0]
+    return out
+
+
 class MLAMath:
     """The projections of one model's MLA layers (dims, eps and RoPE base from the profile)."""
 
@@ -138,31 +188,38 @@ class MLAMath:
     def kv_width(self) -> int:
         return self.d_c + self.d_r
 
-    def queries(self, w: MLAWeights, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Absorbed queries [n, h, d_c + d_r] of ``w``'s heads for hidden rows ``x`` [n, d]."""
-        if w.q_a is not None:
-            x = rms_norm(x @ w.q_a.t(), w.q_a_norm, self.eps)
+    def project(self, w: MLAWeights, x: torch.Tensor, kv_rows: slice | None = None):
+        """Hidden rows ``x`` [n, d] through the down projections: (query input [n, r_q], Q-A's
+        output normalised, or ``x`` itself without Q-LoRA; KV-A output; indexer keys or None).
+        KV-A and the indexer see ``x[kv_rows]`` when given (DOP: queries for all rows, cache
+        entries for the owner's), else all rows, and then one matmul does all three when
+        ``w.down`` stacks them."""
+        if w.down is not None and kv_rows is None:
+            q_in, kv, keys = _blocks(x @ w.down.t(), (w.q_a, w.kv_a, w.indexer_wk), dim=1)
+        else:
+            xkv = x if kv_rows is None else x[kv_rows]
+            q_in = None if w.q_a is None else x @ w.q_a.t()
+            kv, keys = xkv @ w.kv_a.t(), None if w.indexer_wk is None else xkv @ w.indexer_wk.t()
+        return (x if q_in is None else rms_norm(q_in, w.q_a_norm, self.eps)), kv, keys
+
+    def queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """Absorbed queries [n, h, d_c + d_r] of ``w``'s heads from the query input of :meth:`project`."""
         h = len(w.heads)
-        q = (x @ w.q_b.t()).view(x.shape[0], h, self.d_n + self.d_r)
-        w_uk = w.kv_b.view(h, self.d_n + self.d_v, self.d_c)[:, : self.d_n]  # [h, d_n, d_c]
-        q_lat = torch.einsum("nhd,hdc->nhc", q[..., : self.d_n], w_uk)
-        q_rope = rope(q[..., self.d_n:], positions, self.theta)
-        return torch.cat([q_lat, q_rope], dim=-1)
+        q = (q_in @ w.q_b.t()).view(q_in.shape[0], h, self.d_n + self.d_r)
+        # q_nope · W_UK per head as one batched matmul over heads: [h, n, d_n] x [h, d_n, d_c]
+        q_lat = torch.bmm(q[..., : self.d_n].transpose(0, 1), self._heads(w)[:, : self.d_n]).transpose(0, 1)
+        return torch.cat([q_lat, rotary(q[..., self.d_n:])], dim=-1)
 
-    def latent(self, w: MLAWeights, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Cache entries [n, d_c + d_r]: normalised latent, then the rotated shared key."""
-        kv = x @ w.kv_a.t()
-        c = rms_norm(kv[:, : self.d_c], w.kv_a_norm, self.eps)
-        return torch.cat([c, rope(kv[:, self.d_c:], positions, self.theta)], dim=-1)
-
-    @staticmethod
-    def indexer_keys(w: MLAWeights, x: torch.Tensor) -> torch.Tensor | None:
-        """Indexer keys [n, indexer_dim] (stored beside the KV; attention stays dense)."""
-        return None if w.indexer_wk is None else x @ w.indexer_wk.t()
+    def latent(self, w: MLAWeights, kv: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """Cache entries [n, d_c + d_r] from KV-A's output: normalised latent, then the rotated shared key."""
+        return torch.cat([rms_norm(kv[:, : self.d_c], w.kv_a_norm, self.eps), rotary(kv[:, self.d_c:])], dim=-1)
 
     def output(self, w: MLAWeights, latent_out: torch.Tensor) -> torch.Tensor:
         """O output [n, d] of ``w``'s heads for attention results [n, h, d_c] (partial if sharded)."""
-        h = len(w.heads)
-        w_uv = w.kv_b.view(h, self.d_n + self.d_v, self.d_c)[:, self.d_n:]  # [h, d_v, d_c]
-        v = torch.einsum("nhc,hvc->nhv", latent_out.to(w_uv.dtype), w_uv)
-        return v.reshape(v.shape[0], h * self.d_v) @ w.o.t()
+        w_uv = self._heads(w)[:, self.d_n:]  # [h, d_v, d_c]
+        v = torch.bmm(latent_out.to(w_uv.dtype).transpose(0, 1), w_uv.transpose(1, 2))  # [h, n, d_v]
+        return v.transpose(0, 1).reshape(v.shape[1], v.shape[0] * self.d_v) @ w.o.t()
+
+    def _heads(self, w: MLAWeights) -> torch.Tensor:
+        """KV-B per head [h, d_n + d_v, d_c]: W_UK then W_UV."""
+        return w.kv_b.view(len(w.heads), self.d_n + self.d_v, self.d_c)

@@ -74,46 +74,51 @@ class MLALayer:
     def _store(self, step: StepContext, entries, keys, all_rows: bool) -> None:
         """Write the new tokens this rank holds. ``entries``/``keys`` cover all rows of the step
         (``all_rows``) or exactly this rank's own rows (owner layouts, whose holder rows they are)."""
-        rows, index = step.holder_rows(self.layout)
+        rows = step.holder_rows(self.layout)
         if rows.size == 0:
             return
         if all_rows and rows.size != step.batch.num_rows:
+            index = step.holder_index(self.layout)
             entries = entries.index_select(0, index)
             keys = None if keys is None else keys.index_select(0, index)
-        self.kv.write(step.write_slots(self.kv, rows), entries, keys)
+        self.kv.write(step.write_slots(self.kv, self.layout), entries, keys)
 
     def _attend(self, q: torch.Tensor, step: StepContext):
         view = step.attention_view(self.kv, self.layout)
         return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
 
+    def _rotary(self, step: StepContext, own: bool):
+        return step.rotary(self.math.d_r, self.math.theta, own)
+
     def _tp(self, x, step):
         m, w = self.math, self.weights
-        q = m.queries(w, x, step.positions)
-        entries, keys = m.latent(w, x, step.positions), m.indexer_keys(w, x)
-        self._store(step, entries, keys, all_rows=True)
-        out, _ = self._attend(q, step)
+        rot = self._rotary(step, own=False)
+        q_in, kv, keys = m.project(w, x)
+        self._store(step, m.latent(w, kv, rot), keys, all_rows=True)
+        out, _ = self._attend(m.queries(w, q_in, rot), step)
         o = m.output(w, out)
         step.collectives.all_reduce(o)
         return o
 
     def _owner_rows(self, x, step):
-        """(own rows of x, their positions, cache entries, indexer keys) computed on the owner."""
+        """(query input, RoPE, cache entries, indexer keys) of this rank's own rows."""
         m, w = self.math, self.weights
-        xr, pos = x[step.own_rows], step.positions[step.own_rows]
-        return xr, pos, m.latent(w, xr, pos), m.indexer_keys(w, xr)
+        rot = self._rotary(step, own=True)
+        q_in, kv, keys = m.project(w, x[step.own_rows])
+        return q_in, rot, m.latent(w, kv, rot), keys
 
     def _dp(self, x, step):
         m, w = self.math, self.weights
-        xr, pos, entries, keys = self._owner_rows(x, step)
+        q_in, rot, entries, keys = self._owner_rows(x, step)
         self._store(step, entries, keys, all_rows=False)
-        out, _ = self._attend(m.queries(w, xr, pos), step)
+        out, _ = self._attend(m.queries(w, q_in, rot), step)
         return exchange.gather_rows(step, m.output(w, out))
 
     def _dop(self, x, step):
         m, w = self.math, self.weights
-        q = m.queries(w, x, step.positions)  # [N, H/T, W]: this rank's heads, all rows
-        _, _, entries, keys = self._owner_rows(x, step)
-        self._store(step, entries, keys, all_rows=False)
+        q_in, kv, keys = m.project(w, x, kv_rows=step.own_rows)
+        q = m.queries(w, q_in, self._rotary(step, own=False))  # [N, H/T, W]: this rank's heads, all rows
+        self._store(step, m.latent(w, kv, self._rotary(step, own=True)), keys, all_rows=False)
         out_own, _ = self._attend(exchange.rows_to_owners(step, q), step)
         o = m.output(w, exchange.owners_to_rows(step, out_own))
         step.collectives.all_reduce(o)
@@ -121,14 +126,16 @@ class MLALayer:
 
     def _cp(self, x, step):
         m, w = self.math, self.weights
-        xr, pos, entries, keys = self._owner_rows(x, step)
-        q_own = m.queries(w, xr, pos)
+        q_in, rot, entries, keys = self._owner_rows(x, step)
+        q_own = m.queries(w, q_in, rot)
         n, heads, width = q_own.shape
         parts = [q_own.reshape(n, heads * width), entries] + ([keys] if keys is not None else [])
         gathered = exchange.gather_rows(step, torch.cat(parts, dim=1))
-        q = gathered[:, : heads * width].reshape(-1, heads, width).contiguous()
-        all_entries = gathered[:, heads * width: heads * width + m.kv_width].contiguous()
-        all_keys = gathered[:, heads * width + m.kv_width:].contiguous() if keys is not None else None
+        # Views into the gathered rows: the kernels need only a unit channel stride, the cache
+        # write copies anyway.
+        q = gathered[:, : heads * width].view(-1, heads, width)
+        all_entries = gathered[:, heads * width: heads * width + m.kv_width]
+        all_keys = gathered[:, heads * width + m.kv_width:] if keys is not None else None
         self._store(step, all_entries, all_keys, all_rows=True)
         out, lse = self._attend(q, step)
         outs, lses = exchange.partials_to_owners(step, out, lse)

@@ -32,7 +32,7 @@ from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
-from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages
+from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights, rms_norm
 from .mla_layer import MLALayer
 from .recurrent_pool import RecurrentFormat, RecurrentPool
@@ -76,8 +76,9 @@ class Model:
         self.embed = get("model.embed_tokens.weight")
         inter = even_shard(profile.intermediate_size, rank, T)
         self.layers: list[MLALayer | KDALayer] = []
+        # The MLP's gate and up projections are stacked so one matmul computes both.
         self.norms: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.mlps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
+        self.mlps: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         for i, layout in enumerate(layouts):
             p = layer_prefix(i)
             sharded = layout.placement is Placement.SHARDED
@@ -91,8 +92,8 @@ class Model:
                 self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
             self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
             self.mlps.append(None if not profile.intermediate_size else (
-                get(f"{p}.mlp.gate_proj.weight", rows=slice(inter.start, inter.stop)),
-                get(f"{p}.mlp.up_proj.weight", rows=slice(inter.start, inter.stop)),
+                torch.cat([get(f"{p}.mlp.gate_proj.weight", rows=slice(inter.start, inter.stop)),
+                           get(f"{p}.mlp.up_proj.weight", rows=slice(inter.start, inter.stop))]),
                 get(f"{p}.mlp.down_proj.weight", cols=slice(inter.start, inter.stop))))
         self.final_norm = get("model.norm.weight")
         vocab = even_shard(profile.vocab_size, rank, T)
@@ -164,8 +165,10 @@ class Model:
         return logits[:, : self.profile.vocab_size].float()
 
     def _mlp(self, x, weights):
-        gate, up, down = weights
-        partial = (torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+        gate_up, down = weights
+        both = x @ gate_up.t()  # [n, 2 I/T]: gate, then up
+        width = gate_up.shape[0] // 2
+        partial = (torch.nn.functional.silu(both[:, :width]) * both[:, width:]) @ down.t()
         self.collectives.all_reduce(partial)
         return partial
 
@@ -177,11 +180,17 @@ class Model:
         first, end = batch.new_pages()
         placed = {layer.index: layer.layout for layer in self.layers} if layouts is None else \
             {layer.index: Layout(l) for layer, l in zip(self.layers, layouts)}
+        opening = np.flatnonzero(end > first)
+        by_layout: dict[Layout, list] = {}  # layers of one layout place the new pages alike
         out = {}
         for layer in self.paged_layers:
-            out[layer.index] = [
-                (int(rid), held_pages(placed[layer.index], int(rid), int(owner), np.arange(a, b), self.rank, self.T))
-                for rid, owner, a, b in zip(batch.ids, batch.owners, first, end) if b > a]
+            layout = placed[layer.index]
+            if layout not in by_layout:
+                by_layout[layout] = [
+                    (int(batch.ids[i]), held_pages(layout, int(batch.ids[i]), int(batch.owners[i]),
+                                                   np.arange(first[i], end[i]), self.rank, self.T))
+                    for i in opening]
+            out[layer.index] = by_layout[layout]
         return out
 
     def reserve(self, batch: StepBatch, layouts: Sequence[Layout] | None = None) -> None:
@@ -194,11 +203,11 @@ class Model:
         paged = self.paged_layers
         need = np.array([sum(p.size for _, p in plan[layer.index]) for layer in paged], dtype=np.int64)
         free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
-        table = torch.zeros(2, self.T, len(paged), dtype=torch.int64)
-        table[0, self.rank], table[1, self.rank] = torch.as_tensor(need), torch.as_tensor(free)
-        table = table.to(self.device)
+        table = np.zeros((2, self.T, len(paged)), dtype=np.int64)
+        table[0, self.rank], table[1, self.rank] = need, free
+        table = to_device(table, self.device, torch.int64)
         self.collectives.all_reduce(table)
-        need_all, free_all = table.cpu().numpy()
+        need_all, free_all = table.cpu().numpy()  # the step's one wait for the device, when it opens a page
         short = np.argwhere(need_all > free_all)
         if short.size:
             r, i = short[0]

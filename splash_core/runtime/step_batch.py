@@ -86,7 +86,7 @@ class StepBatch:
         """s_i after this step: history including this step's rows."""
         return self.starts + self.rows
 
-    @property
+    @functools.cached_property
     def is_decode(self) -> bool:
         """One row per request (the kernels' decode path applies)."""
         return bool((self.rows == 1).all())
@@ -99,7 +99,7 @@ class StepBatch:
 
     # ---- per row -------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def num_rows(self) -> int:
         return int(self.rows.sum())
 

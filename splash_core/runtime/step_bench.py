@@ -182,8 +182,9 @@ def _past_deadline(ctx, deadline: float) -> bool:
 
 
 def measure_layout(ctx, spec: dict) -> list[dict]:
-    """Time one decode step and one prefill chunk per context in ``spec['layout']``; rank-local
-    wall times (device synchronised), one list of samples per rank."""
+    """Time one decode step and one prefill chunk per context in ``spec['layout']`` (only the
+    phases in ``spec['phases']`` where given); rank-local wall times (device synchronised), one
+    list of samples per rank."""
     profile = load("model", spec["model"])
     torch.set_float32_matmul_precision(spec["matmul_precision"])
     dtype, layout, T = dtypes.torch_dtype(spec["dtype"]), Layout(spec["layout"]), ctx.world_size
@@ -201,7 +202,8 @@ def measure_layout(ctx, spec: dict) -> list[dict]:
         layer.kv.kv.normal_(generator=gen)
     samples = []
     for context in sorted(spec["contexts"]):
-        for phase, rows in (("decode", 1), ("prefill", chunk)):
+        for phase, rows in ((p, r) for p, r in (("decode", 1), ("prefill", chunk))
+                            if p in spec.get("phases", ("decode", "prefill"))):
             if _past_deadline(ctx, spec["deadline"]):
                 samples.append({"layout": str(layout), "phase": phase, "context": context, "skipped": "time budget"})
                 continue

@@ -1,8 +1,18 @@
 """One rank's device-side view of a :class:`~splash_core.runtime.step_batch.StepBatch`.
 
-Built once per step and shared by every layer: index tensors are made on first use and cached,
-so layers in the same layout reuse them (no per-layer host work beyond block tables, which
-:class:`~splash_core.runtime.kv_pool.LayerKV` caches itself).
+Built once per step and shared by every layer: whatever all layers of one layout have in
+common is made on first use and kept for the step (index tensors, the RoPE of the step's
+positions, attention rows, split sizes), so a layer adds no host-to-device copy of its own in
+the common case:
+
+- block tables come from :class:`~splash_core.runtime.kv_pool.LayerKV`, which keeps them until
+  its pages change;
+- cache-write slots depend on a layer's physical pages, so they are computed per layer on the
+  host, but layers whose slots are equal (the same allocation order, the usual case) share one
+  device tensor.
+
+Host arrays reach the device through :func:`~splash_core.runtime.kv_pool.to_device` (staged in
+pinned memory, copied asynchronously), so no copy waits for the kernels already queued.
 """
 
 from __future__ import annotations
@@ -16,7 +26,8 @@ import torch
 
 from ..interfaces import Collectives, MLAKernels
 from ..layouts import Layout, Ownership
-from .kv_pool import LayerKV
+from .kv_pool import LayerKV, to_device
+from .mla import Rotary
 from .step_batch import StepBatch
 
 
@@ -44,26 +55,43 @@ class StepContext:
         self.kernels = kernels
         self.own_rows = batch.owned_row_slice(rank)
         self.num_own_rows = self.own_rows.stop - self.own_rows.start
-        self._all_ids = tuple(int(i) for i in batch.ids)
         self._views: dict = {}
         self._holders: dict = {}
+        self._slots: dict = {}  # slot bytes -> device slots, shared by the layers whose slots are equal
+        self._rotary: dict = {}
 
     def _tensor(self, array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype, device=self.device)
+        return to_device(array, self.device, dtype)
 
     @functools.cached_property
     def positions(self) -> torch.Tensor:
         """[N] int64 positions of all rows (RoPE)."""
         return self._tensor(self.batch.row_positions)
 
+    def rotary(self, dim: int, theta: float, own: bool = False) -> Rotary:
+        """RoPE of all rows' positions (``own``: this rank's rows), computed once per step."""
+        key = (dim, theta)
+        if key not in self._rotary:
+            every = Rotary.at(self.positions, dim, theta)
+            self._rotary[key] = (every, every.rows(self.own_rows))
+        return self._rotary[key][own]
+
     @functools.cached_property
     def last_rows(self) -> torch.Tensor:
         return self._tensor(self.batch.last_rows)
 
     @functools.cached_property
-    def gather_index(self) -> torch.Tensor:
-        """Rows of a padded all-gather [T * max_rows] that are real, in batch row order."""
+    def owner_splits(self) -> list[int]:
+        """Rows each rank owns, as the split sizes of the layouts' exchanges."""
+        return [int(c) for c in self.batch.owner_rows]
+
+    @functools.cached_property
+    def gather_index(self) -> torch.Tensor | None:
+        """Rows of a padded all-gather [T * max_rows] that are real, in batch row order; None when
+        every rank owns as many rows (then the gather is already in batch order)."""
         counts, width = self.batch.owner_rows, int(self.batch.owner_rows.max())
+        if (counts == width).all():
+            return None
         return self._tensor(np.concatenate([r * width + np.arange(c) for r, c in enumerate(counts)]))
 
     # ---- attention views ------------------------------------------------------------------
@@ -91,16 +119,38 @@ class StepContext:
 
     # ---- cache writes ---------------------------------------------------------------------
 
-    def holder_rows(self, layout: Layout) -> tuple[np.ndarray, torch.Tensor]:
-        """Rows whose new token this rank stores in ``layout`` (host array, device index)."""
+    def holder_rows(self, layout: Layout) -> np.ndarray:
+        """Rows whose new token this rank stores in ``layout``."""
+        return self._holder(layout)[0]
+
+    def _holder(self, layout: Layout):
+        """(holder rows, their request slots among the attention view's requests, positions): the
+        write addresses pages through the same block tables as attention (one build per layer)."""
         if layout not in self._holders:
-            rows = self.batch.page_holder_rows(layout, self.rank)
-            self._holders[layout] = (rows, self._tensor(rows))
+            b = self.batch
+            rows = b.page_holder_rows(layout, self.rank)
+            slot = b.row_request[rows]
+            if layout.ownership is Ownership.OWNER and rows.size:
+                slot = slot - b.owned_requests(self.rank)[0]
+            self._holders[layout] = (rows, slot, b.row_positions[rows])
         return self._holders[layout]
 
-    def write_slots(self, kv: LayerKV, rows: np.ndarray) -> torch.Tensor:
-        b = self.batch
-        return self._tensor(kv.slots(self._all_ids, b.row_request[rows], b.row_positions[rows]))
+    def holder_index(self, layout: Layout) -> torch.Tensor:
+        """:meth:`holder_rows` as a device index (to select them from all rows)."""
+        key = ("index", layout)
+        if key not in self._holders:
+            self._holders[key] = self._tensor(self.holder_rows(layout))
+        return self._holders[key]
+
+    def write_slots(self, kv: LayerKV, layout: Layout) -> torch.Tensor:
+        """Flat cache slots [n] of :meth:`holder_rows` in ``kv``: computed on the host per layer (pages
+        differ per layer), copied to the device once per distinct content in the step."""
+        _, slot, positions = self._holder(layout)
+        slots = kv.slots(self._rows_tensors(layout.ownership)[0], slot, positions)
+        key = slots.tobytes()
+        if key not in self._slots:
+            self._slots[key] = self._tensor(slots)
+        return self._slots[key]
 
     def attend(self, q: torch.Tensor, kv: LayerKV, view: AttentionView, scale: float, v_dim: int):
         """(out [n, H, d_c], lse [n, H]) through the backend's kernels. No rows, or no page held

@@ -19,8 +19,8 @@ through that contract.
 Modules: ``executor`` (the step and its per-layer pipeline), ``planning`` (manifests for the
 model's layers, Eq 5 and pool checks), ``transfer`` (side communicator, waits, faults, the
 mover contract), ``weights_mover``, ``pages_mover``, ``recurrent`` (KDA state), ``modes``,
-``report``, ``errors``, and
-``bench`` (rank-side work of ``bench/switch_bench.py``).
+``report``, ``errors``, ``bench`` (rank-side work of ``bench/switch_bench.py``) and
+``host_profile`` (of ``bench/switch_host_profile.py``: where the switching step's host time goes).
 """
 
 from .errors import SwitchFailed, SwitchRefused, TransferError

@@ -18,7 +18,8 @@ step can be repeated: every repetition rewrites the same slots and the history s
 - :func:`switch_overhead`: matched target-ready / blocking / SPLASH runs of every direction
   (§5.5, appendix F.2), a→b and b→a alternating so no run needs a reset. The first (warm-up) run
   of a pair plans its manifests (their host time is reported as ``plan_ms``); the timed runs
-  reuse them, as a step whose switch the scheduler already planned to cost it.
+  reuse them, as a step whose switch the scheduler already planned to cost it. Each SPLASH
+  step's waits and the host time of its switch work (``SwitchReport.host_ms``) are kept too.
 """
 
 from __future__ import annotations
@@ -164,7 +165,6 @@ def _bare_once(ctx, executor, t, state: State, plan) -> float:
     """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
     to the same width)."""
     io, streams = executor.io, ctx.streams
-    moving = t.data
     if state is State.WEIGHTS:
         per_rank = t.received_bytes[state] // (io.T - 1)
         send = torch.empty(per_rank, dtype=torch.uint8, device=ctx.device)
@@ -173,8 +173,8 @@ def _bare_once(ctx, executor, t, state: State, plan) -> float:
     else:
         cache = t.layer.kv.kv
         page = cache[0].numel() * cache.element_size()
-        blocks = moving.blocks
-        if moving.primitive is Primitive.ALL_GATHER:
+        blocks = plan.rank(io.rank)
+        if plan.primitive is Primitive.ALL_GATHER:
             width = int(plan.diff.recv[0].max())
             send = torch.empty(width * page, dtype=torch.uint8, device=ctx.device)
             out = send.new_empty(io.T * width * page)
@@ -300,7 +300,7 @@ def switch_overhead(ctx, spec: dict) -> dict:
                     if mode is Mode.SPLASH:
                         exposed.append({"src": str(src), "dst": str(dst), "exposed_ms": report.exposed_ms,
                                         "first_layer_wait_ms": report.layers[0].wait_ms if report.layers else 0.0,
-                                        "run": run})
+                                        "host_ms": report.host_ms, "run": run})
             if run >= spec["warmup"]:
                 done += 1
                 for src, dst in ((a, b), (b, a)):

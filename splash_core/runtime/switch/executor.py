@@ -5,8 +5,12 @@ Per switching step, on every rank (all ranks call :meth:`SwitchExecutor.step` wi
 arguments, so every decision below is the same everywhere):
 
 1. Plan: the manifests of the layers not yet in ``dst`` (one per source layout), from the
-   requests' histories before the step (:mod:`.planning`); cached, so a scheduler that planned
-   the switch with :meth:`SwitchExecutor.plan` to cost it does not pay twice.
+   requests' histories before the step (:mod:`.planning`), and each mover's per-kind route
+   (which keys it sends, fetches and frees, chunked: the same for every layer of a kind, see
+   ``StateMover.prepare``); cached, so a scheduler that planned the switch with
+   :meth:`SwitchExecutor.plan` to cost it does not pay twice, and a layer's transfer does only
+   that layer's own work (a few array operations on its block tables, one index copy to the
+   device, its packs, collectives and unpacks; no host-device synchronisation).
 2. Check, before anything moves: Eq 5 against ``budget_bytes`` (if given), then one all-reduce
    of every rank's page needs (pages arriving + the step's new pages) against its pools' free
    pages, and of requests holding pages outside the batch. A failure raises
@@ -62,9 +66,9 @@ def default_movers() -> list[StateMover]:
 @dataclasses.dataclass
 class _LayerMove:
     layer: Any
-    plan: LayerPlan
     events: dict  # t_start, t_done (side stream), w0, w1 (compute stream)
     transfers: list[tuple[StateMover, Transfer]] = dataclasses.field(default_factory=list)
+    host_s: float = 0.0  # host time issuing and landing it
 
 
 @dataclasses.dataclass
@@ -73,10 +77,12 @@ class _Switch:
 
     dst: Layout
     src: Layout | str
-    plans: dict[int, LayerPlan]  # by layer index, moving layers only
     order: tuple[int, ...]  # positions of the moving layers in the model
     plan_ms: float
     landed: list[_LayerMove] = dataclasses.field(default_factory=list)
+    host_s: float = 0.0  # host time of the checks before anything moved (planning included)
+    # by layer index: each mover with the plans of its states (shared by the layers of a kind)
+    movers: dict[int, tuple[tuple[StateMover, dict], ...]] = dataclasses.field(default_factory=dict)
 
 
 class SwitchExecutor:
@@ -103,8 +109,9 @@ class SwitchExecutor:
 
     def plans(self, dst: Layout | str, batch: StepBatch) -> dict[Layout, Manifest]:
         """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
-        layout among the layers not in ``dst`` (this rank's key arrays computed). The last few are
-        cached by (destination, layer layouts, requests' ids, owners and starts)."""
+        layout among the layers not in ``dst`` (this rank's key arrays and the movers' routes
+        computed). The last few are cached by (destination, layer layouts, requests' ids, owners
+        and starts)."""
         dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
         key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
                batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size)
@@ -112,10 +119,16 @@ class SwitchExecutor:
             self._cache.move_to_end(key)
             return self._cache[key]
         manifests = plan_layers(self.model, dst, batch)
+        layers = {layer.index: layer for layer in self.model.layers}
         for manifest in manifests.values():
             for lp in manifest.kinds().values():
                 for plan in lp.states.values():
                     plan.rank(self.model.rank)
+                for mover in self.movers:  # per-kind routes, so no layer of the step builds them
+                    prepare = getattr(mover, "prepare", None)
+                    mine = {s: p for s, p in lp.states.items() if s in mover.states}
+                    if prepare is not None and mine:
+                        prepare(layers[lp.index], mine, self.model.rank, self.model.T)
         self._cache[key] = manifests
         while len(self._cache) > _CACHED_PLANS:
             self._cache.popitem(last=False)
@@ -206,6 +219,12 @@ class SwitchExecutor:
         return self._io
 
     def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
+        t0 = time.perf_counter()
+        sw = self._check(dst, batch, mode)
+        sw.host_s = time.perf_counter() - t0
+        return sw
+
+    def _check(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
         m = self.model
         if batch.T != m.T or batch.page_size != m.page_size:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={m.T}, page {m.page_size}")
@@ -213,17 +232,17 @@ class SwitchExecutor:
         src = next(iter(before)) if len(before) == 1 else "mixed"
         order = tuple(pos for pos, layer in enumerate(m.layers) if layer.layout is not dst)
         if not order:
-            return _Switch(dst, src, {}, (), 0.0)
+            return _Switch(dst, src, (), 0.0)
         t0 = time.perf_counter()
         manifests = self.plans(dst, batch)
         plan_ms = (time.perf_counter() - t0) * 1e3
         plans = layer_plans(manifests)
-        sw = _Switch(dst, src, plans, order, plan_ms)
+        sw = _Switch(dst, src, order, plan_ms)
+        per_kind: dict[int, tuple] = {}  # layers of a kind share one states mapping
         for lp in plans.values():
-            missing = set(lp.states) - {s for mover in self.movers for s in mover.states}
-            if missing:
-                raise ValueError(f"layer {lp.index} ({lp.kind}) has state {sorted(map(str, missing))} that no mover "
-                                 f"moves; pass one to SwitchExecutor(movers=...) (see switch.transfer.StateMover)")
+            if id(lp.states) not in per_kind:
+                per_kind[id(lp.states)] = self._assign(lp)
+            sw.movers[lp.index] = per_kind[id(lp.states)]
         if self.budget_bytes is not None:
             reason = budget_refusal(peak_bytes(m, dst, batch, manifests), self.budget_bytes, self.reserve_bytes)
             if reason:
@@ -237,6 +256,15 @@ class SwitchExecutor:
         if reason:
             raise self._refused(sw, mode, reason)
         return sw
+
+    def _assign(self, lp: LayerPlan) -> tuple[tuple[StateMover, dict], ...]:
+        """Each mover that moves some of ``lp``'s states, with their plans."""
+        missing = set(lp.states) - {s for mover in self.movers for s in mover.states}
+        if missing:
+            raise ValueError(f"layer {lp.index} ({lp.kind}) has state {sorted(map(str, missing))} that no mover "
+                             f"moves; pass one to SwitchExecutor(movers=...) (see switch.transfer.StateMover)")
+        return tuple((mover, mine) for mover in self.movers
+                     if (mine := {s: lp.states[s] for s in mover.states if s in lp.states}))
 
     def _refused(self, sw: _Switch, mode: Mode, reason: str) -> SwitchRefused:
         report = SwitchReport(sw.src, sw.dst, mode, plan_ms=sw.plan_ms, refused=True,
@@ -291,23 +319,22 @@ class SwitchExecutor:
             raise
 
     def _start(self, sw: _Switch, pos: int) -> _LayerMove:
+        t0 = time.perf_counter()
         layer, io, streams = self.model.layers[pos], self.io, self.ctx.streams
-        lm = _LayerMove(layer, sw.plans[layer.index], {k: streams.new_event(timing=True)
-                                                      for k in ("t_start", "t_done", "w0", "w1")})
+        lm = _LayerMove(layer, {k: streams.new_event(timing=True) for k in ("t_start", "t_done", "w0", "w1")})
         with streams.use_stream(io.side_stream):
             lm.events["t_start"].record(io.side_stream)
             try:
-                for mover in self.movers:
-                    states = [s for s in mover.states if s in lm.plan.states]
-                    if states:
-                        t = mover.start(layer, {s: lm.plan.states[s] for s in states}, sw.dst, io)
-                        lm.transfers.append((mover, t))
+                for mover, plans in sw.movers[layer.index]:
+                    lm.transfers.append((mover, mover.start(layer, plans, sw.dst, io)))
             except BaseException:
                 self._rollback(lm)
                 raise
+        lm.host_s = time.perf_counter() - t0
         return lm
 
     def _land(self, sw: _Switch, lm: _LayerMove) -> None:
+        t0 = time.perf_counter()
         io, streams, ev = self.io, self.ctx.streams, lm.events
         ev["w0"].record()
         try:
@@ -326,6 +353,7 @@ class SwitchExecutor:
             raise
         for mover, t in lm.transfers:  # the destination copy is live: retire the source copy
             mover.retire(t)
+        lm.host_s += time.perf_counter() - t0
         sw.landed.append(lm)
 
     @staticmethod
@@ -358,17 +386,19 @@ class SwitchExecutor:
             ev, got, prims = lm.events, {}, {}
             for _, t in lm.transfers:
                 for s in t.states:
-                    got[str(s)] = got.get(str(s), 0) + t.received_bytes.get(s, 0)
-                    prims[str(s)] = t.primitives[s]
-                    received[str(s)] = received.get(str(s), 0) + t.received_bytes.get(s, 0)
-                    group[str(s)] = group.get(str(s), 0) + t.group_bytes.get(s, 0)
+                    name, n = s.value, t.received_bytes.get(s, 0)
+                    got[name] = got.get(name, 0) + n
+                    prims[name] = t.primitives[s]
+                    received[name] = received.get(name, 0) + n
+                    group[name] = group.get(name, 0) + t.group_bytes.get(s, 0)
             layers.append(LayerReport(lm.layer.index, prims, got, ev["t_start"].elapsed_time(ev["t_done"]),
-                                      ev["w0"].elapsed_time(ev["w1"])))
+                                      ev["w0"].elapsed_time(ev["w1"]), lm.host_s * 1e3))
         if exposed is None:
             exposed_ms = float(sum(r.wait_ms for r in layers))
         elif isinstance(exposed, tuple):
             exposed_ms = exposed[0].elapsed_time(exposed[1])
         else:
             exposed_ms = float(exposed)
+        host_ms = 1e3 * (sw.host_s + sum(lm.host_s for lm in sw.landed))
         return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
-                            sw.plan_ms)
+                            sw.plan_ms, host_ms=host_ms)

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from ... import ownership
-from ...layouts import Layout, State
+from ...layouts import Layout, Ownership, State
 from ...manifest import LayerPlan, Manifest, plan_switch
-from ..kv_pool import held_pages
+from ..kv_pool import to_device
 from ..step_batch import StepBatch
 
 
@@ -111,6 +111,22 @@ class PoolCheck:
                 "every running request in the batch")
 
 
+def new_pages_here(layout: Layout, batch: StepBatch, rank: int, T: int) -> int:
+    """Pages ``rank`` adds in one layer in ``layout`` for the step's new tokens (the rule of
+    :func:`~splash_core.runtime.kv_pool.held_pages`, over every request at once)."""
+    first, end = batch.new_pages()
+    count = np.maximum(end - first, 0)
+    if not count.any():
+        return 0
+    if layout.ownership is Ownership.ALL:
+        return int(count.sum())
+    if layout.ownership is Ownership.OWNER:
+        return int(count[batch.owners == rank].sum())
+    request = np.repeat(np.arange(len(count)), count)
+    pages = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    return int((ownership.cp_rank_of_page(batch.ids[request], pages, T) == rank).sum())
+
+
 def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[int, LayerPlan]) -> PoolCheck:
     """Gather every rank's page needs for the switching step (a collective on ``collectives``):
     pages arriving in the moving layers plus, in every paged layer, the step's new pages; and
@@ -118,13 +134,16 @@ def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[i
     share, in closed form; requests are named only when they differ)."""
     paged = model.paged_layers
     T, rank = model.T, model.rank
-    first, end = batch.new_pages()
-    new = sum(held_pages(dst, int(rid), int(owner), np.arange(a, b), rank, T).size  # the same in every layer
-              for rid, owner, a, b in zip(batch.ids, batch.owners, first, end) if b > a)
+    new = new_pages_here(dst, batch, rank, T)  # the same in every layer
     hist = history_batch(batch)
     share = {layout: int(ownership.kv_pages_per_rank(layout, hist, T, model.page_size)[rank])
              for layout in {layer.layout for layer in paged}}
-    fetched = np.array([len(plans[layer.index].states[State.KV].rank(rank).fetched) if layer.index in plans else 0
+    arriving: dict[int, int] = {}  # per KV plan (shared by the layers of a kind)
+    for lp in plans.values():
+        kv = lp.states.get(State.KV)
+        if kv is not None and id(kv) not in arriving:
+            arriving[id(kv)] = len(kv.rank(rank).fetched)
+    fetched = np.array([arriving[id(plans[layer.index].states[State.KV])] if layer.index in plans else 0
                         for layer in paged], dtype=np.int64)
     free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
     extra = sum(layer.kv.used_pages - share[layer.layout] for layer in paged)
@@ -133,11 +152,10 @@ def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[i
         ids = set(int(i) for i in batch.ids)
         local = tuple(sorted({rid for layer in paged for rid in layer.kv.requests} - ids))
     n = len(paged)
-    table = torch.zeros(3 * T * n + T, dtype=torch.int64)
-    mine = torch.as_tensor(np.concatenate([fetched + new, fetched, free]))
-    table[: 3 * T * n].view(3, T, n)[:, rank] = mine.view(3, n)
-    table[3 * T * n + rank] = int(extra)
-    table = table.to(model.device)
+    host = np.zeros(3 * T * n + T, dtype=np.int64)
+    host[: 3 * T * n].reshape(3, T, n)[:, rank] = np.stack([fetched + new, fetched, free])
+    host[3 * T * n + rank] = extra
+    table = to_device(host, model.device, torch.int64)
     collectives.all_reduce(table)
     table = table.cpu().numpy()
     grid = table[: 3 * T * n].reshape(3, T, n)

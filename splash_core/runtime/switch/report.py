@@ -14,14 +14,16 @@ class LayerReport:
 
     ``transfer_ms`` runs from the first pack to the last write on the side stream (on host
     streams, from launch to landing, so it includes time the transfer sat behind computation);
-    ``wait_ms`` is how long the step's compute stream waited for it; ``primitives`` maps each
-    state to the primitive that moved it."""
+    ``wait_ms`` is how long the step's compute stream waited for it; ``host_ms`` is the host's
+    time issuing and landing it (wall clock); ``primitives`` maps each state to the primitive
+    that moved it."""
 
     index: int
     primitives: dict[str, str]
     bytes_received: dict[str, int]
     transfer_ms: float
     wait_ms: float
+    host_ms: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,9 @@ class SwitchReport:
     - ``layers``: per moved layer, in model order.
     - ``plan_ms``: host time spent planning in this call (0 when the manifest was planned
       before, e.g. by :meth:`SwitchExecutor.plan`).
+    - ``host_ms``: host time (wall clock) the executor spent on the switch in this call: the
+      checks before anything moves (and planning) plus every layer's issuing and landing. Where
+      the step's computation is bound by the host, this is what SPLASH adds to it.
     - ``refused``/``reason``: a refused switch changes nothing; ``reason`` has the numbers.
     """
 
@@ -53,6 +58,7 @@ class SwitchReport:
     plan_ms: float = 0.0
     refused: bool = False
     reason: str = ""
+    host_ms: float = 0.0
 
     @property
     def moved(self) -> bool:

@@ -28,6 +28,9 @@ The executor moves one layer at a time. For each state of the layer's
   recorded in the transfer so ``rollback`` can free it, also when ``start`` itself fails
   half-way; ``retire`` cannot fail.
 - ``t.received_bytes`` / ``t.group_bytes`` (per state) feed the report.
+- Optional: ``mover.prepare(layer, plans, rank, T)``, called when the executor plans a switch
+  (once per layer kind, with one layer of the kind), precomputes what every layer of the kind
+  shares, so the step's per-layer ``start`` does only the layer's own work.
 
 The recurrent (KDA) state moves by the same steps with the keys ``(request_id, shard)``:
 :class:`~splash_core.runtime.switch.recurrent.RecurrentMover`, one of the default movers.
@@ -45,6 +48,7 @@ import torch
 from ...interfaces import Collectives, StreamOps, Work
 from ...layouts import Layout, State
 from ...manifest import StatePlan
+from ..kv_pool import to_device
 from .errors import InjectedFault, TransferError
 
 
@@ -91,12 +95,9 @@ class TransferContext:
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
 
     def index(self, array: np.ndarray) -> torch.Tensor:
-        """An int32 index tensor on the device. Off the host it is copied from pinned memory
-        without blocking, so issuing a layer's transfer never waits for the streams."""
-        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
-        if self.device.type == "cpu":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:
+        copied without blocking, so issuing a layer's transfer never waits for the streams)."""
+        return to_device(array, self.device, torch.int32)
 
     def _issue(self, layer: int, state: State, primitive: str, launch) -> Pending:
         if self.hung or (self.fault is not None and self.fault.hang and self.fault.hits(layer, state, self.rank)):

@@ -1,10 +1,13 @@
 """Moving a layer's head-indexed projections between placements (paper §4.1, Figure 3 right).
 
-- sharded → replicated (TP/DOP → DP/CP): an all-gather per head-indexed tensor. A tensor whose
-  shards concatenate along dim 0 (Q-B, KV-B: rows per head) is gathered straight into its full
-  tensor, with no copy; one concatenated along another dim (O: columns per head) is gathered
-  into a staging buffer and rearranged by one copy. Those go first, so their copy overlaps the
-  other tensors' transfers.
+- sharded → replicated (TP/DOP → DP/CP): one all-gather per head-indexed tensor, each straight
+  into its full tensor, with no copy on either side. A tensor whose shards concatenate along dim
+  0 (Q-B, KV-B: rows per head) is gathered as is. One concatenated along another dim d (O:
+  columns per head) is gathered with d moved to the front, i.e. as the transposed tensor, whose
+  shards do concatenate along dim 0; the full tensor is that buffer with d moved back, a view
+  of the same shape (O comes out column-major, which matmuls take as is). Its shards, cut later
+  from such a full tensor, keep that memory order, so they are sent without a copy too; a shard
+  in the other order is copied once. The largest tensors go first.
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 
@@ -35,10 +38,8 @@ WEIGHTS = State.WEIGHTS
 class _Gather:
     name: str
     dim: int  # the axis the shards join along
-    shape: torch.Size  # of one shard
-    dtype: torch.dtype
     pending: object
-    out: torch.Tensor  # the full tensor (dim 0), or the flat staging buffer [T * shard elements]
+    out: torch.Tensor  # the gathered tensor, the joined axis first
 
 
 class WeightsMover:
@@ -56,15 +57,14 @@ class WeightsMover:
                                  f"but the layer holds heads {w.heads} of {w.total_heads}")
             dims = concat_dims(w, io.T)
             gathers, sent = [], 0
-            for name in sorted(w.SHARDED, key=lambda n: (dims[n] == 0, -getattr(w, n).numel())):
-                x = getattr(w, name).contiguous()
-                if dims[name] == 0:
-                    out, send = x.new_empty((io.T * x.shape[0], *x.shape[1:])), x
-                else:
-                    send = x.reshape(-1)
-                    out = send.new_empty(io.T * send.numel())
+            for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
+                x, dim = getattr(w, name), dims[name]
+                send = x.movedim(dim, 0) if dim else x
+                if not send.is_contiguous():
+                    send = send.contiguous()
+                out = send.new_empty((io.T * send.shape[0], *send.shape[1:]))
                 pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
-                gathers.append(_Gather(name, dims[name], x.shape, x.dtype, pending, out))
+                gathers.append(_Gather(name, dim, pending, out))
                 sent += x.numel() * x.element_size()
             t.data = gathers
             t.received_bytes[WEIGHTS] = (io.T - 1) * sent
@@ -82,10 +82,7 @@ class WeightsMover:
         full = {}
         for g in t.data:
             io.wait(g.pending)
-            if g.dim == 0:
-                full[g.name] = g.out
-            else:  # [T, *shard] -> shards side by side along their axis: one copy
-                full[g.name] = torch.cat(g.out.view(io.T, *g.shape).unbind(0), dim=g.dim)
+            full[g.name] = g.out.movedim(0, g.dim) if g.dim else g.out
         w = t.layer.weights
         t.layout_args["weights"] = dataclasses.replace(w, heads=range(w.total_heads), **full)
         t.data = None

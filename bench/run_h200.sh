@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Every GPU measurement of SPLASH on a lent H200 machine, in one command:
+#
+#   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
+#
+# Sections: calibrate kernels runtime switch engine kda conformance ($SWITCH_BUDGET and
+# $ENGINE_BUDGET set how long those two benchmarks may keep starting runs). Each runs under its own
+# time limit, writes its results under $RES/<section>/<platform>/ and is packed into
+# $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
+# Unpack with `tar xzf <section>.tgz` and copy the JSON into bench/results/<platform>/.
+#
+# The machine has no network: carry fla-core's and pluggy's wheels in .whl/ (see README).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+export SPLASH_GIT_COMMIT="${SPLASH_GIT_COMMIT:-unknown}"
+OUT="${OUT:-/tmp/splash-out}"
+RES="${RES:-/tmp/splash-res}"
+SWITCH_BUDGET="${SWITCH_BUDGET:-180}"  # seconds of measuring the switch and engine benchmarks may start
+ENGINE_BUDGET="${ENGINE_BUDGET:-170}"
+mkdir -p "$OUT" "$RES"
+cd "$(dirname "$0")/.."
+
+python3 -m pip install -q --no-deps --no-build-isolation .whl/*.whl \
+  -e . -e backends/cuda -e backends/hopper -e backends/dcu 2>&1 | grep -v WARN | tail -2
+
+section() {  # name, time limit (s), command...
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$RES/$name"
+  echo "== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$RES/$name/log.txt" 2>&1
+  echo "   exit $? after $((SECONDS - start))s"
+  tail -n 25 "$RES/$name/log.txt"
+  tar czf "$OUT/$name.tgz" -C "$RES" "$name"
+}
+
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(calibrate kernels runtime switch engine kda conformance)
+for s in "${sections[@]}"; do
+  case $s in
+    calibrate) section calibrate 120 splash calibrate --backend hopper --ranks 2 --out "$RES/calibrate/h200.yaml"
+               # later sections (the engine's scheduler) use the θ this run just measured
+               cp "$RES/calibrate/h200.yaml" profiles/hardware/h200.yaml 2>/dev/null ;;
+    kernels) section kernels 240 python3 bench/gpu_kernels.py --out "$RES/kernels" --sections sweep,correctness,decode,prefill
+             # later sections use the tiles this run just chose
+             cp "$RES/kernels/hopper-tuned-h200.json" backends/hopper/splash_backend_hopper/tuned/h200.json 2>/dev/null ;;
+    runtime) section runtime 150 python3 bench/runtime_step.py --out "$RES/runtime" --budget-s 70 ;;
+    switch) section switch $((SWITCH_BUDGET + 80)) python3 bench/switch_bench.py --out "$RES/switch" --budget-s "$SWITCH_BUDGET" ;;
+    engine) section engine $((ENGINE_BUDGET + 110)) python3 bench/engine_bench.py --out "$RES/engine" --budget-s "$ENGINE_BUDGET" ;;
+    kda) section kda 240 python3 bench/kda_runtime.py --out "$RES/kda" ;;
+    conformance) section conformance 200 python3 bench/gpu_kernels.py --out "$RES/conformance" --sections conformance ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance)"; exit 2 ;;
+  esac
+done

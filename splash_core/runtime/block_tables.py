@@ -1,0 +1,274 @@
+"""Block tables and free list of one layer's pages on one rank: the host bookkeeping of the
+paged KV pool (numpy only; :class:`~splash_core.runtime.kv_pool.LayerKV` adds the page tensors).
+
+A request's block table maps its *logical* pages (position // page_size) to physical pages;
+-1 marks a logical page held elsewhere (CP) or not at all. The tables of a layer are the rows
+of one dense array (a request holding pages has a row; rows are reused) and the free list is an
+array used as a stack, so work on many pages of many requests, as a live switch does in every
+layer, is a few array operations: :class:`PageKeys` prepares a set of (request, page) keys once
+(per switch plan) and :meth:`BlockTables.lookup`, :meth:`~BlockTables.alloc_keys` and
+:meth:`~BlockTables.free_keys` apply it to any layer. Allocation checks everything before it
+changes anything (:class:`PoolFullError`, ValueError), so a refused call leaves the tables as
+they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+class PoolFullError(RuntimeError):
+    """Not enough free pages; raised before anything is written or allocated."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PageKeys:
+    """Distinct (request, logical page) keys in a fixed order, prepared once so that a pool
+    looks up, allocates or frees all of them with a few array operations (see :class:`LayerKV`).
+
+    ``requests`` are the distinct request ids, ``slot[k]`` the index of key k's request among
+    them, ``pages[k]`` its logical page, ``counts[j]`` how many keys request j has."""
+
+    requests: tuple[int, ...]
+    slot: np.ndarray  # [n] intp
+    pages: np.ndarray  # [n] int64
+    counts: np.ndarray  # [len(requests)] int64
+    max_page: int  # -1 when there are no keys
+
+    @classmethod
+    def of(cls, keys) -> "PageKeys":
+        """From ``keys`` [n, 2] (request, logical page); ValueError when a key repeats."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1, 2)
+        rid, pages = keys[:, 0], np.ascontiguousarray(keys[:, 1])
+        starts = np.concatenate([[0], np.flatnonzero(rid[1:] != rid[:-1]) + 1]) if len(keys) else np.zeros(0, np.int64)
+        runs = rid[starts]
+        rising = np.diff(pages) > 0
+        rising[starts[1:] - 1] = True  # a run's first page follows another request's last
+        if np.unique(runs).size == runs.size and rising.all():  # grouped by request, pages ascending (plans)
+            counts = np.diff(np.append(starts, len(keys)))
+            ids, slot = runs, np.repeat(np.arange(runs.size, dtype=np.intp), counts)
+        else:
+            ids, slot, counts = np.unique(rid, return_inverse=True, return_counts=True)
+            slot = slot.reshape(-1).astype(np.intp)
+            if np.unique(slot * (int(pages.max()) + 1) + pages).size != len(keys):
+                raise ValueError("page keys repeat: each (request, page) may appear once")
+        return cls(tuple(int(i) for i in ids), slot, pages, counts.astype(np.int64), int(pages.max(initial=-1)))
+
+    @classmethod
+    def one(cls, request: int, logical_pages) -> "PageKeys":
+        """Keys of one request."""
+        pages = np.asarray(logical_pages, dtype=np.int64).reshape(-1)
+        if np.unique(pages).size != pages.size:
+            raise ValueError(f"request {request}: logical pages repeat in {pages.tolist()}")
+        return cls((int(request),), np.zeros(pages.size, np.intp), pages, np.array([pages.size], np.int64),
+                   int(pages.max(initial=-1)))
+
+    def __len__(self) -> int:
+        return self.pages.size
+
+    def flat(self, rows: np.ndarray, width: int) -> np.ndarray:
+        """Each key's index into a C-ordered table [*, width] whose row for ``requests[j]`` is
+        ``rows[j]``. The last answer is kept: the layers of a model usually give their requests
+        the same rows, so a switch computes it once for all of them."""
+        memo = self.__dict__.get("_flat")
+        tag = (rows.tobytes(), width)
+        if memo is None or memo[0] != tag:
+            memo = (tag, rows[self.slot] * width + self.pages)
+            object.__setattr__(self, "_flat", memo)
+        return memo[1]
+
+
+class BlockTables:
+    """Block tables and free list of ``num_pages`` pages of layer ``layer`` on this rank."""
+
+    def __init__(self, layer: int, num_pages: int):
+        if num_pages < 1:
+            raise ValueError(f"layer {layer}: a pool needs at least one page (got {num_pages})")
+        self.layer = layer
+        self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.int64)  # [: _nfree] free; the top goes first
+        self._nfree = num_pages
+        self._row: dict[int, int] = {}  # request -> row of _table, for requests holding pages
+        self._spare: list[int] = []  # rows no request uses
+        self._table = np.full((0, 0), -1, dtype=np.int32)  # [row, logical page] -> physical page, -1: none
+        self._held = np.zeros(0, dtype=np.int64)  # pages held per row
+        self.version = 0  # bumped on every change of a table
+
+    @property
+    def num_pages(self) -> int:
+        return self._stack.size
+
+    @property
+    def free_pages(self) -> int:
+        return self._nfree
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - self._nfree
+
+    @property
+    def requests(self) -> list[int]:
+        """Requests with at least one page here."""
+        return list(self._row)
+
+    # ---- rows of the dense table ---------------------------------------------------------
+
+    def _rows(self, requests, create: bool = False) -> np.ndarray:
+        """Row of each request (-1 for one without pages, unless ``create`` gives it a row)."""
+        out = np.empty(len(requests), dtype=np.intp)
+        for i, rid in enumerate(requests):
+            row = self._row.get(rid)
+            if row is None:
+                row = self._new_row(rid) if create else -1
+            out[i] = row
+        return out
+
+    def _new_row(self, request: int) -> int:
+        if self._spare:
+            row = self._spare.pop()
+        else:
+            row = len(self._row)
+            if row >= self._table.shape[0]:
+                grow = max(8, self._table.shape[0])
+                self._table = np.concatenate([self._table, np.full((grow, self._table.shape[1]), -1, np.int32)])
+                self._held = np.concatenate([self._held, np.zeros(grow, np.int64)])
+        self._row[request] = row
+        return row
+
+    def _widen(self, max_page: int) -> None:
+        width = self._table.shape[1]
+        if max_page >= width:
+            grow = max(max_page + 1 - width, width, 8)
+            self._table = np.concatenate([self._table, np.full((self._table.shape[0], grow), -1, np.int32)], axis=1)
+
+    def _drop_empty(self, requests) -> None:
+        for rid in requests:
+            row = self._row.get(rid)
+            if row is not None and self._held[row] == 0:
+                del self._row[rid]
+                self._spare.append(row)
+
+    # ---- many keys at once ----------------------------------------------------------------
+
+    def _flat(self, keys: PageKeys) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows of the keys' requests, the keys' flat table indices), or None when a request
+        has no row or a page lies beyond the table."""
+        rows = self._rows(keys.requests)
+        if keys.max_page >= self._table.shape[1] or (rows < 0).any():
+            return None
+        return rows, keys.flat(rows, self._table.shape[1])
+
+    def lookup(self, keys: PageKeys) -> np.ndarray:
+        """Physical pages of ``keys``, in order; RuntimeError naming a request when a key is not held here."""
+        if len(keys) == 0:
+            return np.zeros(0, np.int64)
+        found = self._flat(keys)
+        physical = np.take(self._table, found[1]) if found else np.full(len(keys), -1, np.int32)
+        if found is None or (physical < 0).any():
+            held = self._held_mask(keys)
+            bad = int(np.flatnonzero(~held)[0])
+            raise RuntimeError(f"layer {self.layer}: request {keys.requests[keys.slot[bad]]} holds no page "
+                               f"{int(keys.pages[bad])} here")
+        return physical.astype(np.int64)
+
+    def _held_mask(self, keys: PageKeys) -> np.ndarray:
+        """Whether each key is held here (any keys: unknown requests, pages beyond the table)."""
+        r = self._rows(keys.requests)[keys.slot]
+        inside = (r >= 0) & (keys.pages < self._table.shape[1])
+        held = np.zeros(len(keys), dtype=bool)
+        held[inside] = self._table[r[inside], keys.pages[inside]] >= 0
+        return held
+
+    def alloc_keys(self, keys: PageKeys) -> np.ndarray:
+        """Allocate every key (none may be held already); their physical pages, in order. Raises
+        :class:`PoolFullError` or ValueError changing nothing."""
+        n = len(keys)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if n > self._nfree:
+            who = f"request {keys.requests[0]} needs" if len(keys.requests) == 1 else f"{len(keys.requests)} requests need"
+            raise PoolFullError(f"layer {self.layer}: {who} {n} pages, {self._nfree} of {self.num_pages} are free")
+        rows = self._rows(keys.requests, create=True)
+        self._widen(keys.max_page)
+        flat = keys.flat(rows, self._table.shape[1])
+        if (np.take(self._table, flat) >= 0).any():
+            self._drop_empty(keys.requests)
+            held = keys.pages[np.take(self._table, flat) >= 0]
+            who = f"request {keys.requests[0]}" if len(keys.requests) == 1 else f"requests {list(keys.requests)}"
+            raise ValueError(f"layer {self.layer}: {who} already holds some of pages {held.tolist()[:16]}")
+        physical = self._stack[self._nfree - n: self._nfree][::-1].copy()  # low page numbers first
+        np.put(self._table, flat, physical)
+        self._nfree -= n
+        self._held[rows] += keys.counts
+        self.version += 1
+        return physical
+
+    def free_keys(self, keys: PageKeys) -> int:
+        """Return the pages of ``keys`` to the free list (keys not held are skipped); returns how many."""
+        if len(keys) == 0:
+            return 0
+        found = self._flat(keys)
+        if found is None:  # some requests or pages are not here at all: keep the keys that are
+            held = self._held_mask(keys)
+            if not held.any():
+                return 0
+            keys = PageKeys.of(np.stack([np.asarray(keys.requests)[keys.slot[held]], keys.pages[held]], axis=1))
+            found = self._flat(keys)
+        rows, flat = found
+        physical = np.take(self._table, flat)
+        counts = keys.counts
+        if (physical < 0).any():
+            held = physical >= 0
+            flat, physical, counts = flat[held], physical[held], np.bincount(keys.slot[held], minlength=len(rows))
+        np.put(self._table, flat, -1)
+        k = physical.size
+        self._stack[self._nfree: self._nfree + k] = physical[::-1]
+        self._nfree += k
+        self._held[rows] -= counts
+        self._drop_empty(keys.requests)
+        self.version += 1
+        return int(k)
+
+    # ---- one request -----------------------------------------------------------------------
+
+    def pages_of(self, request: int) -> tuple[np.ndarray, np.ndarray]:
+        """(logical pages, physical pages) of ``request`` held here, in logical order."""
+        row = self._row.get(request)
+        if row is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        table = self._table[row]
+        logical = np.flatnonzero(table >= 0)
+        return logical, table[logical].astype(np.int64)
+
+    def alloc(self, request: int, logical_pages) -> np.ndarray:
+        """Physical pages for ``logical_pages`` of ``request`` (none may be held already).
+
+        Raises :class:`PoolFullError` (changing nothing) when fewer pages are free."""
+        return self.alloc_keys(PageKeys.one(request, logical_pages))
+
+    def free(self, request: int, logical_pages=None) -> int:
+        """Return pages of ``request`` (all it holds by default) to the free list; returns how many."""
+        if logical_pages is None:
+            logical_pages = self.pages_of(request)[0]
+        return self.free_keys(PageKeys.one(request, np.unique(np.asarray(logical_pages, dtype=np.int64))))
+
+    def compact(self, request_ids: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For ``request_ids`` in order: (dense logical -> physical table [R, P] up to the last page
+        any of them holds, kernel block table [R, W] listing each request's held pages in logical
+        order and their page index [R, W], -1 padded), int32."""
+        rows = self._rows(request_ids)
+        dense = np.full((len(request_ids), self._table.shape[1]), -1, dtype=np.int32)
+        dense[rows >= 0] = self._table[rows[rows >= 0]]
+        used = np.flatnonzero((dense >= 0).any(axis=0))
+        dense = dense[:, : used[-1] + 1 if used.size else 0]
+        held = dense >= 0
+        counts = held.sum(axis=1)
+        width = int(counts.max(initial=0))
+        keep = np.arange(width) < counts[:, None]
+        if np.array_equal(held[:, :width], keep):  # every request holds a prefix of its pages (not CP)
+            table, order = dense[:, :width].copy(), np.broadcast_to(np.arange(width), keep.shape)
+        else:  # each row's held pages first, in logical order
+            order = np.argsort(~held, axis=1, kind="stable")[:, :width]
+            table = np.where(keep, np.take_along_axis(dense, order, axis=1), -1)
+        return dense, table, np.where(keep, order, -1).astype(np.int32)
