@@ -3,7 +3,7 @@
 #
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
-# Sections: calibrate kernels runtime switch engine kda conformance ($SWITCH_BUDGET and
+# Sections: calibrate kernels runtime switch engine kda conformance hostprof ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
@@ -50,6 +50,11 @@ for s in "${sections[@]}"; do
     engine) section engine $((ENGINE_BUDGET + 110)) python3 bench/engine_bench.py --out "$RES/engine" --budget-s "$ENGINE_BUDGET" ;;
     kda) section kda 240 python3 bench/kda_runtime.py --out "$RES/kda" ;;
     conformance) section conformance 200 python3 bench/gpu_kernels.py --out "$RES/conformance" --sections conformance ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance)"; exit 2 ;;
+    # where the host time of a step and of a switch goes on the GPUs (tiny widths, real page counts)
+    hostprof) section hostprof 240 bash -c "python3 bench/runtime_host_profile.py --out $RES/hostprof --platform h200x2 \
+                 --backend hopper --kernels backend --rounds 1 --profile-out $RES/hostprof/runtime_profile.txt &&
+               python3 bench/switch_host_profile.py --out $RES/hostprof --platform h200x2 --backend hopper \
+                 --kernels backend --runs 3 --directions TP-CP,CP-TP,TP-DP,DP-TP,TP-DOP,CP-DP" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof)"; exit 2 ;;
   esac
 done

@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""Host time of a live switch, on CPU: where the switching step's host work goes.
+"""Host time of a live switch: where the switching step's host work goes.
 
 Runs the switch benchmark's workload (B requests x ``--context`` tokens, one chunked-prefill
-step, every layer switching) on 2 gloo ranks with the reference backend, with DeepSeek-like
+step, every layer switching) on 2 ranks (gloo and the reference backend by default; an
+accelerator backend with ``--backend``), with DeepSeek-like
 page counts (B = 16 x 32K tokens at page 64: 8192 pages per layer) but tiny widths, so moving
 data costs little and the executor's host bookkeeping stands out::
 
     python bench/switch_host_profile.py                 # all 12 directions, 1-2 minutes
     python bench/switch_host_profile.py --directions CP-TP,TP-CP --runs 3
+    python bench/switch_host_profile.py --backend hopper --kernels backend --platform h200x2   # on 2 GPUs
 
 Per direction: matched target-ready and SPLASH steps (p50 over ``--runs``), the SPLASH step's
 switch work split into buckets of CPU time (see :mod:`splash_core.runtime.switch.host_profile`),
@@ -51,7 +53,11 @@ def tiny_model(layers: int, indexer: bool) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/cpu/")
+    p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
+    p.add_argument("--platform", default="cpu", help="results folder (e.g. h200x2 with --backend hopper)")
+    p.add_argument("--backend", default="reference", help="backend plugin of the ranks (one device each)")
+    p.add_argument("--kernels", choices=("backend", "reference"), default="reference",
+                   help="the backend's pack/unpack and attention kernels, or the torch reference ones")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--context", type=int, default=32768, help="tokens per request (a multiple of the page size)")
@@ -118,9 +124,9 @@ def _print(rows: list[dict]) -> None:
 
 
 def run(args, pool) -> int:
-    """Profile on ``pool`` (2 reference ranks), print, and write the result unless ``--no-write``."""
+    """Profile on ``pool`` (2 ranks of ``--backend``), print, and write the result unless ``--no-write``."""
     start = time.time()
-    spec = dict(model=tiny_model(args.layers, args.indexer), dtype="bf16", kernels="reference", batch=args.batch,
+    spec = dict(model=tiny_model(args.layers, args.indexer), dtype="bf16", kernels=args.kernels, batch=args.batch,
                 page_size=args.page_size, rows=args.rows, seed=0, initial="TP", layers=args.layers,
                 context=args.context, runs=args.runs, directions=args.pairs, profile_direction=args.profile_pair)
     per_rank = pool.run(host_profile.host_profile, spec)
@@ -141,11 +147,12 @@ def run(args, pool) -> int:
         extra["baseline"] = {"label": args.baseline_label or base["git_commit"], "date": base["date"],
                              "command": base["command"], "summary": base["summary"]}
     data = results.make_result(
-        benchmark="switch_host_profile", platform="cpu", backend="reference", model=spec["model"]["name"], T=T,
+        benchmark="switch_host_profile", platform=args.platform, backend=args.backend, model=spec["model"]["name"], T=T,
         dtype="bf16", samples=samples, summary={"workload": workload, "layers": args.layers, "directions": rows},
         extra=extra,
-        notes=("host time of the switching step on CPU (2 gloo ranks, slowest rank per sample): overhead = SPLASH "
-               "step - target-ready step (wall clock, noisy on a shared CPU); switch_host = CPU time of the "
+        notes=(f"host time of the switching step ({args.backend} backend, {args.kernels} kernels, 2 ranks, slowest rank "
+               "per sample): overhead = SPLASH step - target-ready step (wall clock; noisy on a shared CPU); "
+               "switch_host = CPU time of the "
                "executor's prepare + per-layer start/land calls; bookkeeping = switch_host less issuing and "
                "waiting for collectives and page pack/unpack (data movement)"))
     print("wrote", results.write_result(data, args.out))
@@ -154,7 +161,7 @@ def run(args, pool) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with RankPool(T, backend="reference", timeout_s=600.0) as pool:
+    with RankPool(T, backend=args.backend, timeout_s=600.0) as pool:
         return run(args, pool)
 
 

@@ -285,6 +285,7 @@ SHAPES: dict[str, Shape] = {
                            "switches": "count", "served": "count", "layout_steps": "text"}},
         row_key={"policies": ("policy",)},
         sample={"policy": "text", "tokens_per_s": "nonneg"},
+        sources=frozenset({"measured", "paper", "model"}),  # model: bench/project_t8.py's projections
     ),
     "runtime_host_profile": Shape(
         doc="host time of the runtime per layer and layout, attention kernels excluded, with operation counts",

@@ -102,11 +102,17 @@ def source_label(result: Result, detail: bool = False) -> str:
 
 
 def block_heading(result: Result, level: int = 4) -> str:
-    """The heading of one result's block, e.g. '#### paper: Table 4, Figure 4' or '#### measured: h200x2'."""
+    """The heading of one result's block, e.g. '#### paper: Table 4, Figure 4' or '#### measured:
+    h200x2, deepseek-v3, T = 2 (2026-11-29, commit dbe671d)'; the date and commit tell apart
+    two runs of one benchmark on one platform, a model result's ``variant`` two projections."""
     d = result.data
     if d["source"] == "paper":
         return f"{'#' * level} paper: {d['reference']}"
-    return f"{'#' * level} {d['source']}: {d['platform']}, {d['model']}, T = {d['T']}"
+    if d["source"] == "measured":
+        run = f" ({d['date'][:10]}, commit {d['git_commit'][:7]})"
+    else:  # a model result may name which θ it ran on (e.g. bench/project_t8.py's variants)
+        run = f" ({d['variant']})" if d.get("variant") else ""
+    return f"{'#' * level} {d['source']}: {d['platform']}, {d['model']}, T = {d['T']}{run}"
 
 
 def block_intro(result: Result, level: int = 4) -> list[str]:
