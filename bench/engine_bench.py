@@ -12,10 +12,10 @@ first: ``pip install --no-deps -e backends/cuda -e backends/hopper``)::
 2. Rollout (``--rollout``, default ``rollout-h200x2``): served under SPLASH (the scheduler
    switching live; outputs checked against the single-device reference on the cheapest requests)
    and under each fixed layout: same requests, admission and batch composition. ``--rounds``
-   (default 2) rounds of all five in turn; the last complete round is reported, the earlier
-   ones are kept as samples: the first run of each layout compiles kernels for the rollout's
-   shapes (batch sizes, prefill rows), which the short warm-up does not all reach, and would
-   otherwise be charged to whichever policy runs first.
+   (default 3) rounds of all five, the order reversed every other round; per policy the run of
+   median throughput is reported, every run is kept as a sample. Runs of one policy spread by
+   several percent on a shared host, and the first run of a layout compiles kernels for the
+   rollout's shapes that the short warm-up does not reach.
 3. Fixed-layout sweep (``--sweep``): each (B, L) workload served in each layout, the paper's
    protocol (B requests at concurrency B, input L) with 128 output tokens instead of 1,024 to
    fit the GPU budget.
@@ -64,8 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rollout", default="rollout-h200x2", help="workload served under SPLASH and each fixed layout")
     p.add_argument("--sweep", default="sweep-b16-2k-out128,sweep-b16-8k-out128,sweep-b64-2k-out128",
                    help="comma-separated sweep workloads, each served in every layout")
-    p.add_argument("--rounds", type=int, default=2, help="rollout rounds (SPLASH and every fixed layout each); the last "
-                   "complete one is reported")
+    p.add_argument("--rounds", type=int, default=3, help="rollout rounds (SPLASH and every fixed layout each, in "
+                   "alternating order); per policy the median run is reported")
     p.add_argument("--prefill-chunk", type=int, default=8192, help="prefill rows per owner rank per step")
     p.add_argument("--platform", default=None, help="results folder (default: <hardware platform>x<T>)")
     p.add_argument("--budget-s", type=float, default=200.0, help="start no run after this many seconds")
@@ -75,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.sweep = [w for w in args.sweep.split(",") if w]
     if args.smoke:
         args.deployment, args.rollout, args.sweep = "cpu-tiny", SMOKE_ROLLOUT, list(SMOKE_SWEEP)[:2]
+        args.rounds = min(args.rounds, 2)
     return args
 
 
@@ -121,33 +122,34 @@ class Runner:
 
 
 def rollout(args, runner: Runner) -> list[dict]:
-    """``--rounds`` rounds of SPLASH, then each fixed layout, on the rollout workload: per round
-    {policy: RunSummary} (runs the budget skipped are missing)."""
-    rounds = []
-    for r in range(1, args.rounds + 1):
+    """``--rounds`` rounds of SPLASH and each fixed layout on the rollout workload, the order
+    reversed every other round: per round {policy: RunSummary} (runs the budget skipped are
+    missing). Only the first SPLASH run is checked against the reference."""
+    policies = [SPLASH, *map(str, LAYOUTS)]
+    rounds, expected = [], 0.0
+    for r in range(args.rounds):
         out = {}
-        first = runner.run(f"rollout {SPLASH} (round {r})", Job(args.deployment, args.rollout, policy="splash",
-                                                                prefill_chunk=args.prefill_chunk, check=r == 1))
-        if first is None:
-            break
-        out[SPLASH] = first
-        for layout in LAYOUTS:
-            summary = runner.run(f"rollout {layout} (round {r})",
-                                 Job(args.deployment, args.rollout, policy=str(layout),
-                                     prefill_chunk=args.prefill_chunk, check=False),
-                                 expected_s=first.elapsed_s)  # its wall time less SPLASH's reference check
+        for policy in policies if r % 2 == 0 else policies[::-1]:
+            summary = runner.run(f"rollout {policy} (round {r + 1})",
+                                 Job(args.deployment, args.rollout, policy=policy.lower() if policy == SPLASH else policy,
+                                     prefill_chunk=args.prefill_chunk, check=policy == SPLASH and r == 0),
+                                 expected_s=expected)
             if summary is not None:
-                out[str(layout)] = summary
+                out[policy] = summary
+                expected = max(expected, summary.elapsed_s)
         rounds.append(out)
     return rounds
 
 
-def reported_round(rounds: list[dict]) -> int | None:
-    """Index of the round the result reports: the last with SPLASH and every fixed layout, else
-    the last with SPLASH and any fixed layout."""
-    full = [i for i, runs in enumerate(rounds) if len(runs) == 1 + len(LAYOUTS)]
-    some = [i for i, runs in enumerate(rounds) if SPLASH in runs and len(runs) > 1]
-    return (full or some or [None])[-1]
+def median_runs(rounds: list[dict]) -> dict:
+    """Per policy, its run of median throughput over the rounds (the lower median for an even
+    count): run-to-run spread on a shared host is several percent, and an order effect
+    (kernels compiled by whichever runs first) cancels over rounds in alternating order."""
+    out = {}
+    for policy in dict.fromkeys(p for runs in rounds for p in runs):
+        runs = sorted((r[policy] for r in rounds if policy in r), key=lambda s: s.tokens_per_s)
+        out[policy] = runs[(len(runs) - 1) // 2]
+    return out
 
 
 def sweep(args, runner: Runner) -> dict:
@@ -167,21 +169,21 @@ def sweep(args, runner: Runner) -> dict:
 
 
 def rollout_result(args, rounds: list[dict], platform: str, skipped: list[str]) -> dict | None:
-    at = reported_round(rounds)
-    if at is None:
-        return None
-    runs = rounds[at]
+    runs = median_runs(rounds)
     fixed = {p: s for p, s in runs.items() if p != SPLASH}
+    if SPLASH not in runs or not fixed:
+        return None
     splash = runs[SPLASH]
     best = max(fixed, key=lambda p: fixed[p].tokens_per_s)
     rows = [{"policy": p, "tokens_per_s": s.tokens_per_s, "elapsed_s": s.elapsed_s, "steps": s.steps,
              "switches": len(s.done_switches), "served": s.served,
              "layout_steps": ", ".join(f"{k} {v}" for k, v in s.layout_steps.items())} for p, s in runs.items()]
     ratio = splash.tokens_per_s / fixed[best].tokens_per_s
-    checked = rounds[0][SPLASH].check
-    notes = (f"prefill chunk {args.prefill_chunk} rows per owner rank; round {at + 1} of {len(rounds)} reported "
-             f"(samples carry every round); reference check of round 1's SPLASH run: "
-             f"{checked['line'] if checked else 'skipped'}")
+    checked = rounds[0][SPLASH].check if SPLASH in rounds[0] else None
+    counts = {p: sum(p in r for r in rounds) for p in runs}
+    notes = (f"prefill chunk {args.prefill_chunk} rows per owner rank; per policy the run of median throughput "
+             f"over {max(counts.values())} rounds in alternating order (samples carry every run, with its round); "
+             f"reference check of the first SPLASH run: {checked['line'] if checked else 'skipped'}")
     if skipped:
         notes += f"; not run (budget or failure): {', '.join(skipped)}"
     return _result(args, "rollout_serving", platform, splash,
@@ -256,13 +258,13 @@ def run(args, pool) -> int:
             if data["benchmark"] == "rollout_serving":
                 s = data["summary"]
                 print(f"\nSPLASH / best fixed layout ({s['best_fixed']}) on {s['workload']}: "
-                      f"{s['splash_over_best_fixed']:.3f}x  (measured, T = {deployment.T}, round "
-                      f"{reported_round(rounds) + 1} of {len(rounds)}; "
+                      f"{s['splash_over_best_fixed']:.3f}x  (measured, T = {deployment.T}, median run of "
+                      f"{len(rounds)} rounds; "
                       f"the paper reports 1.3-1.73x on B200 at T = 8)")
     for path in written:
         print("wrote", path)
     print(f"total {time.monotonic() - args.started:.0f} s", flush=True)
-    check_failed = bool(rounds) and rounds[0][SPLASH].check_passed is False
+    check_failed = bool(rounds) and SPLASH in rounds[0] and rounds[0][SPLASH].check_passed is False
     return 1 if runner.failed or check_failed else 0
 
 

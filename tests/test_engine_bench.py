@@ -32,12 +32,12 @@ def test_smoke_run_writes_valid_rollout_and_sweep_results(rank_pools, tmp_path):
     assert rollout["summary"]["best_fixed"] == best
     assert rollout["summary"]["splash_over_best_fixed"] == policies["SPLASH"]["tokens_per_s"] / policies[best]["tokens_per_s"]
     assert "outputs equal to the single-device reference" in rollout["notes"]
-    # two rounds (the first compiles kernels for the rollout's shapes); the second is reported
+    # two rounds (--smoke), in alternating order; per policy the lower median (here: the slower) run
     assert sorted({(s["round"], s["policy"]) for s in rollout["samples"]}) == sorted(
         (r, p) for r in (1, 2) for p in policies)
-    assert "round 2 of 2 reported" in rollout["notes"]
-    second = {s["policy"]: s["tokens_per_s"] for s in rollout["samples"] if s["round"] == 2}
-    assert all(policies[p]["tokens_per_s"] == second[p] for p in policies)
+    assert "median throughput over 2 rounds" in rollout["notes"]
+    for p in policies:
+        assert policies[p]["tokens_per_s"] == min(s["tokens_per_s"] for s in rollout["samples"] if s["policy"] == p)
     sweep = results.read_result(tmp_path / "cpux2" / "fixed_layout_sweep.json")
     points = {(p["layout"], p["batch"], p["input_tokens"]) for p in sweep["summary"]["points"]}
     assert points == {(l, 4, n) for l in ("TP", "CP", "DP", "DOP") for n in (64, 160)}
