@@ -74,19 +74,22 @@ class Result:
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes); where the code runs from a
-    copy without git (a device machine), ``$SPLASH_GIT_COMMIT`` as the sender recorded it."""
+    """``$SPLASH_GIT_COMMIT`` when the sender of the code recorded it (a device machine runs a
+    copy whose git metadata may be stale), else the checkout's commit (``+dirty`` with
+    uncommitted changes), else "unknown"."""
+    if os.environ.get("SPLASH_GIT_COMMIT"):
+        return os.environ["SPLASH_GIT_COMMIT"]
     where = cwd or Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                              cwd=where, timeout=10)
         if out.returncode != 0:
-            return os.environ.get("SPLASH_GIT_COMMIT", "unknown")
+            return "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, cwd=where, timeout=10)
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("SPLASH_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def machine_description() -> str:

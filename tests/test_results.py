@@ -219,3 +219,16 @@ def test_the_contract_document_lists_every_benchmark_and_field():
         fields = set(shape.summary) | set(shape.sample) | {f for rows in shape.rows.values() for f in rows}
         for field in fields:
             assert f"`{field}`" in text, f"{name}.{field} is not documented in {DOCS}"
+
+
+def test_git_commit_prefers_the_senders_record(monkeypatch, tmp_path):
+    """A device machine runs a copy of the tree whose git metadata may be stale: the commit the
+    sender recorded wins; without it, a directory outside any checkout is 'unknown'."""
+    from splash_core.results import git_commit
+
+    monkeypatch.setenv("SPLASH_GIT_COMMIT", "abc1234")
+    assert git_commit() == "abc1234"
+    monkeypatch.delenv("SPLASH_GIT_COMMIT")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert git_commit(tmp_path) == "unknown"
+    assert git_commit() != "unknown"  # this checkout

@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import (capacity, costmodel_check, crossovers, device_checks, primitives, roofline, rollout, steps, sweeps,
-               switching, timings, tuning)
+from . import (capacity, costmodel_check, crossovers, device_checks, host_time, primitives, roofline, rollout, steps,
+               sweeps, switching, timings, tuning)
 from .context import Context
 
 
@@ -31,6 +31,7 @@ class Section:
 
 TUNING = "Kernel tuning"
 CORRECTNESS = "Correctness on the device"
+HOST = "Host time"
 SECTIONS: tuple[Section, ...] = (
     Section("fixed_layout_sweep", "Fixed-layout throughput sweeps", "the paper's Figures 4, 8, 10 and Tables 4-6",
             sweeps.render),
@@ -47,6 +48,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("gpu_rates", "Measured device ceilings (the rooflines)", "", tuning.render_rates, group=TUNING),
     Section("runtime_step", "Runtime step times", "", steps.render),
     Section("costmodel_check", "Cost model vs runtime step times", "", costmodel_check.render, produced_by="model"),
+    Section("runtime_host_profile", "Runtime host time per layer", "", host_time.render_runtime, group=HOST),
+    Section("switch_host_profile", "Host work of a live switch", "", host_time.render_switch, group=HOST),
     Section("mla_correctness", "MLA kernels vs the torch reference", "", device_checks.render_mla,
             group=CORRECTNESS),
     Section("kda_correctness", "KDA kernels (fla) vs the torch recurrence", "", device_checks.render_kda,
