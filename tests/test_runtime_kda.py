@@ -142,7 +142,10 @@ def test_head_shards_compute_their_heads_of_the_whole():
                   m.inputs(w, x), m.decay(w, x), m.beta(w, x))
         outputs.append(o)
     torch.testing.assert_close(torch.cat(outputs, dim=1), whole[0], rtol=1e-6, atol=1e-6)
-    assert KDAWeights.from_shards([full.shard(r, 3) for r in range(3)]).nbytes() == full.nbytes()
+    joined = KDAWeights.from_shards([full.shard(r, 3) for r in range(3)])
+    assert all(torch.equal(getattr(joined, n), getattr(full, n)) for n in KDAWeights.SHARDED)
+    sliced = KDAWeights.load(SeededWeights(SEED), PROFILE, 2, heads=full.shard(1, 3).heads)  # cut at load
+    assert all(torch.equal(getattr(sliced, n), getattr(full.shard(1, 3), n)) for n in KDAWeights.SHARDED)
 
 
 def test_missing_state_and_bad_layouts_fail_clearly():

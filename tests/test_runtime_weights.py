@@ -44,6 +44,9 @@ def test_head_shards_cut_and_join(T):
         for name in MLAWeights.SHARDED + ("q_a", "kv_a", "indexer_wk"):
             assert torch.equal(getattr(cut, name), getattr(shard, name)), (r, name)
         assert shard.nbytes()["projections"] * T == full.nbytes()["projections"]
+        for name, axis in MLAWeights.SHARD_AXES.items():  # what a switch's all-gather joins along
+            grown = [i for i, (a, b) in enumerate(zip(getattr(shard, name).shape, getattr(full, name).shape)) if a != b]
+            assert grown == [axis], name
     joined = MLAWeights.from_shards(shards)
     assert joined.is_full and all(torch.equal(getattr(joined, n), getattr(full, n)) for n in MLAWeights.SHARDED)
     with pytest.raises(ValueError, match="needs full weights"):

@@ -59,6 +59,7 @@ class KDAWeights:
     o_norm: torch.Tensor  # [V]
 
     SHARDED = ("q", "k", "v", "f_b", "dt_bias", "a_log", "b", "g_b", "o")
+    SHARD_AXES = {**dict.fromkeys(SHARDED, 0), "o": 1}  # the axis a head-indexed tensor's shards join along
     REPLICATED = ("conv", "f_a", "g_a", "o_norm")
 
     @classmethod
@@ -93,9 +94,10 @@ class KDAWeights:
 
     def _cut(self, name: str, heads: range) -> torch.Tensor:
         t = getattr(self, name)
-        per = (t.shape[1] if name == "o" else t.shape[0]) // len(self.heads)
-        lo, hi = (heads.start - self.heads.start) * per, (heads.stop - self.heads.start) * per
-        return (t[:, lo:hi] if name == "o" else t[lo:hi]).clone()
+        axis = self.SHARD_AXES[name]
+        per = t.shape[axis] // len(self.heads)
+        lo = (heads.start - self.heads.start) * per
+        return t.narrow(axis, lo, len(heads) * per).clone()
 
     def shard(self, rank: int, T: int) -> "KDAWeights":
         """Rank ``rank``'s head shard cut out of these (full) weights: a switch into a sharded layout."""
@@ -110,7 +112,7 @@ class KDAWeights:
         heads = [h for s in shards for h in s.heads]
         if heads != list(range(shards[0].total_heads)):
             raise ValueError(f"shards cover heads {heads[:3]}..., not 0..{shards[0].total_heads - 1} in order")
-        joined = {n: torch.cat([getattr(s, n) for s in shards], dim=1 if n == "o" else 0) for n in cls.SHARDED}
+        joined = {n: torch.cat([getattr(s, n) for s in shards], dim=cls.SHARD_AXES[n]) for n in cls.SHARDED}
         return dataclasses.replace(shards[0], heads=range(shards[0].total_heads), **joined)
 
     def nbytes(self) -> dict[str, int]:

@@ -97,6 +97,7 @@ class MLAWeights:
     down: torch.Tensor | None = None  # q_a, kv_a, indexer_wk stacked by rows; they are views of it
 
     SHARDED = ("q_b", "kv_b", "o")
+    SHARD_AXES = {"q_b": 0, "kv_b": 0, "o": 1}  # the axis a head-indexed tensor's shards join along
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, heads: range | None = None,
@@ -153,8 +154,7 @@ class MLAWeights:
             raise ValueError(f"shards cover heads {heads[:3]}..., not 0..{shards[0].total_heads - 1} in order")
         return dataclasses.replace(
             shards[0], heads=range(shards[0].total_heads),
-            q_b=torch.cat([s.q_b for s in shards]), kv_b=torch.cat([s.kv_b for s in shards]),
-            o=torch.cat([s.o for s in shards], dim=1),
+            **{n: torch.cat([getattr(s, n) for s in shards], dim=cls.SHARD_AXES[n]) for n in cls.SHARDED},
         )
 
     def nbytes(self) -> dict[str, int]:

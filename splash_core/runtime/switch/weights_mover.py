@@ -13,10 +13,10 @@
 
 Works for any weights object with the interface of :class:`~splash_core.runtime.mla.MLAWeights`
 (and the KDA layer's weights): a dataclass with ``heads``, ``total_heads``, ``is_full``,
-``SHARDED`` (the head-indexed tensor names), ``shard(rank, T)`` and ``from_shards(shards)``. The
-axis each tensor's shards join along is read from the class's own ``from_shards``, run once on
-meta tensors. The old weights are freed when the layer takes the new ones (``set_layout``),
-i.e. once the transfer landed.
+``SHARDED`` (the head-indexed tensor names), ``SHARD_AXES`` (the axis each one's shards join
+along, which the class's own ``from_shards`` joins them by), ``shard(rank, T)`` and
+``from_shards(shards)``. The old weights are freed when the layer takes the new ones
+(``set_layout``), i.e. once the transfer landed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import torch
 
 from ...layouts import Layout, Placement, Primitive, State
 from ...manifest import StatePlan
-from ..weights import head_shard
 from .transfer import Transfer, TransferContext, byte_view
 
 WEIGHTS = State.WEIGHTS
@@ -55,10 +54,9 @@ class WeightsMover:
             if w.is_full or to_sharded:
                 raise ValueError(f"layer {layer.index}: the plan all-gathers weights into {dst}, "
                                  f"but the layer holds heads {w.heads} of {w.total_heads}")
-            dims = concat_dims(w, io.T)
             gathers, sent = [], 0
             for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
-                x, dim = getattr(w, name), dims[name]
+                x, dim = getattr(w, name), w.SHARD_AXES[name]
                 send = x.movedim(dim, 0) if dim else x
                 if not send.is_contiguous():
                     send = send.contiguous()
@@ -93,27 +91,3 @@ class WeightsMover:
     def rollback(self, t: Transfer) -> None:
         t.layout_args.clear()
         t.data = None
-
-
-_DIMS: dict[tuple, dict[str, int]] = {}
-
-
-def concat_dims(w, T: int) -> dict[str, int]:
-    """The axis along which ``type(w).from_shards`` joins each head-indexed tensor of ``T``
-    shards shaped like ``w``'s, found once per class and shapes by running it on meta tensors
-    (no memory, no data)."""
-    shapes = tuple((n, tuple(getattr(w, n).shape)) for n in w.SHARDED)
-    key = (type(w), shapes, T)
-    if key not in _DIMS:
-        shards = [dataclasses.replace(w, heads=head_shard(w.total_heads, r, T),
-                                      **{n: torch.empty(s, device="meta") for n, s in shapes}) for r in range(T)]
-        joined = type(w).from_shards(shards)
-        dims = {}
-        for name, shape in shapes:
-            full = getattr(joined, name).shape
-            grown = [i for i, (a, b) in enumerate(zip(shape, full)) if a != b]
-            if len(grown) != 1 or full[grown[0]] != T * shape[grown[0]]:
-                raise ValueError(f"{type(w).__name__}.from_shards does not join {name} along one axis")
-            dims[name] = grown[0]
-        _DIMS[key] = dims
-    return _DIMS[key]
