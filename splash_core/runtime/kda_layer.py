@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from ..interfaces import KDAKernels
-from ..layouts import Layout, Placement
+from ..layouts import Layout
 from . import exchange
 from .kda import KDAMath, KDAWeights
 from .kda_recurrence import DeviceRowPlan, RowPlan, recur
 from .recurrent_pool import LayerRecurrent, held_heads
 from .step_context import StepContext
-from .weights import head_shard
+from .weights import check_heads
 
 # Row plans are a property of the step and of which requests a rank runs (all, or the ones it
 # owns), so every KDA layer of a step shares them: built once, dropped with the step.
@@ -70,11 +70,7 @@ class KDALayer:
         """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to fit
         its placement: this rank's head shard when sharded, all heads when replicated."""
         weights = self.weights if weights is None else weights
-        want = (head_shard(weights.total_heads, self.rank, self.T) if layout.placement is Placement.SHARDED
-                else range(weights.total_heads))
-        if weights.heads != want:
-            raise ValueError(f"layer {self.index}: {layout} on rank {self.rank} needs heads {want}, "
-                             f"the weights hold {weights.heads}")
+        check_heads(weights, layout, self.index, self.rank, self.T)
         self.layout, self.weights = layout, weights
 
     def nbytes(self) -> dict[str, int]:

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from ..layouts import Layout, Placement
+from ..layouts import Layout
 from . import exchange
 from .kv_pool import LayerKV
 from .mla import MLAMath, MLAWeights
 from .step_context import StepContext
-from .weights import head_shard
+from .weights import check_heads
 
 
 class MLALayer:
@@ -56,11 +56,7 @@ class MLALayer:
         """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to fit
         its placement: this rank's head shard when sharded, all heads when replicated."""
         weights = self.weights if weights is None else weights
-        want = (head_shard(weights.total_heads, self.rank, self.T) if layout.placement is Placement.SHARDED
-                else range(weights.total_heads))
-        if weights.heads != want:
-            raise ValueError(f"layer {self.index}: {layout} on rank {self.rank} needs heads {want}, "
-                             f"the weights hold {weights.heads}")
+        check_heads(weights, layout, self.index, self.rank, self.T)
         self.layout, self.weights = layout, weights
 
     def nbytes(self) -> dict[str, int]:

@@ -55,6 +55,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
 
 
@@ -203,6 +204,15 @@ def head_shard(heads: int, rank: int, T: int) -> range:
         raise ValueError(f"{heads} heads do not split over T = {T} ranks")
     per = heads // T
     return range(rank * per, (rank + 1) * per)
+
+
+def check_heads(weights, layout: Layout, layer: int, rank: int, T: int) -> None:
+    """ValueError unless ``weights`` hold the heads ``layout`` places on ``rank``: its head shard
+    when sharded, all heads when replicated (what a layer checks when it takes a layout)."""
+    want = (head_shard(weights.total_heads, rank, T) if layout.placement is Placement.SHARDED
+            else range(weights.total_heads))
+    if weights.heads != want:
+        raise ValueError(f"layer {layer}: {layout} on rank {rank} needs heads {want}, the weights hold {weights.heads}")
 
 
 def even_shard(size: int, rank: int, T: int) -> range:
