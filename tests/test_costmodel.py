@@ -247,16 +247,11 @@ def test_host_term_is_validated_at_load(change, message):
 def test_costmodel_check_fits_only_its_fit_points(tmp_path):
     """bench/costmodel_check.py on the committed H200 steps: the host term reproduces the fit
     points exactly, every other point is held out, and the summary is computed from the points."""
-    import importlib.util
-    from pathlib import Path
-
+    from bench_scripts import BENCH, load_bench
     from splash_core.results import read_result
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "costmodel_check.py"
-    spec = importlib.util.spec_from_file_location("costmodel_check", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    measured = script.parents[1] / "bench" / "results" / "h200" / "runtime_step.json"
+    bench = load_bench("costmodel_check")
+    measured = BENCH / "results" / "h200" / "runtime_step.json"
     assert bench.main(["--measured", str(measured), "--out", str(tmp_path)]) == 0
     summary = read_result(tmp_path / "h200" / "costmodel_check.json")["summary"]
     points = summary["points"]

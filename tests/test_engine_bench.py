@@ -3,23 +3,12 @@ points), so its GPU run does not fail on a bug a CPU could have caught."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+from bench_scripts import load_bench
 from splash_core import results
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "engine_bench.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("engine_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_smoke_run_writes_valid_rollout_and_sweep_results(rank_pools, tmp_path):
-    bench = _bench()
+    bench = load_bench("engine_bench")
     args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
     assert bench.run(args, rank_pools(2)) == 0
     rollout = results.read_result(tmp_path / "cpux2" / "rollout_serving.json")
@@ -45,7 +34,7 @@ def test_smoke_run_writes_valid_rollout_and_sweep_results(rank_pools, tmp_path):
 
 
 def test_a_run_past_the_budget_is_skipped_and_listed(rank_pools, tmp_path):
-    bench = _bench()
+    bench = load_bench("engine_bench")
     args = bench.parse_args(["--smoke", "--out", str(tmp_path), "--budget-s", "0"])
     assert bench.run(args, rank_pools(2)) == 0
     assert not (tmp_path / "cpux2").exists()  # nothing ran, nothing written

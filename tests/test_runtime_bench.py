@@ -3,26 +3,15 @@ fail on a bug a CPU could have caught; and its memory planning."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+from bench_scripts import load_bench
 from splash_core import results
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
 from splash_core.runtime.step_bench import layers_that_fit
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runtime_step.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("runtime_step_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
-    bench = _bench()
+    bench = load_bench("runtime_step")
     args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
     assert bench.run(args, rank_pools(2)) == 0
     eq = results.read_result(tmp_path / "cpu" / "runtime_equivalence.json")

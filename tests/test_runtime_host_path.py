@@ -7,13 +7,12 @@ synchronisation in a steady decode step."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import torch
 
+from bench_scripts import BENCH, load_bench
 from splash_core import results
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
@@ -24,11 +23,10 @@ from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_context import StepContext
 from splash_core.runtime.weights import SeededWeights
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runtime_host_profile.py"
 # The benchmark's rank-side module lives beside it; ranks find it through the path they were
 # started with, and pytest imports this module before any test starts the session's pools.
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.append(str(SCRIPT.parent))
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
 
 
 def test_rotary_is_the_rotate_half_formula_to_the_bit():
@@ -127,19 +125,12 @@ def test_row_blocks_are_reused_only_for_the_same_unchanged_tensor():
     assert _ROW_BLOCKS.get(row_req, 3, 3) is not again  # another block size
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("runtime_host_profile_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_host_profile_smoke_finds_no_copy_or_sync_in_a_steady_decode(rank_pools, tmp_path):
     """This checkout measured against itself as the baseline tree: the smoke case runs, the
     baseline's ranks really import the tree's package, and a steady decode layer copies nothing
     to the device and reads nothing back."""
-    bench = _bench()
-    args = bench.parse_args(["--smoke", "--out", str(tmp_path), "--baseline-tree", str(SCRIPT.parents[1])])
+    bench = load_bench("runtime_host_profile")
+    args = bench.parse_args(["--smoke", "--out", str(tmp_path), "--baseline-tree", str(BENCH.parent)])
     base = bench.baseline_pool(args)
     try:
         data = results.read_result(bench.run(args, rank_pools(2), base))

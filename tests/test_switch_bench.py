@@ -4,27 +4,16 @@ runs by time)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+from bench_scripts import load_bench
 from splash_core import results
 from splash_core.layouts import DIRECTIONS
 from splash_core.profiles.loader import load
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "switch_bench.py"
-HOST_SCRIPT = SCRIPT.parent / "switch_host_profile.py"
 PAIRS = {(str(a), str(b)) for a, b in DIRECTIONS}
 
 
-def _bench(script=SCRIPT):
-    spec = importlib.util.spec_from_file_location(script.stem, script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
-    bench = _bench()
+    bench = load_bench("switch_bench")
     args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
     assert bench.run(args, rank_pools(2)) == 0
     prim = results.read_result(tmp_path / "cpu" / "primitive_costs.json")
@@ -46,7 +35,7 @@ def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
 
 
 def test_table_sizing_by_memory_then_time():
-    bench = _bench()
+    bench = load_bench("switch_bench")
     v3 = load("model", "deepseek-v3")
     args = bench.parse_args(["--out", "unused"])
     held, transit = bench.layer_bytes(v3, 2, 16, 131072, 64, 2)
@@ -78,7 +67,7 @@ def test_table_sizing_by_memory_then_time():
 
 def test_host_profile_writes_valid_results(rank_pools, tmp_path):
     """bench/switch_host_profile.py on a tiny batch: one network and one discard direction."""
-    host = _bench(HOST_SCRIPT)
+    host = load_bench("switch_host_profile")
     args = host.parse_args(["--out", str(tmp_path), "--layers", "2", "--batch", "4", "--context", "128",
                             "--page-size", "16", "--runs", "1", "--directions", "CP-TP,TP-DOP", "--indexer"])
     assert host.run(args, rank_pools(2)) == 0
