@@ -7,6 +7,10 @@ tiles measured on an H200 (``tuned/h200.json``) and the calibrated ``h200`` prof
 from __future__ import annotations
 
 from splash_backend_cuda import common, detect
+# cuda's own implementations of the hooks Hopper does not refine (device, NCCL, streams, KDA
+# kernels): registered again as this plugin's, so they answer when hopper is selected
+from splash_backend_cuda.plugin import (  # noqa: F401
+    splash_device, splash_kda_kernels, splash_make_collectives, splash_process_group_backend, splash_stream_ops)
 from splash_core.hookspecs import hookimpl
 from splash_core.interfaces import BackendInfo
 
@@ -36,38 +40,11 @@ def splash_backend_check():
 
 
 @hookimpl
-def splash_device(local_rank):
-    return common.device(local_rank)
-
-
-@hookimpl
-def splash_process_group_backend():
-    return common.process_group_backend()
-
-
-@hookimpl
-def splash_make_collectives(group, device):
-    return common.collectives(group, device)
-
-
-@hookimpl
-def splash_stream_ops(device):
-    return common.stream_ops(device)
-
-
-@hookimpl
 def splash_mla_kernels(device, dtype):
     from splash_core.kernels import triton_mla_kernels
 
     config, _ = tuned.load()
     return triton_mla_kernels(config.with_processors(detect.processors(device)))
-
-
-@hookimpl
-def splash_kda_kernels(device, dtype):
-    from splash_core.kernels import fla_kda_kernels
-
-    return fla_kda_kernels()  # None without fla-core: the reference's torch recurrence runs instead
 
 
 @hookimpl
