@@ -3,7 +3,7 @@
 #
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
-# Sections: calibrate kernels runtime switch engine kda conformance hostprof ($SWITCH_BUDGET and
+# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
@@ -55,6 +55,9 @@ for s in "${sections[@]}"; do
                  --backend hopper --kernels backend --rounds 1 --profile-out $RES/hostprof/runtime_profile.txt &&
                python3 bench/switch_host_profile.py --out $RES/hostprof --platform h200x2 --backend hopper \
                  --kernels backend --runs 3 --directions TP-CP,CP-TP,TP-DP,DP-TP,TP-DOP,CP-DP" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof)"; exit 2 ;;
+    # why a switching step is slower than the ready one: profiler traces ($TRACE_VARIANTS: see the script)
+    trace) section trace 420 python3 bench/switch_trace.py --out "$RES/trace" --trace-dir "$RES/trace/raw" \
+             --directions "${TRACE_DIRECTIONS:-TP-CP,CP-TP,CP-DOP}" --variants "${TRACE_VARIANTS:-base}" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace)"; exit 2 ;;
   esac
 done

@@ -64,13 +64,14 @@ def fill(model: Model, batch: StepBatch) -> None:
             layer.kv.alloc(int(rid), held_pages(layer.layout, int(rid), int(owner), pages, model.rank, model.T))
 
 
-def build(ctx, spec: dict, layers: int, max_context: int) -> Model:
-    """The model of ``spec`` with ``layers`` layers, pools big enough for TP at ``max_context``."""
+def build(ctx, spec: dict, layers: int, max_context: int, kernels=None) -> Model:
+    """The model of ``spec`` with ``layers`` layers, pools big enough for TP at ``max_context``
+    (``kernels``: the MLA kernels to use instead of ``spec['kernels']``'s)."""
     profile, T = load("model", spec["model"]), ctx.world_size
     dtype = dtypes.torch_dtype(spec["dtype"])
     pages = spec["batch"] * int(ownership.pages_for(max_context, spec["page_size"])) + spec["batch"]
     model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
-                  kernels=kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
+                  kernels=kernels or kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
                   source=SeededWeights(spec["seed"]), layouts=Layout(spec["initial"]), pages_per_layer=pages,
                   page_size=spec["page_size"], dtype=dtype, num_layers=layers)
     gen = torch.Generator(device=ctx.device).manual_seed(spec["seed"])

@@ -1,0 +1,62 @@
+"""bench/switch_trace.py: the trace summary (:func:`device_trace.timeline`) on a hand-made
+trace whose answer is known, and the script's logic on CPU (--smoke)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_scripts import load_bench
+from splash_core import results
+from splash_core.runtime.switch.device_trace import category, timeline
+
+COMPUTE, SIDE = 7, 21
+
+
+def _kernel(name, stream, ts, dur, corr):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream, "correlation": corr}}
+
+
+def _launch(ts, corr):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "args": {"correlation": corr}}
+
+
+def test_timeline_splits_idle_time_and_contention():
+    events = [
+        _kernel("_attention_kernel", COMPUTE, 0, 100, 1), _launch(-5, 1),
+        # a 20 us gap whose next kernel was launched before it began: a wait on an event
+        _kernel("_attention_kernel", COMPUTE, 120, 100, 2), _launch(50, 2),
+        # a 30 us gap whose next kernel was launched 10 us into it: the host was late
+        _kernel("sm90_xmma_gemm_bf16", COMPUTE, 250, 50, 3), _launch(230, 3),
+        # contended: a collective on the side stream covers the third attention kernel entirely
+        _kernel("_attention_kernel", COMPUTE, 300, 160, 4), _launch(100, 4),
+        _kernel("ncclDevKernel_AllGather_RING_LL", SIDE, 290, 200, 5), _launch(100, 5),
+        _kernel("_copy_pages", SIDE, 500, 10, 6), _launch(100, 6),
+    ]
+    t = timeline({"traceEvents": events})
+    assert t["compute_stream"] == COMPUTE
+    assert t["compute_span_us"] == 460 and t["compute_busy_us"] == 410
+    assert t["wait_idle_us"] == 20 and t["host_idle_us"] == 30
+    assert t["streams"][str(SIDE)] == {"collective": 200, "pages": 10}
+    assert t["streams"][str(COMPUTE)] == {"attention": 360, "matmul": 50}
+    attention = t["slowdown"]["attention"]
+    assert attention["contended_kernels"] == 1 and attention["median_alone_us"] == 100
+    assert attention["extra_us"] == pytest.approx(60)
+    assert t["contended_us"] == 160
+
+
+def test_timeline_without_device_kernels_is_empty():
+    assert timeline({"traceEvents": [_launch(0, 1)]}) == {}
+    assert category("void at::native::elementwise_kernel") == "other"
+
+
+def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
+    script = load_bench("switch_trace")
+    args = script.parse_args(["--smoke", "--out", str(tmp_path), "--directions", "TP-CP,DP-DOP"])
+    rows = rank_pools(2).run(script.device_trace.trace_switches, script.spec_of(args))[0]
+    assert [(r["src"], r["dst"], r["mode"]) for r in rows] == [
+        ("TP", "CP", "ready"), ("TP", "CP", "splash"), ("DP", "DOP", "ready"), ("DP", "DOP", "splash")]
+    assert all(r["step_ms"] > 0 for r in rows)
+    assert rows[1]["exposed_ms"] > 0 and rows[0]["exposed_ms"] == 0  # only SPLASH waits on transfers
+    assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP"]) == 0
+    data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
+    assert [(s["mode"]) for s in data["samples"]] == ["ready", "splash"]
