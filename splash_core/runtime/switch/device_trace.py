@@ -17,7 +17,9 @@ trace, :func:`timeline` takes the device kernels and reports
 ``variants`` (all off by default) try changes to how the transfer shares the device, one per
 pass, so one run compares them: ``priority`` (the side stream and the side communicator's
 stream at high priority), ``ctas=N`` (the side communicator limited to N CTAs) and
-``processors=N`` (attention kernels sized for N processors), or several joined by ``+``.
+``processors=N`` (attention kernels sized for N processors), ``noalign`` (transfers start as
+soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``), or several joined
+by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch.
 """
@@ -138,6 +140,7 @@ def _variant_kernels(ctx, spec: dict, variant: str):
 def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
+    executor.align_transfers = "noalign" not in parts
     if ctx.device.type == "cpu" or not ({"priority", "ctas"} & set(parts)):
         return
     import datetime

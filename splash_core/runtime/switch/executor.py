@@ -88,6 +88,10 @@ class _Switch:
 class SwitchExecutor:
     """Executes live layout switches on one rank of the group.
 
+    ``align_transfers``: a layer's transfer starts only once the compute stream reached the
+    layer it overlaps (every rank gets there at about the same time, right after the previous
+    layer's collectives), not as soon as the side stream is free. Its collectives then find
+    their peers ready instead of holding processors while they wait for them.
     ``budget_bytes``/``reserve_bytes``: H_r less the state outside attention, and R_r, for the
     Eq 5 check (None: only the pools' capacity is checked). ``timeout_s``: how long a transfer's
     collective may take before the switch fails (None: the process group's own timeout; a
@@ -97,8 +101,10 @@ class SwitchExecutor:
     """
 
     def __init__(self, model, ctx, *, budget_bytes: float | None = None, reserve_bytes: float = 0.0,
-                 timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None):
+                 timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None,
+                 align_transfers: bool = True):
         self.model, self.ctx = model, ctx
+        self.align_transfers = align_transfers
         self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
         self.timeout_s, self.fault = timeout_s, fault
         self.movers = default_movers() if movers is None else list(movers)
@@ -322,6 +328,10 @@ class SwitchExecutor:
         t0 = time.perf_counter()
         layer, io, streams = self.model.layers[pos], self.io, self.ctx.streams
         lm = _LayerMove(layer, {k: streams.new_event(timing=True) for k in ("t_start", "t_done", "w0", "w1")})
+        if self.align_transfers:
+            reached = streams.new_event()
+            reached.record()  # on the compute stream, where the layer this transfer overlaps begins
+            reached.wait(io.side_stream)
         with streams.use_stream(io.side_stream):
             lm.events["t_start"].record(io.side_stream)
             try:
