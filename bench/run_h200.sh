@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace ($SWITCH_BUDGET and
-# $ENGINE_BUDGET set how long those two benchmarks may keep starting runs). Each runs under its own
+# $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
 # Unpack with `tar xzf <section>.tgz` and copy the JSON into bench/results/<platform>/.
@@ -46,7 +46,7 @@ for s in "${sections[@]}"; do
              # later sections use the tiles this run just chose
              cp "$RES/kernels/hopper-tuned-h200.json" backends/hopper/splash_backend_hopper/tuned/h200.json 2>/dev/null ;;
     runtime) section runtime 150 python3 bench/runtime_step.py --out "$RES/runtime" --budget-s 70 ;;
-    switch) section switch $((SWITCH_BUDGET + 80)) python3 bench/switch_bench.py --out "$RES/switch" --budget-s "$SWITCH_BUDGET" ;;
+    switch) section switch $((SWITCH_BUDGET + 80)) python3 bench/switch_bench.py --out "$RES/switch" --budget-s "$SWITCH_BUDGET" ${SWITCH_ARGS:-} ;;
     engine) section engine $((ENGINE_BUDGET + 110)) python3 bench/engine_bench.py --out "$RES/engine" --budget-s "$ENGINE_BUDGET" ;;
     kda) section kda 240 python3 bench/kda_runtime.py --out "$RES/kda" ;;
     conformance) section conformance 200 python3 bench/gpu_kernels.py --out "$RES/conformance" --sections conformance ;;
@@ -57,7 +57,7 @@ for s in "${sections[@]}"; do
                  --kernels backend --runs 3 --directions TP-CP,CP-TP,TP-DP,DP-TP,TP-DOP,CP-DP" ;;
     # why a switching step is slower than the ready one: profiler traces ($TRACE_VARIANTS: see the script)
     trace) section trace 420 python3 bench/switch_trace.py --out "$RES/trace" --trace-dir "$RES/trace/raw" \
-             --directions "${TRACE_DIRECTIONS:-TP-CP,CP-TP,CP-DOP}" --variants "${TRACE_VARIANTS:-base}" ;;
+             --directions "${TRACE_DIRECTIONS:-TP-CP,CP-TP,CP-DOP}" --variants "${TRACE_VARIANTS:-base}" --timed-runs 5 ;;
     *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace)"; exit 2 ;;
   esac
 done

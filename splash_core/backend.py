@@ -44,6 +44,14 @@ class Backend:
     def process_group_backend(self) -> str:
         return self._first("splash_process_group_backend")
 
+    def side_group_options(self) -> Any:
+        """The side communicator's process-group options, or None for the defaults."""
+        for name in self.chain:
+            result = plugins._call_one(self.registry, name, "splash_side_group_options")
+            if result is not None:
+                return result
+        return None
+
     def collectives(self, group, device) -> Collectives:
         return self._first("splash_make_collectives", group=group, device=device)
 

@@ -65,6 +65,21 @@ def splash_process_group_backend():
 
 
 @hookspec(firstresult=True)
+def splash_side_group_options():
+    """Options for the side communicator, the one a switch moves state over while the compute
+    stream runs (passed as ``pg_options`` to ``torch.distributed.new_group``).
+
+    Called once per rank, when the first switch creates that communicator. Use it to give the
+    transfers what lets them run beside computation, e.g. a high-priority stream for the
+    collective kernels, so they start as soon as processors free up on every rank instead of
+    waiting behind the compute kernels queued before them (and their peers waiting for them).
+
+    :returns: the process-group options object of :func:`splash_process_group_backend`'s
+        backend, or None for its defaults. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
 def splash_make_collectives(group, device):
     """Collectives over an initialised process group.
 

@@ -135,3 +135,18 @@ def test_hopper_tuned_config_is_data(tmp_path):
     bad.write_text(json.dumps({"config": {"name": "x", "decode": {"keys": 24}}}))
     with pytest.raises(ValueError, match="h200.json: not a tuned kernel config: .*power of two"):
         tuned.load(bad)
+
+
+def test_side_communicator_asks_nccl_for_a_high_priority_stream(monkeypatch):
+    import torch.distributed as dist
+
+    class FakeNCCL:  # the CPU build of torch has no NCCL process group
+        class Options:
+            is_high_priority_stream = False
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    _fake_device(monkeypatch, name="NVIDIA H200")
+    registry = _registry()
+    for name in ("hopper", "cuda"):
+        assert Backend(registry, name).side_group_options().is_high_priority_stream is True
+    assert Backend(registry, "reference").side_group_options() is None  # gloo: its defaults

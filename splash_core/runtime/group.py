@@ -38,10 +38,12 @@ class RankContext:
 
         Created collectively on first use: every rank must call it at the same point."""
         if self._side is None:
+            options = self.backend.side_group_options()
             group = dist.new_group(
                 list(range(self.world_size)),
                 backend=self.backend.process_group_backend(),
                 timeout=datetime.timedelta(seconds=self.timeout_s),
+                **({"pg_options": options} if options is not None else {}),
             )
             self._side = self.backend.collectives(group, self.device)
         return self._side

@@ -39,6 +39,11 @@ def splash_process_group_backend():
 
 
 @hookimpl
+def splash_side_group_options():
+    return common.side_group_options()
+
+
+@hookimpl
 def splash_make_collectives(group, device):
     return common.collectives(group, device)
 

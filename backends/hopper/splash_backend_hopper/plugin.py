@@ -11,7 +11,8 @@ from splash_backend_cuda import common, detect
 # kernels), registered as this plugin's too: the fallback along ``specializes`` would find them
 # in cuda, but not where SPLASH_BACKENDS leaves cuda out, and then the reference's CPU answers
 from splash_backend_cuda.plugin import (  # noqa: F401
-    splash_device, splash_kda_kernels, splash_make_collectives, splash_process_group_backend, splash_stream_ops)
+    splash_device, splash_kda_kernels, splash_make_collectives, splash_process_group_backend, splash_side_group_options,
+    splash_stream_ops)
 from splash_core.hookspecs import hookimpl
 from splash_core.interfaces import BackendInfo
 

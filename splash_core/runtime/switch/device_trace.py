@@ -16,7 +16,7 @@ trace, :func:`timeline` takes the device kernels and reports
 
 ``variants`` (all off by default) try changes to how the transfer shares the device, one per
 pass, so one run compares them: ``priority`` (the side stream and the side communicator's
-stream at high priority), ``ctas=N`` (the side communicator limited to N CTAs) and
+stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator limited to N CTAs) and
 ``processors=N`` (attention kernels sized for N processors), ``noalign`` (transfers start as
 soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``), or several joined
 by ``+``.
@@ -141,7 +141,7 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    if ctx.device.type == "cpu" or not ({"priority", "ctas"} & set(parts)):
+    if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas"} & set(parts)):
         return
     import datetime
 
@@ -150,8 +150,9 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
 
     options = dist.ProcessGroupNCCL.Options()
     side = ctx.streams.new_stream()
-    if "priority" in parts:
+    if "priority" in parts or "ncclpriority" in parts:
         options.is_high_priority_stream = True
+    if "priority" in parts:
         side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
     if "ctas" in parts:
         options.config.max_ctas = int(parts["ctas"])
