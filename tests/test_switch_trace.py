@@ -60,3 +60,15 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
     assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
     assert [(s["mode"]) for s in data["samples"]] == ["ready", "splash"]
+
+
+def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
+    from splash_core.report import switch_trace as section
+
+    script = load_bench("switch_trace")
+    assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "TP-CP,CP-DOP", "--variants",
+                        "base,noalign", "--timed-runs", "1"]) == 0
+    lines = section.render(results.read_result(tmp_path / "cpu" / "switch_trace.json"), None)
+    rows = [line for line in lines if line.startswith("| base") or line.startswith("| noalign")]
+    assert [r.split("|")[1:3] for r in rows] == [
+        [" base ", " TP→CP "], [" base ", " CP→DOP "], [" noalign ", " TP→CP "], [" noalign ", " CP→DOP "]]

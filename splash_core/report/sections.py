@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..results import Result
 from . import (capacity, costmodel_check, crossovers, device_checks, host_time, primitives, roofline, rollout, steps,
-               sweeps, switching, timings, tuning)
+               sweeps, switch_trace, switching, timings, tuning)
 from .context import Context
 
 
@@ -39,6 +39,8 @@ SECTIONS: tuple[Section, ...] = (
             crossovers.render, produced_by="model"),
     Section("primitive_costs", "Switch primitive costs", "the paper's Figures 5b/c, 9, 11", primitives.render),
     Section("switch_overhead", "Switch overhead", "the paper's Tables 1, 7, 8", switching.render),
+    Section("switch_trace", "Where a switching step's time goes", "the paper's appendix G (imperfect overlap)",
+            switch_trace.render),
     Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
             "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),

@@ -1,0 +1,44 @@
+"""Switch trace (``switch_trace``): why a SPLASH step is longer than the target-ready one, per
+way of running the transfers (``bench/switch_trace.py``'s variants). Overheads are medians of
+the untraced runs; the compute stream's busy time comes from rank 0's profiler trace, so its
+growth says how much the transfers slowed the step's own kernels (the rest is waiting)."""
+
+from __future__ import annotations
+
+import statistics
+
+from ..results import Result
+from .context import Context
+from .markdown import ms, table
+
+
+def _label(variant: str, seen: dict[str, int]) -> str:
+    seen[variant] = seen.get(variant, 0) + 1
+    return variant if seen[variant] == 1 else f"{variant} ({seen[variant]})"
+
+
+def render(result: Result, _ctx: Context) -> list[str]:
+    summary, samples = result["summary"], result.data["samples"]
+    lines = [f"Workload: {summary['workload']}. Per variant and direction: the target-ready and SPLASH steps "
+             "(median of untraced runs, slowest rank), SPLASH's overhead, its waits on transfers, and how much "
+             "longer the compute stream was busy in the SPLASH step than in the ready one (its kernels slowed by "
+             "the transfers running beside them).", ""]
+    rows, seen, pending = [], {}, {}
+    for s in samples:
+        if "error" in s:
+            rows.append([_label(s["variant"], seen), "-", "-", "-", "-", "-", "-", s["error"]])
+            continue
+        key = (s["variant"], s["src"], s["dst"])
+        if s["mode"] == "ready":
+            pending[key] = s
+            continue
+        ready = pending.pop(key, None)
+        if ready is None or not s["untraced_ms"] or not ready["untraced_ms"]:
+            continue
+        if (s["src"], s["dst"]) == (samples[0]["src"], samples[0]["dst"]):
+            label = _label(s["variant"], seen)
+        r, x = statistics.median(ready["untraced_ms"]), statistics.median(s["untraced_ms"])
+        busy = s["timeline"].get("compute_busy_us", 0.0) - ready["timeline"].get("compute_busy_us", 0.0)
+        rows.append([label, f"{s['src']}→{s['dst']}", ms(r), ms(x), ms(x - r), ms(s["exposed_ms"]), ms(busy / 1e3), ""])
+    return lines + table(["variant", "direction", "ready ms", "SPLASH ms", "overhead ms", "waits ms",
+                          "compute busy +ms", "note"], rows, "llrrrrrl") + [""]
