@@ -17,9 +17,11 @@ arguments, so every decision below is the same everywhere):
    :class:`SwitchRefused` (or ValueError for stray requests) on every rank.
 3. Move, layer by layer, each through the :class:`~.transfer.StateMover` of each of its states
    on a side stream over the side communicator (``ctx.side_collectives()``, async ops):
-   ``splash`` starts layer i+1's transfer right before layer i computes and lands layer i's
-   just before it computes (the compute stream waits on an event; on host streams the wait
-   blocks the host while gloo's threads carry the next transfer); ``blocking`` and ``ready``
+   ``splash`` starts layer i+1's transfer right before layer i computes (the side stream
+   waits until the compute stream gets there, so every rank's collectives start together
+   instead of holding processors while their peers are still busy) and lands layer i's just
+   before it computes (the compute stream waits on an event; on host streams the wait blocks
+   the host while gloo's threads carry the next transfer); ``blocking`` and ``ready``
    land every layer before the step. A layer lands by writing its destination copy, switching
    its layout, then retiring its source copy, so at most one layer is in transit and Eq 5
    holds throughout.
