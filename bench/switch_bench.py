@@ -9,7 +9,8 @@ On the lent nvidia-h200-x2 machine (T = 2, NCCL through the selected backend)::
 1. ``primitive_costs``: one layer's transfer of weights and of KV in all 12 directions with
    DeepSeek-V3 attention dims at B = 16 and ``--primitive-context`` tokens (128K by default),
    ``--samples`` each (the slowest rank's device time per sample), with a bare all-gather /
-   all-to-all of the same bytes on the same communicator beside each (ratio = bare / ours).
+   all-to-all of the same bytes on the same communicator, behind the same gate, beside each
+   (ratio = bare / ours).
 2. Sizing: the overhead target is relative to a whole-model step, so the table's layers are
    sized by device memory (up to the model's layer count) and its runs by the time left
    (between ``--min-runs`` and ``--runs``, estimated from the per-layer step times of each
@@ -74,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--margin-gib", type=float, default=6.0, help="memory kept free for activations and the allocator")
     p.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
     p.add_argument("--budget-s", type=float, default=200.0, help="wall-clock budget of the whole run")
+    p.add_argument("--primitives-only", action="store_true", help="phase 1 only (no overhead table)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -268,10 +270,12 @@ def run(args, pool) -> int:
                f"(the slowest rank; {args.gate_ms:g} ms of device work queued ahead so host bookkeeping is "
                f"excluded, as when the host runs ahead in a pipelined switch; host_ms in the samples includes it); "
                f"0 for a discard (no network). bare_collectives: the same bytes through a bare collective on the "
-               f"same communicator; ratio = bare / ours (target >= 0.8). kernels: {args.kernels}"), **common)
+               f"same communicator behind the same gate; ratio = bare / ours (target >= 0.8). kernels: {args.kernels}"), **common)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     _print_primitives(costs, bare)
 
+    if args.primitives_only:
+        return 0
     # 2. size and 3. run the overhead table
     context, layers, runs, sizing = choose_table(args, profile, phase1, budget, deadline - time.time())
     print(f"overhead table: {layers} layers at {context} tokens per request, {runs} runs per direction "

@@ -13,7 +13,7 @@ step can be repeated: every repetition rewrites the same slots and the history s
   ``gate_ms`` of matmuls, so the host's bookkeeping is done before the
   device starts and the time is the device's (as in a pipelined switch, where the host runs
   ahead); ``host_ms`` is the host-inclusive time. A bare all-gather / all-to-all of the same
-  bytes on the same communicator is timed beside each. Also the per-layer step time of each
+  bytes on the same communicator is timed beside each, behind the same gate. Also the per-layer step time of each
   layout at each candidate context, for sizing the overhead run.
 - :func:`switch_overhead`: matched target-ready / blocking / SPLASH runs of every direction
   (§5.5, appendix F.2), a→b and b→a alternating so no run needs a reset. The first (warm-up) run
@@ -162,9 +162,10 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
     return e0.elapsed_time(e1), host_ms, t
 
 
-def _bare_once(ctx, executor, t, state: State, plan) -> float:
+def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
-    to the same width)."""
+    to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate, so
+    both include the ranks' skew at the gate's end."""
     io, streams = executor.io, ctx.streams
     if state is State.WEIGHTS:
         per_rank = t.received_bytes[state] // (io.T - 1)
@@ -188,6 +189,7 @@ def _bare_once(ctx, executor, t, state: State, plan) -> float:
     _quiet(ctx)
     e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
     with streams.use_stream(io.side_stream):
+        gate.hold()
         e0.record(io.side_stream)
         issue().wait()
         e1.record(io.side_stream)
@@ -225,7 +227,7 @@ def primitive_costs(ctx, spec: dict) -> dict:
                         break
                     device_ms, host_ms, t = _transfer_once(ctx, executor, 0, dst, batch, state,
                                                            gate if network else _Gate(ctx, 0))
-                    bare_ms = _bare_once(ctx, executor, t, state, lp.states[state]) if network else 0.0
+                    bare_ms = _bare_once(ctx, executor, t, state, lp.states[state], gate) if network else 0.0
                     if i >= spec["warmup"]:
                         samples.append({"state": str(state), "src": str(src), "dst": str(dst),
                                         "primitive": str(primitive), "per_layer_ms": device_ms if network else 0.0,
