@@ -10,9 +10,9 @@ step can be repeated: every repetition rewrites the same slots and the history s
 - :func:`primitive_costs`: one layer's transfer per state and direction (paper §5.4, Figure
   5b/c): the mover's start/finish on a quiet group, then rolled back, so the source state stays
   and the next sample starts alike. On an accelerator the side stream is first held behind
-  ``gate_ms`` of matmuls, so the host's bookkeeping is done before the
-  device starts and the time is the device's (as in a pipelined switch, where the host runs
-  ahead); ``host_ms`` is the host-inclusive time. A bare all-gather / all-to-all of the same
+  ``gate_ms`` of matmuls and a one-element all-reduce, so the host's bookkeeping is done before
+  the device starts, the ranks start together, and the time is the device's (as in a pipelined
+  switch, where the host runs ahead and the compute stream aligns the ranks); ``host_ms`` is the host-inclusive time. A bare all-gather / all-to-all of the same
   bytes on the same communicator is timed beside each, behind the same gate. Also the per-layer step time of each
   layout at each candidate context, for sizing the overhead run.
 - :func:`switch_overhead`: matched target-ready / blocking / SPLASH runs of every direction
@@ -130,9 +130,14 @@ class _Gate:
             end.synchronize()
         self.reps = max(1, int(ms / (start.elapsed_time(end) / 10)))
 
-    def hold(self) -> None:
+    def hold(self, io=None) -> None:
+        """Queue the matmuls, then (given the transfer context ``io``) a one-element all-reduce on
+        its side communicator, so every rank leaves the gate together: what is timed after it
+        excludes the ranks' skew at the gate's end."""
         for _ in range(self.reps):
             self.a @ self.a
+        if io is not None:
+            io.collectives.all_reduce(torch.zeros(1, device=io.device))
 
 
 def _mover(executor: SwitchExecutor, state: State):
@@ -151,7 +156,7 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
     e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
     t0 = time.perf_counter()
     with streams.use_stream(io.side_stream):
-        gate.hold()
+        gate.hold(io)
         e0.record(io.side_stream)
         t = mover.start(layer, {s: lp.states[s] for s in states}, dst, io)
         mover.finish(t, io)
@@ -164,8 +169,7 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
 
 def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
-    to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate, so
-    both include the ranks' skew at the gate's end."""
+    to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate."""
     io, streams = executor.io, ctx.streams
     if state is State.WEIGHTS:
         per_rank = t.received_bytes[state] // (io.T - 1)
@@ -189,7 +193,7 @@ def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     _quiet(ctx)
     e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
     with streams.use_stream(io.side_stream):
-        gate.hold()
+        gate.hold(io)
         e0.record(io.side_stream)
         issue().wait()
         e1.record(io.side_stream)
