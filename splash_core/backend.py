@@ -32,11 +32,10 @@ class Backend:
         return chain
 
     def _first(self, hook: str, **kwargs) -> Any:
-        for name in self.chain:
-            result = plugins._call_one(self.registry, name, hook, **kwargs)
-            if result is not None:
-                return result
-        raise plugins.BackendError(f"backend {self.name!r} (and its fallbacks {self.chain}) answer no {hook}")
+        result = self._first_or_none(hook, **kwargs)
+        if result is None:
+            raise plugins.BackendError(f"backend {self.name!r} (and its fallbacks {self.chain}) answer no {hook}")
+        return result
 
     def device(self, local_rank: int = 0):
         return self._first("splash_device", local_rank=local_rank)
@@ -44,13 +43,17 @@ class Backend:
     def process_group_backend(self) -> str:
         return self._first("splash_process_group_backend")
 
-    def side_group_options(self) -> Any:
-        """The side communicator's process-group options, or None for the defaults."""
+    def _first_or_none(self, hook: str, **kwargs) -> Any:
+        """The first answer along the chain, or None where no backend has one (optional hooks)."""
         for name in self.chain:
-            result = plugins._call_one(self.registry, name, "splash_side_group_options")
+            result = plugins._call_one(self.registry, name, hook, **kwargs)
             if result is not None:
                 return result
         return None
+
+    def side_group_options(self) -> Any:
+        """The side communicator's process-group options, or None for the defaults."""
+        return self._first_or_none("splash_side_group_options")
 
     def collectives(self, group, device) -> Collectives:
         return self._first("splash_make_collectives", group=group, device=device)
@@ -77,12 +80,7 @@ class Backend:
 
     def calibrate(self, collectives, device, options: dict) -> dict | None:
         """The backend's own θ measurement, or None for the core's generic one."""
-        for name in self.chain:
-            result = plugins._call_one(self.registry, name, "splash_calibrate",
-                                       collectives=collectives, device=device, options=options)
-            if result is not None:
-                return result
-        return None
+        return self._first_or_none("splash_calibrate", collectives=collectives, device=device, options=options)
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r}, chain={self.chain})"
