@@ -35,7 +35,7 @@ from .kda import KDAMath, KDAWeights
 from .kda_recurrence import DeviceRowPlan, RowPlan, recur
 from .recurrent_pool import LayerRecurrent, held_heads
 from .step_context import StepContext
-from .weights import check_heads
+from .weights import HeadShardedLayer
 
 # Row plans are a property of the step and of which requests a rank runs (all, or the ones it
 # owns), so every KDA layer of a step shares them: built once, dropped with the step.
@@ -53,7 +53,7 @@ def _requests(step: StepContext, everyone: bool, taps: int) -> tuple[list[int], 
     return plans[everyone, taps]
 
 
-class KDALayer:
+class KDALayer(HeadShardedLayer):
     """Layout, weights and recurrent state of one KDA layer on one rank."""
 
     def __init__(self, index: int, layout: Layout, weights: KDAWeights, state: LayerRecurrent, math: KDAMath,
@@ -65,13 +65,6 @@ class KDALayer:
         self.layout: Layout
         self.weights: KDAWeights
         self.set_layout(layout, weights)
-
-    def set_layout(self, layout: Layout, weights: KDAWeights | None = None) -> None:
-        """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to fit
-        its placement: this rank's head shard when sharded, all heads when replicated."""
-        weights = self.weights if weights is None else weights
-        check_heads(weights, layout, self.index, self.rank, self.T)
-        self.layout, self.weights = layout, weights
 
     def nbytes(self) -> dict[str, int]:
         return {**self.weights.nbytes(), **self.state.nbytes()}

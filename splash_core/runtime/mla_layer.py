@@ -36,10 +36,10 @@ from . import exchange
 from .kv_pool import LayerKV
 from .mla import MLAMath, MLAWeights
 from .step_context import StepContext
-from .weights import check_heads
+from .weights import HeadShardedLayer
 
 
-class MLALayer:
+class MLALayer(HeadShardedLayer):
     """Layout, weights and pages of one MLA layer on one rank."""
 
     def __init__(self, index: int, layout: Layout, weights: MLAWeights, kv: LayerKV, math: MLAMath,
@@ -51,13 +51,6 @@ class MLALayer:
         self.layout: Layout
         self.weights: MLAWeights
         self.set_layout(layout, weights)
-
-    def set_layout(self, layout: Layout, weights: MLAWeights | None = None) -> None:
-        """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to fit
-        its placement: this rank's head shard when sharded, all heads when replicated."""
-        weights = self.weights if weights is None else weights
-        check_heads(weights, layout, self.index, self.rank, self.T)
-        self.layout, self.weights = layout, weights
 
     def nbytes(self) -> dict[str, int]:
         return {**self.weights.nbytes(), **self.kv.nbytes()}

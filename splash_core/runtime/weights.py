@@ -206,13 +206,27 @@ def head_shard(heads: int, rank: int, T: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def check_heads(weights, layout: Layout, layer: int, rank: int, T: int) -> None:
-    """ValueError unless ``weights`` hold the heads ``layout`` places on ``rank``: its head shard
-    when sharded, all heads when replicated (what a layer checks when it takes a layout)."""
-    want = (head_shard(weights.total_heads, rank, T) if layout.placement is Placement.SHARDED
-            else range(weights.total_heads))
-    if weights.heads != want:
-        raise ValueError(f"layer {layer}: {layout} on rank {rank} needs heads {want}, the weights hold {weights.heads}")
+class HeadShardedLayer:
+    """What every attention layer kind shares: ``index``, ``rank``, ``T``, ``layout`` and
+    ``weights`` (an object with ``heads`` and ``total_heads``), and taking a new layout."""
+
+    index: int
+    rank: int
+    T: int
+    layout: Layout
+    weights: object
+
+    def set_layout(self, layout: Layout, weights=None) -> None:
+        """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to
+        fit its placement: this rank's head shard when sharded, all heads when replicated
+        (ValueError otherwise)."""
+        weights = self.weights if weights is None else weights
+        want = (head_shard(weights.total_heads, self.rank, self.T) if layout.placement is Placement.SHARDED
+                else range(weights.total_heads))
+        if weights.heads != want:
+            raise ValueError(f"layer {self.index}: {layout} on rank {self.rank} needs heads {want}, "
+                             f"the weights hold {weights.heads}")
+        self.layout, self.weights = layout, weights
 
 
 def even_shard(size: int, rank: int, T: int) -> range:
