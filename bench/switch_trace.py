@@ -5,7 +5,7 @@ target-ready and one SPLASH step per direction, summarised per stream and kernel
 On the lent nvidia-h200-x2 machine::
 
     python bench/switch_trace.py --out $OUT --directions TP-CP,CP-TP,CP-DOP \\
-        --variants base,waves=1,lowside,ctas=8,processors=112
+        --variants base,priority,ctas=8,processors=112
 
 Writes ``<out>/<platform>/switch_trace.json`` (one row per variant, direction and mode: step
 time, waits on transfers, and :func:`splash_core.runtime.switch.device_trace.timeline`'s summary
@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--directions", default="TP-CP,CP-TP,CP-DOP")
-    p.add_argument("--variants", default="base", help="comma list of base, waves=N, lowside, lownccl, ctas=N, processors=N, noalign (+ joins)")
+    p.add_argument("--variants", default="base", help="comma list of base, priority, ctas=N, processors=N")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timed-runs", type=int, default=3, help="untraced runs of each step, for its real time")
     p.add_argument("--trace-dir", default=None, help="where rank 0 writes the first direction's raw traces")

@@ -55,8 +55,8 @@ class Backend:
         """The side communicator's process-group options, or None for the defaults."""
         return self._first_or_none("splash_side_group_options")
 
-    def collectives(self, group, device) -> Collectives:
-        return self._first("splash_make_collectives", group=group, device=device)
+    def collectives(self, group, device, side: bool = False) -> Collectives:
+        return self._first("splash_make_collectives", group=group, device=device, side=side)
 
     def stream_ops(self, device) -> StreamOps:
         return self._first("splash_stream_ops", device=device)

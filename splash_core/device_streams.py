@@ -20,9 +20,8 @@ class DeviceStreamOps:
     def current_stream(self) -> Any:
         return self.module.current_stream(self.device)
 
-    def new_stream(self, high_priority: bool = False) -> Any:
-        # torch clamps a priority beyond the device's range to its highest
-        return self.module.Stream(device=self.device, priority=-1 if high_priority else 0)
+    def new_stream(self) -> Any:
+        return self.module.Stream(device=self.device)
 
     def use_stream(self, stream: Any) -> ContextManager:
         return self.module.stream(stream)

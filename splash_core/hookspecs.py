@@ -80,7 +80,7 @@ def splash_side_group_options():
 
 
 @hookspec(firstresult=True)
-def splash_make_collectives(group, device):
+def splash_make_collectives(group, device, side):
     """Collectives over an initialised process group.
 
     Called once per group (the main one and each side communicator a switch uses).
@@ -88,6 +88,11 @@ def splash_make_collectives(group, device):
     :param group: a ``torch.distributed.ProcessGroup`` made with this backend's
         :func:`splash_process_group_backend`.
     :param device: the rank's ``torch.device``.
+    :param side: True for the side communicator (made with :func:`splash_side_group_options`).
+        Its collectives may offer ``transfer_memory()``, a context in which the movers allocate
+        their send and receive buffers (e.g. memory registered with the communicator, so its
+        all-gathers run on copy engines instead of processors). Implementations may leave
+        this parameter out.
     :returns: an object satisfying :class:`splash_core.interfaces.Collectives` (uneven
         all-to-all and zero-row ranks included). firstresult.
     """

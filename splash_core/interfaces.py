@@ -73,10 +73,8 @@ class StreamOps(Protocol):
 
     def current_stream(self) -> Any: ...
 
-    def new_stream(self, high_priority: bool = False) -> Any:
-        """A stream whose work may run concurrently with the current stream's; with
-        ``high_priority``, where the device has stream priorities, its work gets compute units
-        ahead of the other streams' as they free up."""
+    def new_stream(self) -> Any:
+        """A stream whose work may run concurrently with the current stream's."""
 
     def use_stream(self, stream: Any) -> ContextManager:
         """Context in which launched work goes to ``stream``."""
@@ -115,11 +113,6 @@ class MLAKernels:
     ``extend`` handles any rows (chunked prefill). ``merge(outs [P, N, H, D], lses [P, N, H])``
     combines partial results by log-sum-exp. ``pack(cache, pages [n]) -> [n, page_size, W]`` and
     ``unpack(cache, pages, buf)`` move whole pages to and from contiguous buffers.
-
-    ``sharing`` (optional): the same functions for a step during which transfers run beside
-    them on the device (a live switch), launched so that the transfers' work gets compute units
-    soon after it is issued (e.g. attention in several shorter waves instead of one long one).
-    None: these kernels serve such steps too.
     """
 
     decode: Callable
@@ -128,7 +121,6 @@ class MLAKernels:
     pack: Callable
     unpack: Callable
     name: str = "reference"
-    sharing: "MLAKernels | None" = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,16 +137,72 @@ def test_hopper_tuned_config_is_data(tmp_path):
         tuned.load(bad)
 
 
-def test_side_communicator_asks_nccl_for_a_high_priority_stream(monkeypatch):
+def _fake_nccl(monkeypatch, zero_policy: bool):
     import torch.distributed as dist
 
     class FakeNCCL:  # the CPU build of torch has no NCCL process group
         class Options:
-            is_high_priority_stream = False
+            def __init__(self):
+                self.is_high_priority_stream = False
+                self.config = types.SimpleNamespace(cta_policy=0)
 
+    if zero_policy:
+        FakeNCCL.NCCL_CTA_POLICY_ZERO = 2
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+
+
+@pytest.mark.parametrize("zero_policy", [True, False])
+def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines(monkeypatch, zero_policy):
+    """High priority always; the zero-CTA policy where NCCL has it, unless SPLASH_COPY_ENGINES=0."""
+    _fake_nccl(monkeypatch, zero_policy)
     _fake_device(monkeypatch, name="NVIDIA H200")
     registry = _registry()
     for name in ("hopper", "cuda"):
-        assert Backend(registry, name).side_group_options().is_high_priority_stream is True
+        options = Backend(registry, name).side_group_options()
+        assert options.is_high_priority_stream is True
+        assert options.config.cta_policy == (2 if zero_policy else 0)
+    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
+    assert Backend(registry, "cuda").side_group_options().config.cta_policy == 0
     assert Backend(registry, "reference").side_group_options() is None  # gloo: its defaults
+
+
+def test_side_collectives_allocate_and_register_symmetric_buffers(monkeypatch):
+    """The side communicator's collectives (cuda, hopper) allocate inside NCCL's symmetric memory
+    pool and register both buffers of an all-gather that is not in place, the output only of one
+    that is; the main communicator's, or with SPLASH_COPY_ENGINES=0, use plain memory."""
+    import contextlib
+    import sys
+
+    import torch.distributed as dist
+
+    from splash_backend_cuda import common
+
+    calls = []
+    fake = types.ModuleType("torch.distributed._symmetric_memory")
+    fake.set_backend = lambda name: calls.append(("backend", name))
+    fake.get_mem_pool = lambda device: "pool"
+    fake.rendezvous = lambda t, group: calls.append(("rendezvous", t.data_ptr(), group))
+    monkeypatch.setitem(sys.modules, "torch.distributed._symmetric_memory", fake)
+    monkeypatch.setattr(torch.cuda, "use_mem_pool", lambda pool: contextlib.nullcontext(calls.append(("pool", pool))))
+    monkeypatch.setattr(dist, "get_rank", lambda group: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 1)
+    monkeypatch.setattr(dist, "all_gather_into_tensor", lambda out, inp, group, async_op: "work")
+    group = types.SimpleNamespace(group_name="side")
+    side = common.collectives(group, torch.device("cpu"), side=True)
+    with side.transfer_memory():
+        out, other = torch.zeros(4), torch.zeros(2)
+    assert ("backend", "NCCL") in calls and ("pool", "pool") in calls
+    assert side.all_gather_into(out, other) == "work"
+    assert [c for c in calls if c[0] == "rendezvous"] == [("rendezvous", out.data_ptr(), "side"),
+                                                         ("rendezvous", other.data_ptr(), "side")]
+    calls.clear()
+    side.all_gather_into(out, out[2:])  # in place: the output holds the input
+    assert [c[1] for c in calls if c[0] == "rendezvous"] == [out.data_ptr()]
+    calls.clear()
+    main = common.collectives(group, torch.device("cpu"))
+    with main.transfer_memory():
+        pass
+    main.all_gather_into(out, other)
+    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
+    common.collectives(group, torch.device("cpu"), side=True).all_gather_into(out, other)
+    assert calls == []

@@ -45,7 +45,7 @@ def _plan(kernels, entry, case):
     q, cache, table, *_, v_dim = case
     fn = getattr(kernels, entry)
     return plan(fn.keywords["config"], entry, fn.keywords["plans"], q.shape[0], q.shape[1], table.shape[0],
-                table.shape[1], cache.shape[1], v_dim, q.shape[2], q.element_size(), fn.keywords["min_waves"])
+                table.shape[1], cache.shape[1], v_dim, q.shape[2], q.element_size())
 
 
 def _run(config, entry, case, dtype, *, splits_more_than=0):
@@ -105,22 +105,6 @@ def test_kernel_variants_fp32_one_and_several_splits(tile, page):
             case = make(CPU, torch.float32, heads=3, dims=(32, 16), page=page, seed=processors)
             case[2][0, 1] = -1
             _run(config, entry, case, torch.float32, splits_more_than=0 if processors == 1 else 1)
-
-
-def test_sharing_kernels_run_more_waves_and_agree():
-    """``sharing`` kernels (for switching steps) split keys into more, shorter programs and give
-    the reference's result; sharing_waves 1 has none."""
-    tile = AttentionTile(rows=2, heads=16, keys=16, resident=1)
-    config = MLAKernelConfig(name="t", decode=tile, extend=tile, processors=8, max_splits=8, min_keys_per_split=8,
-                             sharing_waves=4)
-    kernels = triton_mla_kernels(config)
-    assert kernels.sharing is not None and kernels.sharing.sharing is None
-    for entry, make in (("decode", decode_case), ("extend", extend_case)):
-        case = make(CPU, torch.float32, heads=3, dims=(32, 16), page=16, seed=5)
-        _check(getattr(kernels.sharing, entry)(*case), ref.attention(*case), torch.float32)
-        alone, shared = _plan(kernels, entry, case)[1], _plan(kernels.sharing, entry, case)[1]
-        assert shared > alone, (entry, alone, shared)
-    assert triton_mla_kernels(dataclasses.replace(config, sharing_waves=1)).sharing is None
 
 
 def test_rules_pick_the_tile_by_head_count():

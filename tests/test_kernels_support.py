@@ -80,22 +80,6 @@ def test_rules_choose_tiles_by_head_count():
         TileRule("prefill", 64, wide)
 
 
-def test_sharing_waves_cut_a_one_wave_grid_into_shorter_programs():
-    """128 programs on 132 slots run in one wave unsplit; with min_waves 8 the keys are split so
-    the grid takes at least 8 waves, as far as max_splits and min_keys_per_split allow."""
-    config = MLAKernelConfig(name="t", processors=132, max_splits=256, min_keys_per_split=256)
-    tile = AttentionTile(keys=64, resident=1)
-    assert config.splits(tile, programs=128, max_keys=65536, partial_tiles=0.9) == 1
-    for waves in (2, 4, 8):
-        splits = config.splits(tile, programs=128, max_keys=65536, partial_tiles=0.9, min_waves=waves)
-        assert -(-128 * splits // 132) >= waves, (waves, splits)
-    assert config.splits(tile, programs=1, max_keys=1024, partial_tiles=0.9, min_waves=100) == 4  # 256 keys each
-    assert config.splits(tile, programs=1000, max_keys=65536, partial_tiles=0.9, min_waves=1) == \
-        config.splits(tile, programs=1000, max_keys=65536, partial_tiles=0.9)
-    with pytest.raises(ValueError, match="sharing_waves must be >= 1"):
-        MLAKernelConfig(name="t", sharing_waves=0)
-
-
 def test_splits_fill_one_wave_of_resident_programs():
     """Equal-length requests: split until the programs fill processors x resident slots
     once (not a second, nearly empty wave); none when the rows fill them already."""

@@ -7,13 +7,9 @@ chunked prefill (32 of 50 prompt tokens in), one arriving with its first prefill
 that finished at the step before (released, so gone from the plan). Owners are unbalanced and
 one rank owns nothing. After the switch every layer is in the destination layout and, after
 every step, each rank holds exactly its layout's pages and bytes (``ownership.footprint``).
-A SPLASH switching step runs its attention through the kernels' ``sharing`` variant; no other
-step does.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -36,18 +32,6 @@ def _requests(T: int) -> list[Req]:
             Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
 
 
-def _with_sharing(kernels, calls: list):
-    """``kernels`` with a ``sharing`` variant: the same functions, counting attention calls."""
-    def counted(fn):
-        def call(*args, **kwargs):
-            calls.append(fn)
-            return fn(*args, **kwargs)
-        return call
-
-    return dataclasses.replace(kernels, sharing=dataclasses.replace(
-        kernels, decode=counted(kernels.decode), extend=counted(kernels.extend)))
-
-
 def _switch_runs(ctx, directions, modes):
     """On each rank: for every (direction, mode) serve the scenario, switching at step 4."""
     profile, T = load("model", MODEL), ctx.world_size
@@ -55,13 +39,10 @@ def _switch_runs(ctx, directions, modes):
     for src, dst in directions:
         for mode in modes:
             model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24, page_size=PAGE)
-            sharing_calls = []
-            model.kernels = _with_sharing(model.kernels, sharing_calls)
             executor = SwitchExecutor(model, ctx)
             problems, info = [], {}
 
             def step(k, batch, tokens):
-                sharing_calls.clear()
                 if k != SWITCH_AT:
                     logits = model.step(batch, tokens)
                 else:
@@ -70,9 +51,7 @@ def _switch_runs(ctx, directions, modes):
                     logits, report = executor.step(batch, tokens, dst, mode)
                     info.update(report=report.summary(), planned_kv=int(planned.fetched_bytes(State.KV).sum()),
                                 planned_weights=int(planned.fetched_bytes(State.WEIGHTS).sum()),
-                                layouts=[str(layer.layout) for layer in model.layers], sharing_calls=len(sharing_calls))
-                if k != SWITCH_AT and sharing_calls:
-                    problems.append(f"step {k} (no switch) ran the sharing kernels")
+                                layouts=[str(layer.layout) for layer in model.layers])
                 problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
                 return logits
 
@@ -118,14 +97,10 @@ def _check(results, ref, T):
             assert report["bytes_group"].get("weights", 0) == r["info"]["planned_weights"], label
             # the host time of the switch work covers every layer's issuing and landing
             assert report["host_ms"] >= sum(layer["host_ms"] for layer in report["layers"]) > 0, label
-            if mode != Mode.SPLASH:  # only SPLASH computes beside transfers
-                assert r["info"]["sharing_calls"] == 0, label
             rank0 = results[0][key]["served"].logits
             for rid, rows in r["served"].logits.items():  # all-gathered logits: bitwise the same everywhere
                 assert all(np.array_equal(a, b) for a, b in zip(rows, rank0[rid])), f"{label} rank {rank}"
         assert_matches(r["served"], ref, label)
-        if mode == Mode.SPLASH:  # a rank that owns no rows attends nothing in DP and DOP
-            assert sum(per_rank[key]["info"]["sharing_calls"] for per_rank in results) > 0, label
     for src, dst in {(s, d) for s, d, _ in results[0]}:  # the three modes compute the same step
         runs = [results[0][(src, dst, m)]["served"] for m in Mode if (src, dst, m) in results[0]]
         for other in runs[1:]:

@@ -9,7 +9,6 @@ Importing this package is cheap: the Triton modules load when kernels are first 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from ..interfaces import MLAKernels
@@ -18,31 +17,18 @@ from .kda import fla_kda_kernels, fla_missing_reason
 
 
 def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
-    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config``;
-    their ``sharing`` kernels run attention in ``config.sharing_waves`` waves (when above 1)."""
-    from . import interpreter
+    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config``."""
+    from . import attention, interpreter, merge, pages
 
     if interpreter.interpreting():
         interpreter.patch_scalar_index()
-    kernels = _kernels(config, min_waves=1)
-    if config.sharing_waves > 1:
-        kernels = dataclasses.replace(kernels, sharing=_kernels(config, min_waves=config.sharing_waves))
-    return kernels
-
-
-def _kernels(config: MLAKernelConfig, min_waves: int) -> MLAKernels:
-    from . import attention, merge, pages
-
-    def attend(entry):
-        return functools.partial(attention.paged_attention, config=config, entry=entry, plans={}, min_waves=min_waves)
-
     return MLAKernels(
-        decode=attend("decode"),
-        extend=attend("extend"),
+        decode=functools.partial(attention.paged_attention, config=config, entry="decode", plans={}),
+        extend=functools.partial(attention.paged_attention, config=config, entry="extend", plans={}),
         merge=merge.merge,
         pack=functools.partial(pages.pack, config=config),
         unpack=functools.partial(pages.unpack, config=config),
-        name=f"triton:{config.name}" + (f" ({min_waves} waves)" if min_waves > 1 else ""),
+        name=f"triton:{config.name}",
     )
 
 

@@ -213,11 +213,10 @@ def _index(t, name: str, dims: int):
 
 
 def plan(config: MLAKernelConfig, entry: str, plans: dict, rows: int, heads: int, requests: int,
-         table_width: int, page_size: int, v_dim: int, width: int, elem_bytes: int,
-         min_waves: int = 1) -> tuple[AttentionTile, int]:
+         table_width: int, page_size: int, v_dim: int, width: int, elem_bytes: int) -> tuple[AttentionTile, int]:
     """(tile, splits) of ``entry`` for a call of these sizes, checked against the device once
     and kept in ``plans`` (one dict per entry point), so a call costs a dictionary lookup."""
-    key = (rows, heads, requests, table_width, page_size, v_dim, width, elem_bytes, min_waves)
+    key = (rows, heads, requests, table_width, page_size, v_dim, width, elem_bytes)
     found = plans.get(key)
     if found is not None:
         return found
@@ -230,7 +229,7 @@ def plan(config: MLAKernelConfig, entry: str, plans: dict, rows: int, heads: int
     programs = row_programs * -(-heads // tile.heads) * tile.value_split
     partial_bytes = tile.m * (block(v_dim) // tile.value_split) * 4 * 2  # written, then read back
     splits = config.splits(tile, programs, table_width * page_size,
-                           partial_bytes / (tile.keys * width * elem_bytes), min_waves)
+                           partial_bytes / (tile.keys * width * elem_bytes))
     if len(plans) >= _PLAN_CACHE:  # serving shapes recur; a stray sweep must not grow it forever
         plans.clear()
     plans[key] = (tile, splits)
@@ -238,10 +237,9 @@ def plan(config: MLAKernelConfig, entry: str, plans: dict, rows: int, heads: int
 
 
 def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim, *,
-                    config: MLAKernelConfig, entry: str, plans: dict, min_waves: int = 1):
+                    config: MLAKernelConfig, entry: str, plans: dict):
     """``(out [N, H, v_dim] in q's dtype, lse [N, H] float32)``, the MLAKernels contract, with
-    the tile ``config`` gives ``entry`` ("decode" or "extend") for this head count, in at least
-    ``min_waves`` waves of programs (:meth:`MLAKernelConfig.splits`)."""
+    the tile ``config`` gives ``entry`` ("decode" or "extend") for this head count."""
     if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[2] != kv_cache.shape[2]:
         raise ValueError(f"q [N, H, W] and kv_cache [pages, page_size, W] must share W "
                          f"(got {tuple(q.shape)} and {tuple(kv_cache.shape)})")
@@ -259,7 +257,7 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
     requests, table_width = block_table.shape
     page_size = kv_cache.shape[1]
     tile, splits = plan(config, entry, plans, rows, heads, requests, table_width, page_size, v_dim, width,
-                        q.element_size(), min_waves)
+                        q.element_size())
     if rows == 0 or heads == 0 or table_width == 0:
         return (torch.zeros(rows, heads, v_dim, dtype=q.dtype, device=q.device),
                 torch.full((rows, heads), float("-inf"), dtype=torch.float32, device=q.device))

@@ -119,11 +119,6 @@ class MLAKernelConfig:
       Decode and short extends split each request's keys into at most ``max_splits`` ranges
       of at least ``min_keys_per_split`` keys, as many as a small cost model of waves,
       per-program setup and merge traffic finds fastest (:meth:`splits`).
-    - ``sharing_waves``: during a step that moves state beside the attention (a live switch),
-      attention runs in at least this many waves of programs (more key splits, each program
-      shorter), so a transfer's kernels get processors within one short program's time
-      instead of waiting for a one-wave kernel to end, or pushing part of it into a second
-      wave. 1: the same programs as in any other step.
     - ``copy_block``: elements one program moves in page pack/unpack.
     - ``shared_memory_bytes``: the device's per-program limit, checked by :meth:`validate`
       (0 = unchecked).
@@ -139,13 +134,12 @@ class MLAKernelConfig:
     processors: int = 1
     max_splits: int = 64
     min_keys_per_split: int = 256
-    sharing_waves: int = 8
     copy_block: int = 2048
     shared_memory_bytes: int = 0
     launch_options: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
-        for name in ("processors", "max_splits", "min_keys_per_split", "sharing_waves"):
+        for name in ("processors", "max_splits", "min_keys_per_split"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MLAKernelConfig.{name} must be >= 1 (got {getattr(self, name)})")
         if not _power_of_two(self.copy_block):
@@ -182,8 +176,7 @@ class MLAKernelConfig:
                         f"{self.shared_memory_bytes}")
         return self
 
-    def splits(self, tile: AttentionTile, programs: int, max_keys: int, partial_tiles: float,
-               min_waves: int = 1) -> int:
+    def splits(self, tile: AttentionTile, programs: int, max_keys: int, partial_tiles: float) -> int:
         """How many key ranges to split each request into.
 
         ``programs``: programs without splitting (row blocks x head blocks x value parts);
@@ -192,15 +185,12 @@ class MLAKernelConfig:
         run in waves of ``processors x tile.resident``; the estimate is waves x (key tiles
         per split + setup) plus the merge's traffic spread over the device. The fewest
         splits within ``_SPLIT_TOLERANCE`` of the best estimate win: the model is rough, and
-        every split adds partials to write and merge. ``min_waves``: consider only splits giving
-        at least that many waves (as far as ``max_splits`` and ``min_keys_per_split`` allow; see
-        ``sharing_waves``). Pure arithmetic: callers cache it.
+        every split adds partials to write and merge. Pure arithmetic: callers cache it.
         """
         slots = self.processors * tile.resident
         most = max(1, min(self.max_splits, max_keys // self.min_keys_per_split))
-        fewest = min(most, (max(1, min_waves) - 1) * slots // programs + 1)  # first with >= min_waves waves
         costs = []
-        for splits in range(fewest, most + 1):
+        for splits in range(1, most + 1):
             waves = -(-programs * splits // slots)
             per_split = -(-max_keys // (splits * tile.keys))
             cost = waves * (per_split + _PROGRAM_SETUP_TILES)
@@ -208,7 +198,7 @@ class MLAKernelConfig:
                 cost += _MERGE_SETUP_TILES + programs * splits * partial_tiles / slots
             costs.append(cost)
         good_enough = min(costs) * (1 + _SPLIT_TOLERANCE)
-        return next(splits for splits, cost in enumerate(costs, start=fewest) if cost <= good_enough)
+        return next(splits for splits, cost in enumerate(costs, start=1) if cost <= good_enough)
 
     def with_processors(self, processors: int) -> "MLAKernelConfig":
         return dataclasses.replace(self, processors=max(1, int(processors)))

@@ -58,8 +58,8 @@ class HostStreamOps:
     def current_stream(self) -> HostStream:
         return self._main
 
-    def new_stream(self, high_priority: bool = False) -> HostStream:
-        self._count += 1  # one host thread runs every stream in order: no priorities to set
+    def new_stream(self) -> HostStream:
+        self._count += 1
         return HostStream(f"side{self._count}")
 
     def use_stream(self, stream) -> contextlib.AbstractContextManager:

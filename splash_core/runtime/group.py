@@ -45,7 +45,7 @@ class RankContext:
                 timeout=datetime.timedelta(seconds=self.timeout_s),
                 **({"pg_options": options} if options is not None else {}),
             )
-            self._side = self.backend.collectives(group, self.device)
+            self._side = self.backend.collectives(group, self.device, side=True)
         return self._side
 
 

@@ -134,7 +134,7 @@ class Model:
     # ---- one step -------------------------------------------------------------------------
 
     def step(self, batch: StepBatch, tokens: torch.Tensor, *, layouts: Sequence[Layout] | None = None,
-             before_layer: Callable[[int], None] | None = None, kernels=None) -> torch.Tensor:
+             before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
         """Run ``tokens`` [N] (rows in batch order) through the model; logits [R, V] float32 of each
         request's last row, in batch request order, identical on every rank.
 
@@ -142,14 +142,13 @@ class Model:
         layer) are the layouts the layers compute in by the time they run, so the step's new pages
         are reserved in those instead of the layers' current layouts; ``before_layer(i)`` is called
         before layer i computes (the executor lands layer i's state there and starts the next
-        layer's transfer), and ``kernels`` replaces the model's MLA kernels for this step (the
-        executor passes their ``sharing`` variant). Without them a step is exactly as before."""
+        layer's transfer). Without them a step is exactly as before."""
         if batch.page_size != self.page_size or batch.T != self.T:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={self.T}, page {self.page_size}")
         if tokens.numel() != batch.num_rows:
             raise ValueError(f"{tokens.numel()} tokens for a batch of {batch.num_rows} rows")
         self.reserve(batch, layouts)
-        step = StepContext(batch, self.rank, self.device, self.collectives, kernels or self.kernels)
+        step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
         h = self.embed.index_select(0, tokens.to(self.device).long())
         eps = self.profile.rms_norm_eps
         for i, (layer, (in_norm, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):

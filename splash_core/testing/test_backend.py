@@ -54,7 +54,7 @@ def test_streams_overlap_and_time(conformance_backend, conformance_device):
     assert isinstance(ops, StreamOps)
     start, end, made, ready = (ops.new_event(timing=True), ops.new_event(timing=True), ops.new_event(),
                                ops.new_event())
-    side = ops.new_stream(high_priority=True)
+    side = ops.new_stream()
     start.record()
     x = torch.arange(1 << 16, dtype=torch.float32, device=conformance_device)
     made.record()

@@ -44,8 +44,8 @@ def splash_side_group_options():
 
 
 @hookimpl
-def splash_make_collectives(group, device):
-    return common.collectives(group, device)
+def splash_make_collectives(group, device, side):
+    return common.collectives(group, device, side)
 
 
 @hookimpl

@@ -14,15 +14,14 @@ trace, :func:`timeline` takes the device kernels and reports
 - the compute kernels' time while another stream ran a kernel (``contended_us``) and how much
   longer attention and matmul kernels took then than their uncontended median.
 
-``variants`` (each a change from the defaults, one per pass, so one run compares them):
-``waves=N`` (attention in at least N waves during the switching step; ``waves=1``: the same
-one-wave programs as the ready step), ``lowside`` (the side stream, which packs and unpacks
-pages, at normal priority), ``lownccl`` (the side communicator's stream at normal priority),
-``ctas=N`` (the side communicator limited to N CTAs), ``processors=N`` (attention kernels
-sized for N processors), ``noalign`` (transfers start as soon as the side stream is free:
-``SwitchExecutor(align_transfers=False)``), or several joined by ``+``. (Files before this
-set of names used ``priority``: both streams high, and ``ncclpriority``: the communicator's
-only; both are now the defaults.)
+``variants`` (all off by default) try changes to how the transfer shares the device, one per
+pass, so one run compares them: ``priority`` (the side stream and the side communicator's
+stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator
+limited to N CTAs) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
+(transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
+or several joined by ``+``. The first three give the executor a side communicator of their
+own, with plain buffers and NCCL's default CTA policy: ``ncclpriority`` alone is the backend's
+side communicator without copy-engine all-gathers.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch.
 """
@@ -129,38 +128,34 @@ def _parts(variant: str) -> dict[str, str]:
 
 
 def _variant_kernels(ctx, spec: dict, variant: str):
-    """The backend's kernels, sized for fewer processors under ``processors=N`` and with
-    ``sharing_waves`` N under ``waves=N``."""
+    """The backend's kernels, sized for fewer processors under ``processors=N``."""
     kernels = bench.kernels_for(ctx, bench.dtypes.torch_dtype(spec["dtype"]), spec["kernels"])
-    parts = _parts(variant)
-    if not ({"processors", "waves"} & set(parts)):
+    processors = _parts(variant).get("processors")
+    if not processors:
         return kernels
-    import dataclasses
-
     from ...kernels import triton_mla_kernels
 
     config = kernels.decode.keywords["config"]
-    if "processors" in parts:
-        config = config.with_processors(int(parts["processors"]))
-    if "waves" in parts:
-        config = dataclasses.replace(config, sharing_waves=int(parts["waves"]))
-    return triton_mla_kernels(config)
+    return triton_mla_kernels(config.with_processors(int(processors)))
 
 
 def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    if ctx.device.type == "cpu" or not ({"lowside", "lownccl", "ctas"} & set(parts)):
+    if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas"} & set(parts)):
         return
     import datetime
 
     import torch.distributed as dist
     from ..switch.transfer import TransferContext
 
-    options = ctx.backend.side_group_options() or dist.ProcessGroupNCCL.Options()
-    if "lownccl" in parts:
-        options.is_high_priority_stream = False
+    options = dist.ProcessGroupNCCL.Options()
+    side = ctx.streams.new_stream()
+    if "priority" in parts or "ncclpriority" in parts:
+        options.is_high_priority_stream = True
+    if "priority" in parts:
+        side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
     if "ctas" in parts:
         options.config.max_ctas = int(parts["ctas"])
         options.config.min_ctas = 1
@@ -168,8 +163,7 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
                            timeout=datetime.timedelta(seconds=ctx.timeout_s))
     executor._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device,
                                    collectives=ctx.backend.collectives(group, ctx.device), streams=ctx.streams,
-                                   side_stream=ctx.streams.new_stream(high_priority="lowside" not in parts),
-                                   kernels=executor.model.kernels)
+                                   side_stream=side, kernels=executor.model.kernels)
 
 
 def _traced(ctx, fn) -> tuple[object, dict]:

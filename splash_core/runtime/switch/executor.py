@@ -222,8 +222,7 @@ class SwitchExecutor:
             ctx = self.ctx
             self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device,
                                        collectives=ctx.side_collectives(), streams=ctx.streams,
-                                       side_stream=ctx.streams.new_stream(high_priority=True),
-                                       kernels=self.model.kernels)
+                                       side_stream=ctx.streams.new_stream(), kernels=self.model.kernels)
         self._io.timeout_s, self._io.fault = self.timeout_s, self.fault
         return self._io
 
@@ -316,13 +315,10 @@ class SwitchExecutor:
             if upcoming is not None and upcoming not in flight:
                 flight[upcoming] = self._start(sw, upcoming)
 
-        kernels = None
         if sw.order:
             self._begin()
-            kernels = m.kernels.sharing  # attention that leaves the transfers room (None: as always)
         try:
-            return m.step(batch, tokens, layouts=[sw.dst] * len(m.layers), before_layer=before_layer,
-                          kernels=kernels)
+            return m.step(batch, tokens, layouts=[sw.dst] * len(m.layers), before_layer=before_layer)
         except BaseException:
             for lm in flight.values():
                 self._rollback(lm)

@@ -131,8 +131,9 @@ class PagesMover:
                 chunk = _Chunk([], [(row, n, index[first + at: first + at + n]) for row, n, at in cut.slots])
                 send_index = index[cut.send_lo: cut.send_hi]
                 for state, cache in tensors:
-                    send = io.kernels.pack(byte_view(cache), send_index)
-                    out = send.new_empty((cut.recv_rows, *send.shape[1:]))
+                    with io.buffers():
+                        send = io.kernels.pack(byte_view(cache), send_index)
+                        out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                     if cut.splits is None:
                         pending = io.all_gather(out, send, layer=layer.index, state=state)
                     else:

@@ -38,6 +38,7 @@ The recurrent (KDA) state moves by the same steps with the keys ``(request_id, s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 from typing import Any, Mapping, Protocol
@@ -93,6 +94,13 @@ class TransferContext:
         self.collectives, self.streams, self.side_stream = collectives, streams, side_stream
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
+
+    def buffers(self):
+        """Context in which movers allocate send and receive buffers: the side collectives'
+        ``transfer_memory()`` where they have one (memory their all-gathers move without
+        processors), else plain allocations."""
+        memory = getattr(self.collectives, "transfer_memory", None)
+        return memory() if memory is not None else contextlib.nullcontext()
 
     def index(self, array: np.ndarray) -> torch.Tensor:
         """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:

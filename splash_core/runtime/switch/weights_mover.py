@@ -57,11 +57,13 @@ class WeightsMover:
             gathers, sent = [], 0
             for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
                 x, dim = getattr(w, name), w.SHARD_AXES[name]
-                send = x.movedim(dim, 0) if dim else x
-                if not send.is_contiguous():
-                    send = send.contiguous()
-                out = send.new_empty((io.T * send.shape[0], *send.shape[1:]))
-                pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
+                shard = x.movedim(dim, 0) if dim else x
+                n = shard.shape[0]
+                with io.buffers():  # gathered in place: this rank's slot is its send buffer
+                    out = shard.new_empty((io.T * n, *shard.shape[1:]))
+                mine = out[io.rank * n: (io.rank + 1) * n]
+                mine.copy_(shard)
+                pending = io.all_gather(byte_view(out), byte_view(mine), layer=layer.index, state=WEIGHTS)
                 gathers.append(_Gather(name, dim, pending, out))
                 sent += x.numel() * x.element_size()
             t.data = gathers
