@@ -258,22 +258,20 @@ def main(argv=None):
                 results.append(json.load(f))
         except OSError:
             results.append({"rank": r, "matmul_alone_ms": [], "transports": {}, "error": "no results"})
-    doc = {
-        "schema": 1, "benchmark": "transport_probe", "platform": args.platform, "source": "measured",
-        "machine": f"{socket.gethostname()}, torch {torch.__version__}, "
-                   f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}, 2x {torch.cuda.get_device_name(0)}",
-        "command": "python3 " + " ".join(sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": os.environ.get("SPLASH_GIT_COMMIT", "unknown"),
-        "notes": ("p50 per rank; summary: slowest rank. Matmul loop: 8192^3 bf16 x --matmuls; the collectives "
-                  "repeated beside it on a high-priority side stream." + (" Ranks hung and were killed; "
-                                                                          "partial results." if hung else "")),
-        "summary": _summary(results), "samples": results,
-    }
+    from splash_core.results import make_result
+
+    notes = ("p50 per rank; summary: slowest rank. Matmul loop: 8192^3 bf16 x --matmuls; the collectives "
+             "repeated beside it on a high-priority side stream. backend/model: raw torch.distributed NCCL, "
+             "no SPLASH backend or model." + (" Ranks hung and were killed; partial results." if hung else ""))
+    doc = make_result(benchmark="transport_probe", platform=args.platform, backend="none", model="none", T=2,
+                      dtype="uint8", samples=results, summary={"rows": _summary(results)}, notes=notes,
+                      command="python3 " + " ".join(sys.argv),
+                      machine=f"{socket.gethostname()}, torch {torch.__version__}, "
+                              f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}, 2x {torch.cuda.get_device_name(0)}")
     path = os.path.join(args.out, "transport_probe.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    for row in doc["summary"]:
+    for row in doc["summary"]["rows"]:
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), "kernels:", row.get("kernels", [])[:2])
     print("wrote", path)
 

@@ -4,41 +4,73 @@ the standard ops. Backends may return this class from ``splash_make_collectives`
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+_ROUND_BYTES = 16 << 20  # buffers grow in these steps, so chunks of slightly different sizes share one
+
+
+class TransferBuffers:
+    """Buffers a side communicator moves without processors (e.g. memory registered with it,
+    which NCCL's zero-CTA policy moves with copy engines), one per role (what a mover uses it
+    for), reused layer after layer and switch after switch: they are the one layer in transit
+    that Eq 5's headroom holds room for, and registering them is too slow to repeat per switch.
+    :meth:`release` gives them back.
+
+    ``allocate(nbytes)`` makes a uint8 buffer; it may be a collective (registration is), so every
+    rank must ask for the same roles with the same sizes in the same order: all-gathers do.
+    A buffer outgrown mid-switch is kept until :meth:`release`, since work in flight may still
+    use it."""
+
+    def __init__(self, allocate: Callable[[int], torch.Tensor]):
+        self._allocate = allocate
+        self._held: dict[Any, torch.Tensor] = {}
+        self._outgrown: list[torch.Tensor] = []
+
+    def get(self, role: Any, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of role ``role``'s buffer (uint8)."""
+        buf = self._held.get(role)
+        if buf is None or buf.numel() < nbytes:
+            if buf is not None:
+                self._outgrown.append(buf)
+            buf = self._held[role] = self._allocate(-(-max(nbytes, 1) // _ROUND_BYTES) * _ROUND_BYTES)
+        return buf[:nbytes]
+
+    def release(self) -> None:
+        """Drop every buffer (only while no transfer is in flight)."""
+        self._held.clear()
+        self._outgrown.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in (*self._held.values(), *self._outgrown))
+
 
 class DistCollectives:
-    """:class:`splash_core.interfaces.Collectives` over one ``torch.distributed`` group.
+    """:class:`splash_core.interfaces.Collectives` over one ``torch.distributed`` group; with
+    ``transfer_buffers``, a side communicator's buffers for all-gathers that run without
+    processors."""
 
-    ``transfer_memory``/``register``: a side communicator's buffer memory (a context in which
-    the movers allocate their send and receive buffers) and how to register such a buffer with
-    the group before an all-gather (e.g. symmetric memory, so NCCL's zero-CTA policy moves it
-    with copy engines). None: plain allocations, nothing registered."""
-
-    def __init__(self, group: Any, device: torch.device, *,
-                 transfer_memory: Callable[[], ContextManager] | None = None,
-                 register: Callable[[torch.Tensor], None] | None = None):
+    def __init__(self, group: Any, device: torch.device, *, transfer_buffers: TransferBuffers | None = None):
         self.group = group
         self.device = device
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self._memory, self._register = transfer_memory, register
+        self._buffers = transfer_buffers
 
-    def transfer_memory(self) -> ContextManager:
-        """Context for allocating transfer buffers (see the class docstring)."""
-        return self._memory() if self._memory is not None else contextlib.nullcontext()
+    def transfer_buffer(self, role: Any, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` (uint8) of role ``role`` in memory this group's all-gathers move without
+        processors, or None: use ordinary memory."""
+        return None if self._buffers is None else self._buffers.get(role, nbytes)
+
+    def release_transfer_buffers(self) -> None:
+        if self._buffers is not None:
+            self._buffers.release()
 
     def all_gather_into(self, out, inp, async_op: bool = False):
-        inp = inp.contiguous()
-        if self._register is not None:
-            self._register(out)
-            if inp.untyped_storage().data_ptr() != out.untyped_storage().data_ptr():  # not in place
-                self._register(inp)
-        return dist.all_gather_into_tensor(out, inp, group=self.group, async_op=async_op)
+        return dist.all_gather_into_tensor(out, inp.contiguous(), group=self.group, async_op=async_op)
 
     def all_to_all(self, out, inp, out_splits: Sequence[int], in_splits: Sequence[int], async_op: bool = False):
         return dist.all_to_all_single(

@@ -137,7 +137,9 @@ def test_hopper_tuned_config_is_data(tmp_path):
         tuned.load(bad)
 
 
-def _fake_nccl(monkeypatch, zero_policy: bool):
+@pytest.mark.parametrize("zero_policy", [True, False])
+def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines(monkeypatch, zero_policy):
+    """High priority always; the zero-CTA policy where NCCL has it, unless SPLASH_COPY_ENGINES=0."""
     import torch.distributed as dist
 
     class FakeNCCL:  # the CPU build of torch has no NCCL process group
@@ -149,28 +151,20 @@ def _fake_nccl(monkeypatch, zero_policy: bool):
     if zero_policy:
         FakeNCCL.NCCL_CTA_POLICY_ZERO = 2
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
-
-
-@pytest.mark.parametrize("zero_policy", [True, False])
-def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines(monkeypatch, zero_policy):
-    """High priority always; the zero-CTA policy where NCCL has it, unless SPLASH_COPY_ENGINES=0."""
-    _fake_nccl(monkeypatch, zero_policy)
     _fake_device(monkeypatch, name="NVIDIA H200")
     registry = _registry()
     for name in ("hopper", "cuda"):
         options = Backend(registry, name).side_group_options()
-        assert options.is_high_priority_stream is True
-        assert options.config.cta_policy == (2 if zero_policy else 0)
+        assert options.is_high_priority_stream is True and options.config.cta_policy == (2 if zero_policy else 0)
     monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
     assert Backend(registry, "cuda").side_group_options().config.cta_policy == 0
     assert Backend(registry, "reference").side_group_options() is None  # gloo: its defaults
 
 
-def test_side_collectives_allocate_and_register_symmetric_buffers(monkeypatch):
-    """The side communicator's collectives (cuda, hopper) allocate inside NCCL's symmetric memory
-    pool and register both buffers of an all-gather that is not in place, the output only of one
-    that is; the main communicator's, or with SPLASH_COPY_ENGINES=0, use plain memory."""
-    import contextlib
+def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monkeypatch):
+    """cuda's side collectives make transfer buffers with NCCL symmetric memory, each registered
+    with the group once (a collective) and then reused; the main group's, or any group's with
+    SPLASH_COPY_ENGINES=0, have none."""
     import sys
 
     import torch.distributed as dist
@@ -180,29 +174,30 @@ def test_side_collectives_allocate_and_register_symmetric_buffers(monkeypatch):
     calls = []
     fake = types.ModuleType("torch.distributed._symmetric_memory")
     fake.set_backend = lambda name: calls.append(("backend", name))
-    fake.get_mem_pool = lambda device: "pool"
-    fake.rendezvous = lambda t, group: calls.append(("rendezvous", t.data_ptr(), group))
+    fake.empty = lambda n, dtype, device: calls.append(("empty", n)) or torch.zeros(n, dtype=dtype)
+    fake.rendezvous = lambda t, group: calls.append(("rendezvous", t.numel(), group))
     monkeypatch.setitem(sys.modules, "torch.distributed._symmetric_memory", fake)
-    monkeypatch.setattr(torch.cuda, "use_mem_pool", lambda pool: contextlib.nullcontext(calls.append(("pool", pool))))
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
-    monkeypatch.setattr(dist, "get_world_size", lambda group: 1)
-    monkeypatch.setattr(dist, "all_gather_into_tensor", lambda out, inp, group, async_op: "work")
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     group = types.SimpleNamespace(group_name="side")
     side = common.collectives(group, torch.device("cpu"), side=True)
-    with side.transfer_memory():
-        out, other = torch.zeros(4), torch.zeros(2)
-    assert ("backend", "NCCL") in calls and ("pool", "pool") in calls
-    assert side.all_gather_into(out, other) == "work"
-    assert [c for c in calls if c[0] == "rendezvous"] == [("rendezvous", out.data_ptr(), "side"),
-                                                         ("rendezvous", other.data_ptr(), "side")]
-    calls.clear()
-    side.all_gather_into(out, out[2:])  # in place: the output holds the input
-    assert [c[1] for c in calls if c[0] == "rendezvous"] == [out.data_ptr()]
-    calls.clear()
-    main = common.collectives(group, torch.device("cpu"))
-    with main.transfer_memory():
-        pass
-    main.all_gather_into(out, other)
+    first = side.transfer_buffer(("kv", 0, "out"), 1000)
+    again = side.transfer_buffer(("kv", 0, "out"), 3000)
+    assert first.numel() == 1000 and again.numel() == 3000 and again.data_ptr() == first.data_ptr()
+    assert calls == [("backend", "NCCL"), ("empty", 16 << 20), ("rendezvous", 16 << 20, "side")]
+    assert common.collectives(group, torch.device("cpu")).transfer_buffer("x", 10) is None
     monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
-    common.collectives(group, torch.device("cpu"), side=True).all_gather_into(out, other)
-    assert calls == []
+    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffer("x", 10) is None
+
+
+def test_transfer_buffers_grow_keep_what_they_outgrew_and_release():
+    from splash_core.collectives import TransferBuffers
+
+    made = []
+    buffers = TransferBuffers(lambda n: made.append(n) or torch.zeros(n, dtype=torch.uint8))
+    small = buffers.get("a", 10)
+    big = buffers.get("a", (16 << 20) + 1)  # outgrown: a new one, the old kept (work may still use it)
+    assert made == [16 << 20, 32 << 20] and big.data_ptr() != small.data_ptr()
+    assert buffers.get("b", 5).numel() == 5 and buffers.nbytes == (16 + 32 + 16) << 20
+    buffers.release()
+    assert buffers.nbytes == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
@@ -123,3 +124,30 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
     results = rank_pools(T).run(_switch_batches, runs, chunk_bytes)
     _check(results, references[T], T)
+
+
+def _with_transfer_buffers(ctx, runs, chunk_bytes):
+    """``_switch_batches`` with side collectives that stage all-gathers in reused transfer buffers
+    (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated and
+    the roles held at the end."""
+    from splash_core.collectives import DistCollectives, TransferBuffers
+
+    side, allocated = ctx.side_collectives(), []
+    buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
+    ctx._side = DistCollectives(side.group, ctx.device, transfer_buffers=buffers)
+    try:
+        return _switch_batches(ctx, runs, chunk_bytes), allocated, len(buffers._held)
+    finally:
+        ctx._side = side
+
+
+def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
+    """Side collectives with transfer buffers (how copy engines get registered memory): the
+    weights' and KV's all-gathers go through them, chunk after chunk, layer after layer and
+    switch after switch (pages in up to 4 chunks at T = 3), with the reference's tokens; each
+    role's buffer is made once (16 MiB steps cover every layer's size)."""
+    runs = [(((Layout.TP, Layout.DP), (Layout.DP, Layout.TP), (Layout.DOP, Layout.CP)), [Mode.SPLASH, Mode.BLOCKING])]
+    out = rank_pools(3).run(_with_transfer_buffers, runs, 3000)
+    _check([results for results, _, _ in out], references[3], 3)
+    for rank, (_, allocated, roles) in enumerate(out):
+        assert allocated and all(n == 16 << 20 for n in allocated) and len(allocated) == roles, (rank, allocated)

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from splash_core.collectives import DistCollectives
+from splash_core.collectives import DistCollectives, TransferBuffers
 from splash_core.device_streams import DeviceStreamOps
 
 from . import detect
@@ -34,8 +34,9 @@ def side_group_options():
     soon as processors free up, rather than behind the compute kernels queued before them
     (measured on 2 x H200, 16 layers at 64K, overhead of a switch into TP: 36 ms -> 23 ms,
     other directions within noise; bench/switch_trace.py, variant ncclpriority). And, where
-    NCCL has it and ``copy_engines()`` allows, the zero-CTA policy: all-gathers between buffers
-    in symmetric memory (:func:`collectives` with ``side``) then run on copy engines."""
+    NCCL has it and :func:`copy_engines` allows, the zero-CTA policy: all-gathers between
+    buffers in symmetric memory (:func:`collectives` for the side communicator) then run on
+    copy engines."""
     import torch.distributed as dist
 
     options = dist.ProcessGroupNCCL.Options()
@@ -47,35 +48,43 @@ def side_group_options():
 
 
 def copy_engines() -> bool:
-    """Whether the side communicator moves all-gathers with copy engines where it can
-    (``SPLASH_COPY_ENGINES=0`` turns it off, e.g. to compare). Measured on 2 x H200
-    (bench/transport_probe.py): a layer's KV all-gather took 1.00 ms instead of 1.35 and slowed
-    a matmul loop beside it about half as much per byte."""
+    """Whether the side communicator's all-gathers go through symmetric memory, which NCCL's
+    zero-CTA policy moves with copy engines (``SPLASH_COPY_ENGINES=0``: no). Measured on
+    2 x H200 (bench/transport_probe.py, results/h200x2/transport_probe.json): a layer's KV
+    all-gather (576 MiB) took 1.00 ms instead of 1.35, and slowed a matmul loop beside it about
+    half as much per byte moved."""
     return os.environ.get("SPLASH_COPY_ENGINES", "1") != "0"
 
 
 def collectives(group, device, side: bool = False) -> DistCollectives:
-    """Collectives over ``group``; the side communicator's allocate their transfer buffers in
-    NCCL symmetric memory and register them before each all-gather (when ``copy_engines()``
-    and torch has it; otherwise, with a warning, plain buffers and processor-driven copies)."""
+    """Collectives over ``group``. The side communicator's stage their all-gathers in NCCL
+    symmetric memory (:func:`copy_engines`; with a warning, plain memory where this torch has
+    no NCCL symmetric memory)."""
     if side and copy_engines():
-        symmetric = _symmetric_memory(group, device)
-        if symmetric is not None:
-            return DistCollectives(group, device, transfer_memory=symmetric[0], register=symmetric[1])
+        allocate = _symmetric_allocator(group, device)
+        if allocate is not None:
+            return DistCollectives(group, device, transfer_buffers=TransferBuffers(allocate))
     return DistCollectives(group, device)
 
 
-def _symmetric_memory(group, device):
+def _symmetric_allocator(group, device):
+    """``nbytes -> uint8 tensor`` in NCCL symmetric memory registered with ``group`` (each call
+    is a collective), or None when this torch cannot."""
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
         symm_mem.set_backend("NCCL")
-        pool = symm_mem.get_mem_pool(device)
-    except Exception as exc:  # noqa: BLE001 - an older torch or NCCL: say so and go on without
+    except Exception as exc:  # noqa: BLE001 - an older torch: say so and go on without
         warnings.warn(f"side communicator without copy-engine all-gathers: {type(exc).__name__}: {exc}")
         return None
     name = group.group_name
-    return (lambda: torch.cuda.use_mem_pool(pool)), (lambda t: symm_mem.rendezvous(t, group=name))
+
+    def allocate(nbytes: int) -> torch.Tensor:
+        buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+        symm_mem.rendezvous(buf, group=name)
+        return buf
+
+    return allocate
 
 
 def stream_ops(device) -> DeviceStreamOps:

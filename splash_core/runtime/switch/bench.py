@@ -167,33 +167,30 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
     return e0.elapsed_time(e1), host_ms, t
 
 
-def _bare_issue(ctx, io, t, state: State, plan):
-    """A callable issuing the bare collective of :func:`_bare_once` (its buffers allocated now)."""
-    if state is State.WEIGHTS:
-        per_rank = t.received_bytes[state] // (io.T - 1)
-        send = torch.empty(per_rank, dtype=torch.uint8, device=ctx.device)
-        out = send.new_empty(io.T * per_rank)
-        return lambda: io.collectives.all_gather_into(out, send, async_op=True)
-    cache = t.layer.kv.kv
-    page = cache[0].numel() * cache.element_size()
-    blocks = plan.rank(io.rank)
-    if plan.primitive is Primitive.ALL_GATHER:
-        width = int(plan.diff.recv[0].max())
-        send = torch.empty(width * page, dtype=torch.uint8, device=ctx.device)
-        out = send.new_empty(io.T * width * page)
-        return lambda: io.collectives.all_gather_into(out, send, async_op=True)
-    send = torch.empty(int(blocks.send_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
-    out = torch.empty(int(blocks.recv_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
-    return lambda: io.collectives.all_to_all(out, send, (blocks.recv_splits * page).tolist(),
-                                             (blocks.send_splits * page).tolist(), async_op=True)
-
-
 def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
     to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate."""
     io, streams = executor.io, ctx.streams
-    with io.buffers():  # the memory the movers use (registered with the side communicator where it can)
-        issue = _bare_issue(ctx, io, t, state, plan)
+    if state is State.WEIGHTS:
+        per_rank = t.received_bytes[state] // (io.T - 1)
+        send, out, _ = io.gather_buffers(("bare", state), torch.empty(per_rank, dtype=torch.uint8, device=ctx.device),
+                                         (io.T * per_rank,), layer=t.layer.index, state=state)  # the movers' memory
+        issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
+    else:
+        cache = t.layer.kv.kv
+        page = cache[0].numel() * cache.element_size()
+        blocks = plan.rank(io.rank)
+        if plan.primitive is Primitive.ALL_GATHER:
+            width = int(plan.diff.recv[0].max())
+            send, out, _ = io.gather_buffers(("bare", state), torch.empty(width * page, dtype=torch.uint8,
+                                                                          device=ctx.device), (io.T * width * page,),
+                                             layer=t.layer.index, state=state)
+            issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
+        else:
+            send = torch.empty(int(blocks.send_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
+            out = torch.empty(int(blocks.recv_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)
+            issue = lambda: io.collectives.all_to_all(out, send, (blocks.recv_splits * page).tolist(),  # noqa: E731
+                                                      (blocks.send_splits * page).tolist(), async_op=True)
     _quiet(ctx)
     e0, e1 = streams.new_event(timing=True), streams.new_event(timing=True)
     with streams.use_stream(io.side_stream):

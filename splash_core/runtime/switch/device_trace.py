@@ -19,9 +19,7 @@ pass, so one run compares them: ``priority`` (the side stream and the side commu
 stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator
 limited to N CTAs) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
-or several joined by ``+``. The first three give the executor a side communicator of their
-own, with plain buffers and NCCL's default CTA policy: ``ncclpriority`` alone is the backend's
-side communicator without copy-engine all-gathers.
+or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch.
 """

@@ -127,16 +127,17 @@ class PagesMover:
         try:
             index = io.index(np.concatenate([payload, arriving]))
             first = route.send_rows
-            for cut in route.cuts:
+            for k, cut in enumerate(route.cuts):
                 chunk = _Chunk([], [(row, n, index[first + at: first + at + n]) for row, n, at in cut.slots])
                 send_index = index[cut.send_lo: cut.send_hi]
                 for state, cache in tensors:
-                    with io.buffers():
-                        send = io.kernels.pack(byte_view(cache), send_index)
-                        out = send.new_empty((cut.recv_rows, *send.shape[1:]))
-                    if cut.splits is None:
+                    send = io.kernels.pack(byte_view(cache), send_index)
+                    if cut.splits is None:  # unpacked in finish, before the next layer's transfer reuses out
+                        send, out, _ = io.gather_buffers((state, k), send, (cut.recv_rows, *send.shape[1:]),
+                                                         layer=layer.index, state=state)
                         pending = io.all_gather(out, send, layer=layer.index, state=state)
                     else:
+                        out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         pending = io.all_to_all(out, send, cut.splits[1], cut.splits[0], layer=layer.index, state=state)
                     chunk.pendings.append((state, pending, out))
                 moving.chunks.append(chunk)

@@ -38,9 +38,9 @@ The recurrent (KDA) state moves by the same steps with the keys ``(request_id, s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
+import math
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -95,12 +95,31 @@ class TransferContext:
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
 
-    def buffers(self):
-        """Context in which movers allocate send and receive buffers: the side collectives'
-        ``transfer_memory()`` where they have one (memory their all-gathers move without
-        processors), else plain allocations."""
-        memory = getattr(self.collectives, "transfer_memory", None)
-        return memory() if memory is not None else contextlib.nullcontext()
+    def gather_buffers(self, role, send: torch.Tensor, out_shape, *, layer: int,
+                       state: State) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """``(send, out, shared)`` for an all-gather of ``send`` into a tensor of ``out_shape``
+        (``send``'s dtype): where the side collectives have transfer buffers (memory they move
+        without processors), ``send`` copied into role ``role``'s and ``out`` in another, both
+        reused by the next layer's transfer (``shared``: read ``out`` before that one starts);
+        otherwise ``send`` itself and a new tensor. A buffer that cannot be made (registration is
+        a collective) raises :class:`TransferError` naming ``layer`` and ``state``."""
+        get = getattr(self.collectives, "transfer_buffer", None)
+        try:
+            out = get((role, "out"), math.prod(out_shape) * send.element_size()) if get is not None else None
+            if out is None:
+                return send, send.new_empty(out_shape), False
+            staged = get((role, "send"), send.numel() * send.element_size())
+        except Exception as exc:
+            raise TransferError(layer, state, "all_gather", f"transfer buffer: {type(exc).__name__}: {exc}") from exc
+        staged = staged.view(send.dtype).view(send.shape)
+        staged.copy_(send)
+        return staged, out.view(send.dtype).view(out_shape), True
+
+    def release_buffers(self) -> None:
+        """Give back the side collectives' transfer buffers (while no transfer is in flight)."""
+        release = getattr(self.collectives, "release_transfer_buffers", None)
+        if release is not None:
+            release()
 
     def index(self, array: np.ndarray) -> torch.Tensor:
         """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:

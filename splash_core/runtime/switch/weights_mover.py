@@ -39,6 +39,7 @@ class _Gather:
     dim: int  # the axis the shards join along
     pending: object
     out: torch.Tensor  # the gathered tensor, the joined axis first
+    shared: bool  # out is a transfer buffer the next layer reuses: copy it before keeping it
 
 
 class WeightsMover:
@@ -57,14 +58,13 @@ class WeightsMover:
             gathers, sent = [], 0
             for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
                 x, dim = getattr(w, name), w.SHARD_AXES[name]
-                shard = x.movedim(dim, 0) if dim else x
-                n = shard.shape[0]
-                with io.buffers():  # gathered in place: this rank's slot is its send buffer
-                    out = shard.new_empty((io.T * n, *shard.shape[1:]))
-                mine = out[io.rank * n: (io.rank + 1) * n]
-                mine.copy_(shard)
-                pending = io.all_gather(byte_view(out), byte_view(mine), layer=layer.index, state=WEIGHTS)
-                gathers.append(_Gather(name, dim, pending, out))
+                send = x.movedim(dim, 0) if dim else x
+                if not send.is_contiguous():
+                    send = send.contiguous()
+                send, out, shared = io.gather_buffers(("weights", name), send, (io.T * send.shape[0], *send.shape[1:]),
+                                                      layer=layer.index, state=WEIGHTS)
+                pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
+                gathers.append(_Gather(name, dim, pending, out, shared))
                 sent += x.numel() * x.element_size()
             t.data = gathers
             t.received_bytes[WEIGHTS] = (io.T - 1) * sent
@@ -82,7 +82,8 @@ class WeightsMover:
         full = {}
         for g in t.data:
             io.wait(g.pending)
-            full[g.name] = g.out.movedim(0, g.dim) if g.dim else g.out
+            out = g.out.clone() if g.shared else g.out
+            full[g.name] = out.movedim(0, g.dim) if g.dim else out
         w = t.layer.weights
         t.layout_args["weights"] = dataclasses.replace(w, heads=range(w.total_heads), **full)
         t.data = None
