@@ -3,7 +3,7 @@
 #
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
-# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace ($SWITCH_BUDGET and
+# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
@@ -58,6 +58,8 @@ for s in "${sections[@]}"; do
     # why a switching step is slower than the ready one: profiler traces ($TRACE_VARIANTS: see the script)
     trace) section trace 420 python3 bench/switch_trace.py --out "$RES/trace" --trace-dir "$RES/trace/raw" \
              --directions "${TRACE_DIRECTIONS:-TP-CP,CP-TP,CP-DOP}" --variants "${TRACE_VARIANTS:-base}" --timed-runs 5 ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace)"; exit 2 ;;
+    # NCCL's kernels vs copy engines for one layer's collectives, alone and beside matmuls
+    transport) section transport 200 python3 bench/transport_probe.py --out "$RES/transport" --timeout-s 150 ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport)"; exit 2 ;;
   esac
 done

@@ -12,7 +12,8 @@ communicator's CTA policy is "zero" and the buffers are registered symmetric mem
 
 Every rank issues the same collectives in the same order (counts are agreed by an all-reduce):
 a probe that let ranks disagree would hang. Writes ``<out>/transport_probe.json`` (command,
-machine, date, raw samples per rank). Needs 2 CUDA GPUs.
+machine, date, raw samples per rank) as ``<out>/<platform>/transport_probe.json``. Needs 2 CUDA
+GPUs and the project installed (``bash bench/run_h200.sh transport``).
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def main(argv=None):
                 results.append(json.load(f))
         except OSError:
             results.append({"rank": r, "matmul_alone_ms": [], "transports": {}, "error": "no results"})
-    from splash_core.results import make_result
+    from splash_core.results import make_result, write_result
 
     notes = ("p50 per rank; summary: slowest rank. Matmul loop: 8192^3 bf16 x --matmuls; the collectives "
              "repeated beside it on a high-priority side stream. backend/model: raw torch.distributed NCCL, "
@@ -268,9 +269,7 @@ def main(argv=None):
                       command="python3 " + " ".join(sys.argv),
                       machine=f"{socket.gethostname()}, torch {torch.__version__}, "
                               f"nccl {'.'.join(map(str, torch.cuda.nccl.version()))}, 2x {torch.cuda.get_device_name(0)}")
-    path = os.path.join(args.out, "transport_probe.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+    path = write_result(doc, root=args.out)
     for row in doc["summary"]["rows"]:
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), "kernels:", row.get("kernels", [])[:2])
     print("wrote", path)

@@ -139,7 +139,7 @@ def test_hopper_tuned_config_is_data(tmp_path):
 
 @pytest.mark.parametrize("zero_policy", [True, False])
 def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines(monkeypatch, zero_policy):
-    """High priority always; the zero-CTA policy where NCCL has it, unless SPLASH_COPY_ENGINES=0."""
+    """High priority always; the zero-CTA policy where NCCL has it and SPLASH_COPY_ENGINES=1."""
     import torch.distributed as dist
 
     class FakeNCCL:  # the CPU build of torch has no NCCL process group
@@ -153,18 +153,18 @@ def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
     _fake_device(monkeypatch, name="NVIDIA H200")
     registry = _registry()
+    assert Backend(registry, "cuda").side_group_options().config.cta_policy == 0  # opt-in
+    monkeypatch.setenv("SPLASH_COPY_ENGINES", "1")
     for name in ("hopper", "cuda"):
         options = Backend(registry, name).side_group_options()
         assert options.is_high_priority_stream is True and options.config.cta_policy == (2 if zero_policy else 0)
-    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
-    assert Backend(registry, "cuda").side_group_options().config.cta_policy == 0
     assert Backend(registry, "reference").side_group_options() is None  # gloo: its defaults
 
 
 def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monkeypatch):
-    """cuda's side collectives make transfer buffers with NCCL symmetric memory, each registered
-    with the group once (a collective) and then reused; the main group's, or any group's with
-    SPLASH_COPY_ENGINES=0, have none."""
+    """With SPLASH_COPY_ENGINES=1, cuda's side collectives make transfer buffers with NCCL
+    symmetric memory, each registered with the group once (a collective) and then reused; the
+    main group's, or any group's without the variable, have none."""
     import sys
 
     import torch.distributed as dist
@@ -180,14 +180,14 @@ def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monke
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     group = types.SimpleNamespace(group_name="side")
+    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffer("x", 10) is None
+    monkeypatch.setenv("SPLASH_COPY_ENGINES", "1")
     side = common.collectives(group, torch.device("cpu"), side=True)
     first = side.transfer_buffer(("kv", 0, "out"), 1000)
     again = side.transfer_buffer(("kv", 0, "out"), 3000)
     assert first.numel() == 1000 and again.numel() == 3000 and again.data_ptr() == first.data_ptr()
     assert calls == [("backend", "NCCL"), ("empty", 16 << 20), ("rendezvous", 16 << 20, "side")]
     assert common.collectives(group, torch.device("cpu")).transfer_buffer("x", 10) is None
-    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
-    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffer("x", 10) is None
 
 
 def test_transfer_buffers_grow_keep_what_they_outgrew_and_release():

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from result_examples import examples, make, write_all
 from splash_core.cli.main import main
@@ -379,3 +380,43 @@ def test_the_committed_results_render(tmp_path):
     text = chapter(report.markdown, "h200")
     assert "- **paper** — the paper's deployment: T = 8" in text
     assert "![runtime step times](h200-measured-steps.png)" in section(text, "Runtime step times")
+
+
+def test_transport_probe_rows_show_times_slowdown_and_device_work():
+    """One row per transport and collective; a collective that failed shows its error."""
+    from splash_core.report import transport
+    from splash_core.results import Result
+
+    ok = {"transport": "ce", "op": "allgather_kv", "alone_ms": 1.0, "repeat": 10, "matmul_alone_ms": 30.0,
+          "matmul_with_ms": 33.0, "matmul_slowdown_pct": 10.0, "collectives_beside_ms": 8.0,
+          "collective_slowdown_pct": -20.0, "kernels": ["Memcpy PtoP (Device -> Device)"]}
+    data = make_result(benchmark="transport_probe", platform="h200x2", backend="none", model="none", T=2, dtype="uint8",
+                       samples=[{"rank": 0}], summary={"rows": [ok, {"transport": "ce", "op": "alltoall_kv_uneven",
+                                                          "error": "RuntimeError: boom"}]})
+    rows = [line for line in transport.render(Result("x.json", data), None) if line.startswith("| ce")]
+    assert rows == ["| ce | allgather_kv | 1.00 | 0.80 | 10.0% | Memcpy PtoP |",
+                    "| ce | alltoall_kv_uneven | - | - | - | RuntimeError: boom |"]
+
+
+def test_transport_probe_summary_takes_the_slowest_rank_and_says_what_failed():
+    """bench/transport_probe.py's summary (its GPU part cannot run here): per transport and
+    collective the slowest rank's medians; a collective one rank did not finish shows that
+    rank's error; without two GPUs the script says so."""
+    from bench_scripts import load_bench
+
+    probe = load_bench("transport_probe")
+
+    def rank(r, alone, with_mm, extra=None):
+        ops = {"allgather_kv": {"alone_ms": [alone, alone], "kernels": ["k"], "repeat": 4,
+                                "with_matmul_ms": [with_mm], "beside_matmul_ms": [4 * alone]}}
+        ops.update(extra or {})
+        return {"rank": r, "matmul_alone_ms": [10.0, 10.0 + r], "transports": {"sm": ops}}
+
+    rows = probe._summary([rank(0, 1.0, 12.0, {"alltoall": {"error": "boom"}}), rank(1, 2.0, 11.0)])
+    assert rows[0] == {"transport": "sm", "op": "allgather_kv", "alone_ms": 2.0, "kernels": ["k"], "repeat": 4,
+                       "matmul_alone_ms": 10.5, "matmul_with_ms": 12.0, "matmul_slowdown_pct": 14.29,
+                       "collectives_beside_ms": 8.0, "collective_slowdown_pct": 0.0}
+    assert rows[1] == {"transport": "sm", "op": "alltoall", "error": "boom"}
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        with pytest.raises(SystemExit, match="needs 2 CUDA GPUs"):
+            probe.main(["--out", "unused"])

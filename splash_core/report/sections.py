@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..results import Result
 from . import (capacity, costmodel_check, crossovers, device_checks, host_time, primitives, roofline, rollout, steps,
-               sweeps, switch_trace, switching, timings, tuning)
+               sweeps, switch_trace, switching, timings, transport, tuning)
 from .context import Context
 
 
@@ -41,6 +41,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("switch_overhead", "Switch overhead", "the paper's Tables 1, 7, 8", switching.render),
     Section("switch_trace", "Where a switching step's time goes", "the paper's appendix G (imperfect overlap)",
             switch_trace.render),
+    Section("transport_probe", "Moving state without processors: NCCL kernels vs copy engines",
+            "the paper's appendix G (transfers share the device with computation)", transport.render),
     Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
             "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),

@@ -49,11 +49,16 @@ def side_group_options():
 
 def copy_engines() -> bool:
     """Whether the side communicator's all-gathers go through symmetric memory, which NCCL's
-    zero-CTA policy moves with copy engines (``SPLASH_COPY_ENGINES=0``: no). Measured on
-    2 x H200 (bench/transport_probe.py, results/h200x2/transport_probe.json): a layer's KV
-    all-gather (576 MiB) took 1.00 ms instead of 1.35, and slowed a matmul loop beside it about
-    half as much per byte moved."""
-    return os.environ.get("SPLASH_COPY_ENGINES", "1") != "0"
+    zero-CTA policy moves with copy engines: opt-in, ``SPLASH_COPY_ENGINES=1``.
+
+    Measured on 2 x H200. Alone (bench/transport_probe.py, results/h200x2/transport_probe.json)
+    a layer's KV all-gather (576 MiB) took 1.00 ms instead of 1.35 and slowed a matmul loop
+    beside it about half as much per byte moved. In a switching step (16 layers at 64K,
+    results/h200x2/switch_trace-5150769.json, one run per variant) attention no longer slowed
+    beside the KV all-gathers into TP, but the staging copies lengthened the transfers:
+    overhead CP→TP 24.9 -> 22.4 ms, DOP→CP 30.8 -> 23.3, CP→DOP 11.8 -> 10.6, TP→DP 4.5 -> 6.0.
+    Off by default until the full overhead table is measured with it."""
+    return os.environ.get("SPLASH_COPY_ENGINES", "0") == "1"
 
 
 def collectives(group, device, side: bool = False) -> DistCollectives:
