@@ -65,10 +65,6 @@ class DistCollectives:
         processors, or None: use ordinary memory."""
         return None if self._buffers is None else self._buffers.get(role, nbytes)
 
-    def release_transfer_buffers(self) -> None:
-        if self._buffers is not None:
-            self._buffers.release()
-
     def all_gather_into(self, out, inp, async_op: bool = False):
         return dist.all_gather_into_tensor(out, inp.contiguous(), group=self.group, async_op=async_op)
 

@@ -115,12 +115,6 @@ class TransferContext:
         staged.copy_(send)
         return staged, out.view(send.dtype).view(out_shape), True
 
-    def release_buffers(self) -> None:
-        """Give back the side collectives' transfer buffers (while no transfer is in flight)."""
-        release = getattr(self.collectives, "release_transfer_buffers", None)
-        if release is not None:
-            release()
-
     def index(self, array: np.ndarray) -> torch.Tensor:
         """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:
         copied without blocking, so issuing a layer's transfer never waits for the streams)."""
