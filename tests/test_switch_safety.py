@@ -8,6 +8,8 @@ collective, and clear errors for a batch that leaves running requests out.
   raises SwitchFailed naming layer 1 and the state; layer 0 holds the destination layout, layers
   1-2 are bit-for-bit as before; serving continues in the mixed layout and a later switch
   completes, with the reference's tokens throughout.
+- A transfer buffer that cannot be made (registering memory with the side communicator fails):
+  SwitchFailed at layer 0 naming the state, nothing moved, a later switch completes.
 - A peer that never issues its collective: the others time out, every rank raises SwitchFailed
   naming the layer and state, and each rank's source state is intact.
 """
@@ -15,6 +17,7 @@ collective, and clear errors for a batch that leaves running requests out.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from splash_core.layouts import Layout, State
 from splash_core.profiles.loader import load
@@ -151,6 +154,55 @@ def test_failed_collective_rolls_back(rank_pools, src, dst, state, mode):
         assert not seen["intact"], f"rank {rank}: source state of layers 1-2 changed: {seen['intact']}"
         assert not seen.get("after"), seen.get("after", [])[:2]
         assert_matches(served, ref, f"{src}->{dst} rank {rank}")
+
+
+def _buffer_failure(ctx, src, dst, mode):
+    """Side collectives whose transfer buffers cannot be made in the first switch (as when
+    registering memory with the communicator fails), then can."""
+    from splash_core.collectives import DistCollectives, TransferBuffers
+
+    model = _model(ctx, Layout(src))
+    broken = {"on": True}
+
+    def allocate(nbytes):
+        if broken["on"]:
+            raise RuntimeError("window registration failed")
+        return torch.zeros(nbytes, dtype=torch.uint8)
+
+    side = ctx.side_collectives()
+    ctx._side = DistCollectives(side.group, ctx.device, transfer_buffers=TransferBuffers(allocate))
+    executor, seen = SwitchExecutor(model, ctx), {}
+
+    def step(k, batch, tokens):
+        if k == 3:
+            before = snapshot(model)
+            with pytest.raises(SwitchFailed) as failed:
+                executor.step(batch, tokens, dst, mode)
+            seen.update(message=str(failed.value), layer=failed.value.layer, layouts=[str(l.layout) for l in model.layers],
+                        intact=_unchanged(model, before, range(3)), history=history_problems(model, batch, ctx.rank))
+            broken["on"] = False
+            return model.step(batch, tokens)
+        if k == 5:
+            return executor.step(batch, tokens, dst, mode)[0]
+        return model.step(batch, tokens)
+
+    try:
+        served = serve(step, _requests(), ctx.world_size, model.release)
+    finally:
+        ctx._side = side
+    return seen, served, [str(layer.layout) for layer in model.layers]
+
+
+@pytest.mark.parametrize("src, dst, state", [(TP, CP, "weights"), (DP, TP, "kv")])
+def test_transfer_buffer_failure_rolls_back(rank_pools, src, dst, state):
+    """A transfer buffer that cannot be made fails the switch at its first all-gather (layer 0)
+    naming the state; nothing has moved, and a later switch completes with the reference's tokens."""
+    for rank, (seen, served, layouts) in enumerate(rank_pools(2).run(_buffer_failure, src, dst, Mode.SPLASH)):
+        assert seen["layer"] == 0 and f"layer 0, state {state} (all_gather): transfer buffer" in seen["message"], seen
+        assert "window registration failed" in seen["message"] and "history is intact" in seen["message"]
+        assert seen["layouts"] == [src.value] * 3 and not seen["intact"] and not seen["history"], (rank, seen)
+        assert layouts == [dst.value] * 3
+        assert_matches(served, reference(_requests()), f"rank {rank}")
 
 
 def test_collective_timeout_names_layer_and_state(rank_pools):
