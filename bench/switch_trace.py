@@ -81,16 +81,19 @@ def main(argv=None) -> int:
         row["step_ms"] = max([row["step_ms"]] + [p["step_ms"] for p in peers])
         row["exposed_ms"] = max([row["exposed_ms"]] + [p["exposed_ms"] for p in peers])
         row["untraced_ms"] = [max(times) for times in zip(row["untraced_ms"], *(p["untraced_ms"] for p in peers))]
+        if "max_abs_diff_vs_ready" in row:
+            row["max_abs_diff_vs_ready"] = max([row["max_abs_diff_vs_ready"]] + [p["max_abs_diff_vs_ready"] for p in peers])
     data = results.make_result(
         benchmark="switch_trace", samples=rows,
         summary={"workload": f"B={args.batch}, {args.context // 1024}K context, {args.layers} layers, prefill chunk "
                              f"of {args.rows} rows per request", "variants": args.variants.split(",")},
         notes="timeline: rank 0's profiler trace of the step (microseconds); step_ms and exposed_ms: slowest rank. "
-              "Profiling adds host time per launch, so compare rows with each other, not with switch_overhead.json.",
+              "Profiling adds host time per launch, so compare rows with each other, not with switch_overhead.json. "
+              "max_abs_diff_vs_ready: the SPLASH step's logits against the ready step's (largest over ranks).",
         platform=platform, backend=info[0]["backend"], model=args.model, T=args.T, dtype=args.dtype)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)")
     print(f"{'variant':16s} {'direction':9s} {'mode':9s} {'untraced':>8s} {'step':>8s} {'waits':>7s} {'span':>8s} {'busy':>8s} "
-          f"{'hostidle':>8s} {'waitidle':>8s} {'attn+':>7s} {'mm+':>7s}")
+          f"{'hostidle':>8s} {'waitidle':>8s} {'attn+':>7s} {'mm+':>7s} {'vs ready':>8s}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:16s} not run: {r['error']}")
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
         print(f"{r['variant']:16s} {r['src'] + '-' + r['dst']:9s} {r['mode']:9s} {untraced:8.2f} {r['step_ms']:8.2f} "
               f"{r['exposed_ms']:7.2f} {t.get('compute_span_us', 0) / 1e3:8.2f} {t.get('compute_busy_us', 0) / 1e3:8.2f} "
               f"{t.get('host_idle_us', 0) / 1e3:8.2f} {t.get('wait_idle_us', 0) / 1e3:8.2f} "
-              f"{extra['attention']:7.2f} {extra['matmul']:7.2f}")
+              f"{extra['attention']:7.2f} {extra['matmul']:7.2f} {r.get('max_abs_diff_vs_ready', 0.0):8.2g}")
     return 0
 
 

@@ -58,12 +58,7 @@ class DistCollectives:
         self.device = device
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self._buffers = transfer_buffers
-
-    def transfer_buffer(self, role: Any, nbytes: int) -> torch.Tensor | None:
-        """``nbytes`` (uint8) of role ``role`` in memory this group's all-gathers move without
-        processors, or None: use ordinary memory."""
-        return None if self._buffers is None else self._buffers.get(role, nbytes)
+        self.transfer_buffers = transfer_buffers  # None: all-gathers use ordinary memory
 
     def all_gather_into(self, out, inp, async_op: bool = False):
         return dist.all_gather_into_tensor(out, inp.contiguous(), group=self.group, async_op=async_op)

@@ -111,8 +111,10 @@ class MLAKernels:
 
     ``decode`` may assume one row per request at the request's last position (N == R);
     ``extend`` handles any rows (chunked prefill). ``merge(outs [P, N, H, D], lses [P, N, H])``
-    combines partial results by log-sum-exp. ``pack(cache, pages [n]) -> [n, page_size, W]`` and
-    ``unpack(cache, pages, buf)`` move whole pages to and from contiguous buffers.
+    combines partial results by log-sum-exp. ``pack(cache, pages [n], out=None) -> [n, page_size, W]``
+    (into ``out``, a contiguous tensor of that shape and the cache's dtype, when given: a
+    switch packs straight into its transfer buffer) and ``unpack(cache, pages, buf)`` move
+    whole pages to and from contiguous buffers.
     """
 
     decode: Callable

@@ -180,14 +180,14 @@ def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monke
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     group = types.SimpleNamespace(group_name="side")
-    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffer("x", 10) is None
+    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffers is None
     monkeypatch.setenv("SPLASH_COPY_ENGINES", "1")
     side = common.collectives(group, torch.device("cpu"), side=True)
-    first = side.transfer_buffer(("kv", 0, "out"), 1000)
-    again = side.transfer_buffer(("kv", 0, "out"), 3000)
+    first = side.transfer_buffers.get(("kv", 0), 1000)
+    again = side.transfer_buffers.get(("kv", 0), 3000)
     assert first.numel() == 1000 and again.numel() == 3000 and again.data_ptr() == first.data_ptr()
     assert calls == [("backend", "NCCL"), ("empty", 16 << 20), ("rendezvous", 16 << 20, "side")]
-    assert common.collectives(group, torch.device("cpu")).transfer_buffer("x", 10) is None
+    assert common.collectives(group, torch.device("cpu")).transfer_buffers is None
 
 
 def test_transfer_buffers_grow_keep_what_they_outgrew_and_release():

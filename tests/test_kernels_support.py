@@ -45,6 +45,18 @@ def test_pack_unpack_round_trip_in_blocks_smaller_than_a_page():
         kernels.pack(cache.transpose(0, 1), torch.tensor([0]))
 
 
+def test_pack_into_a_given_buffer():
+    """``out=``: the pages land in the given rows (a transfer buffer's slot), nothing else changes."""
+    kernels = triton_mla_kernels(MLAKernelConfig(name="t", copy_block=64))
+    cache, pages = torch.randn(10, 4, 48, dtype=torch.float16), torch.tensor([3, 7, 1])
+    for pack in (kernels.pack, ref.pack):
+        slots = torch.full((3, 3, 4, 48), -1.0, dtype=torch.float16)
+        assert pack(cache, pages, out=slots[1]).data_ptr() == slots[1].data_ptr()
+        assert torch.equal(slots[1], cache[pages]) and bool((slots[0] == -1).all() and (slots[2] == -1).all())
+    with pytest.raises(ValueError, match="pack out="):
+        kernels.pack(cache, pages, out=torch.empty(2, 4, 48, dtype=torch.float16))
+
+
 def test_tiles_must_be_powers_of_two_and_big_enough():
     with pytest.raises(ValueError, match="power of two"):
         AttentionTile(keys=24)

@@ -127,16 +127,26 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
 
 
 def _with_transfer_buffers(ctx, runs, chunk_bytes):
-    """``_switch_batches`` with side collectives that stage all-gathers in reused transfer buffers
-    (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated and
-    the roles held at the end."""
+    """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
+    (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated,
+    the roles held at the end, and how many all-gathers and all-to-alls they ran."""
     from splash_core.collectives import DistCollectives, TransferBuffers
 
-    side, allocated = ctx.side_collectives(), []
+    class Counted(DistCollectives):
+        def all_gather_into(self, out, inp, async_op=False):
+            calls["all_gather"] += 1  # in place: the input is this rank's slot of the output
+            calls["in_place"] += inp.data_ptr() == out.data_ptr() + self.rank * inp.numel() * inp.element_size()
+            return super().all_gather_into(out, inp, async_op)
+
+        def all_to_all(self, *args, **kwargs):
+            calls["all_to_all"] += 1
+            return super().all_to_all(*args, **kwargs)
+
+    side, allocated, calls = ctx.side_collectives(), [], {"all_gather": 0, "in_place": 0, "all_to_all": 0}
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
-    ctx._side = DistCollectives(side.group, ctx.device, transfer_buffers=buffers)
+    ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     try:
-        return _switch_batches(ctx, runs, chunk_bytes), allocated, len(buffers._held)
+        return _switch_batches(ctx, runs, chunk_bytes), allocated, len(buffers._held), calls
     finally:
         ctx._side = side
 
@@ -148,6 +158,22 @@ def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
     role's buffer is made once (16 MiB steps cover every layer's size)."""
     runs = [(((Layout.TP, Layout.DP), (Layout.DP, Layout.TP), (Layout.DOP, Layout.CP)), [Mode.SPLASH, Mode.BLOCKING])]
     out = rank_pools(3).run(_with_transfer_buffers, runs, 3000)
-    _check([results for results, _, _ in out], references[3], 3)
-    for rank, (_, allocated, roles) in enumerate(out):
+    _check([results for results, *_ in out], references[3], 3)
+    for rank, (_, allocated, roles, calls) in enumerate(out):
         assert allocated and all(n == 16 << 20 for n in allocated) and len(allocated) == roles, (rank, allocated)
+        assert calls["all_to_all"] > 0, "at T = 3 the all-to-alls stay all-to-alls"
+        assert calls["all_gather"] == calls["in_place"] > 0, (rank, calls)
+
+
+def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
+    """At T = 2 with transfer buffers every KV all-to-all goes as an all-gather in place (a rank
+    sends itself nothing, so the exchange is the same), packed straight into the buffer and in
+    up to 4 chunks, with the reference's tokens in every direction that moves KV by all-to-all
+    (and one all-gather of KV and one of weights beside them)."""
+    a2a = [(s, d) for s, d in DIRECTIONS if Layout.CP in (s, d) and Layout.TP not in (s, d)]
+    runs = [((*a2a, (Layout.CP, Layout.TP), (Layout.TP, Layout.DP)), [Mode.SPLASH]), (a2a[:1], [Mode.BLOCKING])]
+    out = rank_pools(2).run(_with_transfer_buffers, runs, 3000)
+    _check([results for results, *_ in out], references[2], 2)
+    for rank, (_, allocated, roles, calls) in enumerate(out):
+        assert calls["all_to_all"] == 0 and calls["all_gather"] == calls["in_place"] > 0, (rank, calls)
+        assert len(allocated) == roles, (rank, allocated)

@@ -43,13 +43,25 @@ def _launch(src, dst, pages, page_elems, s_src, s_dst, gather: bool, config: MLA
                       num_warps=4)
 
 
-def pack(cache, pages, *, config: MLAKernelConfig):
-    """:attr:`MLAKernels.pack`: the listed pages as one contiguous [n, page_size, W] buffer."""
+def pack(cache, pages, out=None, *, config: MLAKernelConfig):
+    """:attr:`MLAKernels.pack`: the listed pages as one contiguous [n, page_size, W] buffer
+    (``out``, if given)."""
     page_elems = _check_cache(cache)
     pages = pages.to(device=cache.device, dtype=torch.int32).contiguous()
-    buf = torch.empty(pages.numel(), *cache.shape[1:], dtype=cache.dtype, device=cache.device)
+    buf = _packed(cache, pages.numel(), out)
     _launch(cache, buf, pages, page_elems, cache.stride(0), page_elems, True, config)
     return buf
+
+
+def _packed(cache, n: int, out):
+    """``out`` checked as a pack's destination, or a new one."""
+    shape = (n, *cache.shape[1:])
+    if out is None:
+        return torch.empty(shape, dtype=cache.dtype, device=cache.device)
+    if tuple(out.shape) != shape or out.dtype != cache.dtype or not out.is_contiguous():
+        raise ValueError(f"pack out= must be a contiguous {cache.dtype} tensor of shape {list(shape)} "
+                         f"(got {out.dtype} {list(out.shape)}, strides {out.stride()})")
+    return out
 
 
 def unpack(cache, pages, buf, *, config: MLAKernelConfig) -> None:

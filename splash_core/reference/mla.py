@@ -51,9 +51,11 @@ def merge(outs, lses):
     return out.to(outs.dtype), total
 
 
-def pack(cache, pages):
-    """Copy whole pages into one contiguous buffer [n, page_size, W]."""
-    return cache.index_select(0, pages.long())
+def pack(cache, pages, out=None):
+    """Copy whole pages into one contiguous buffer [n, page_size, W] (``out``, if given)."""
+    if out is None:
+        return cache.index_select(0, pages.long())
+    return torch.index_select(cache, 0, pages.long(), out=out)
 
 
 def unpack(cache, pages, buf):

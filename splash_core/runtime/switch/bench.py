@@ -167,24 +167,29 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
     return e0.elapsed_time(e1), host_ms, t
 
 
+def _bare_gather_buffers(io, per_rank: int, layer: int, state: State) -> tuple[torch.Tensor, torch.Tensor]:
+    """(send, out) bytes of an all-gather of ``per_rank`` bytes per rank in the movers' memory:
+    in place in a transfer buffer where the side collectives have them."""
+    out = io.gather_buffer(("bare", state), (io.T * per_rank,), torch.uint8, layer=layer, state=state)
+    if out is not None:
+        return io.own_slot(out), out
+    return (torch.empty(per_rank, dtype=torch.uint8, device=io.device),
+            torch.empty(io.T * per_rank, dtype=torch.uint8, device=io.device))
+
+
 def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     """A bare collective moving what ``t`` moved for ``state`` (same splits; an all-gather padded
     to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate."""
     io, streams = executor.io, ctx.streams
     if state is State.WEIGHTS:
-        per_rank = t.received_bytes[state] // (io.T - 1)
-        send, out, _ = io.gather_buffers(("bare", state), torch.empty(per_rank, dtype=torch.uint8, device=ctx.device),
-                                         (io.T * per_rank,), layer=t.layer.index, state=state)  # the movers' memory
+        send, out = _bare_gather_buffers(io, t.received_bytes[state] // (io.T - 1), t.layer.index, state)
         issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
     else:
         cache = t.layer.kv.kv
         page = cache[0].numel() * cache.element_size()
         blocks = plan.rank(io.rank)
         if plan.primitive is Primitive.ALL_GATHER:
-            width = int(plan.diff.recv[0].max())
-            send, out, _ = io.gather_buffers(("bare", state), torch.empty(width * page, dtype=torch.uint8,
-                                                                          device=ctx.device), (io.T * width * page,),
-                                             layer=t.layer.index, state=state)
+            send, out = _bare_gather_buffers(io, int(plan.diff.recv[0].max()) * page, t.layer.index, state)
             issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
         else:
             send = torch.empty(int(blocks.send_splits.sum()) * page, dtype=torch.uint8, device=ctx.device)

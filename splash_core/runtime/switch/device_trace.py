@@ -17,7 +17,8 @@ trace, :func:`timeline` takes the device kernels and reports
 ``variants`` (all off by default) try changes to how the transfer shares the device, one per
 pass, so one run compares them: ``priority`` (the side stream and the side communicator's
 stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator
-limited to N CTAs) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
+limited to N CTAs), ``ce`` (the side communicator the backend makes under
+``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
 or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
@@ -141,27 +142,44 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas"} & set(parts)):
+    if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
         return
+    import torch.distributed as dist
+
+    from ..switch.transfer import TransferContext
+
+    copy_engines = "ce" in parts  # the backend's side communicator as SPLASH_COPY_ENGINES=1 makes it
+    before = os.environ.get("SPLASH_COPY_ENGINES")
+    os.environ["SPLASH_COPY_ENGINES"] = "1" if copy_engines else "0"
+    try:
+        options = ctx.backend.side_group_options() if copy_engines else dist.ProcessGroupNCCL.Options()
+        collectives = _side_group(ctx, options, parts)
+    finally:
+        if before is None:
+            os.environ.pop("SPLASH_COPY_ENGINES")
+        else:
+            os.environ["SPLASH_COPY_ENGINES"] = before
+    side = ctx.streams.new_stream()
+    if "priority" in parts:
+        side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
+    executor._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
+                                   streams=ctx.streams, side_stream=side, kernels=executor.model.kernels)
+
+
+def _side_group(ctx, options, parts: dict):
+    """The variant's side communicator (``options`` adjusted by ``parts``) and its collectives."""
     import datetime
 
     import torch.distributed as dist
-    from ..switch.transfer import TransferContext
 
-    options = dist.ProcessGroupNCCL.Options()
-    side = ctx.streams.new_stream()
     if "priority" in parts or "ncclpriority" in parts:
         options.is_high_priority_stream = True
-    if "priority" in parts:
-        side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
     if "ctas" in parts:
         options.config.max_ctas = int(parts["ctas"])
         options.config.min_ctas = 1
     group = dist.new_group(list(range(ctx.world_size)), backend="nccl", pg_options=options,
                            timeout=datetime.timedelta(seconds=ctx.timeout_s))
-    executor._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device,
-                                   collectives=ctx.backend.collectives(group, ctx.device), streams=ctx.streams,
-                                   side_stream=side, kernels=executor.model.kernels)
+    return ctx.backend.collectives(group, ctx.device, side=True)
 
 
 def _traced(ctx, fn) -> tuple[object, dict]:
@@ -206,15 +224,19 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
                     bench._quiet(ctx)
                     untraced[mode].append(executor.step(batch, tokens, dst, mode)[1].step_ms)
                     executor.switch(batch, src)
+            logits = {}
             for mode in (Mode.READY, Mode.SPLASH):
                 if mode is Mode.READY:  # moved untraced, so the trace holds the step alone
                     executor.switch(batch, dst)
                 bench._quiet(ctx)
-                (_, report), trace = _traced(ctx, lambda: executor.step(batch, tokens, dst, mode))
-                out.append({"variant": variant, "src": str(src), "dst": str(dst), "mode": str(mode),
-                            "step_ms": report.step_ms, "exposed_ms": report.exposed_ms, "host_ms": report.host_ms,
-                            "untraced_ms": untraced[mode],
-                            "timeline": timeline(trace)})
+                (logits[mode], report), trace = _traced(ctx, lambda: executor.step(batch, tokens, dst, mode))
+                row = {"variant": variant, "src": str(src), "dst": str(dst), "mode": str(mode),
+                       "step_ms": report.step_ms, "exposed_ms": report.exposed_ms, "host_ms": report.host_ms,
+                       "untraced_ms": untraced[mode], "timeline": timeline(trace)}
+                if mode is Mode.SPLASH:  # the state it moved computes what the ready state does
+                    row["max_abs_diff_vs_ready"] = float((logits[mode].float() - logits[Mode.READY].float())
+                                                         .abs().max())
+                out.append(row)
                 if trace and ctx.rank == 0 and spec.get("trace_dir") and n == 0 and variant == spec["variants"][0]:
                     target = Path(spec["trace_dir"]) / f"trace-{src}-{dst}-{mode}.json.gz"
                     target.parent.mkdir(parents=True, exist_ok=True)

@@ -136,7 +136,7 @@ class SwitchExecutor:
                     prepare = getattr(mover, "prepare", None)
                     mine = {s: p for s, p in lp.states.items() if s in mover.states}
                     if prepare is not None and mine:
-                        prepare(layers[lp.index], mine, self.model.rank, self.model.T)
+                        prepare(layers[lp.index], mine, self.model.rank, self.model.T, self._io)
         self._cache[key] = manifests
         while len(self._cache) > _CACHED_PLANS:
             self._cache.popitem(last=False)
@@ -241,6 +241,7 @@ class SwitchExecutor:
         order = tuple(pos for pos, layer in enumerate(m.layers) if layer.layout is not dst)
         if not order:
             return _Switch(dst, src, (), 0.0)
+        _ = self.io  # every rank creates the side communicator here (the movers' routes depend on it)
         t0 = time.perf_counter()
         manifests = self.plans(dst, batch)
         plan_ms = (time.perf_counter() - t0) * 1e3
@@ -255,7 +256,6 @@ class SwitchExecutor:
             reason = budget_refusal(peak_bytes(m, dst, batch, manifests), self.budget_bytes, self.reserve_bytes)
             if reason:
                 raise self._refused(sw, mode, reason)
-        _ = self.io  # every rank creates the side communicator here, before anything depends on it
         pools = check_pools(m, self.ctx.collectives, dst, batch, plans)
         stray = pools.stray_error()
         if stray:

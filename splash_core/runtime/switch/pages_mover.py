@@ -91,17 +91,21 @@ class PagesMover:
     def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
 
-    def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int) -> None:
+    def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
+                io: TransferContext | None = None) -> None:
         """Build the route of ``plans`` for this rank now (planning time), so no layer pays for it."""
-        self._route(plans[KV], rank, T, layer.kv.format.page_bytes)
+        gathers = io is not None and io.gathers_exchanges
+        self._route(plans[KV], rank, T, layer.kv.format.page_bytes, gathers_exchanges=gathers)
 
-    def _route(self, plan: StatePlan, rank: int, T: int, page_bytes: int) -> _Route:
+    def _route(self, plan: StatePlan, rank: int, T: int, page_bytes: int, *, gathers_exchanges: bool) -> _Route:
         """The route of ``plan`` for this rank, chunked for pages of ``page_bytes`` (KV and
-        indexer keys together: what a chunk carries per row); built once."""
+        indexer keys together: what a chunk carries per row), an all-to-all as an all-gather
+        where ``gathers_exchanges`` (:attr:`TransferContext.gathers_exchanges`); built once."""
         known = self._routes.setdefault(plan, {})
-        key = (rank, T, page_bytes, CHUNK_BYTES, MAX_CHUNKS)
+        as_gather = gathers_exchanges and plan.primitive is Primitive.ALL_TO_ALL
+        key = (rank, T, page_bytes, CHUNK_BYTES, MAX_CHUNKS, as_gather)
         if key not in known:
-            known[key] = _build_route(plan, rank, T, page_bytes)
+            known[key] = _build_route(plan, rank, T, page_bytes, as_gather)
         return known[key]
 
     def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer:
@@ -110,7 +114,7 @@ class PagesMover:
         if (INDEXER in plans) != (pool.indexer is not None):
             raise ValueError(f"layer {layer.index}: the plan and the pool disagree on indexer keys")
         fmt = pool.format
-        route = self._route(plan, io.rank, io.T, fmt.page_bytes)
+        route = self._route(plan, io.rank, io.T, fmt.page_bytes, gathers_exchanges=io.gathers_exchanges)
         page = {KV: fmt.kv_page_bytes, INDEXER: fmt.indexer_page_bytes}
         name = plan.primitive.value
         t = Transfer(layer, tuple(s for s, _ in tensors), {s: name for s, _ in tensors},
@@ -131,12 +135,18 @@ class PagesMover:
                 chunk = _Chunk([], [(row, n, index[first + at: first + at + n]) for row, n, at in cut.slots])
                 send_index = index[cut.send_lo: cut.send_hi]
                 for state, cache in tensors:
-                    send = io.kernels.pack(byte_view(cache), send_index)
+                    cache = byte_view(cache)
                     if cut.splits is None:  # unpacked in finish, before the next layer's transfer reuses out
-                        send, out, _ = io.gather_buffers((state, k), send, (cut.recv_rows, *send.shape[1:]),
-                                                         layer=layer.index, state=state)
+                        out = io.gather_buffer((state, k), (cut.recv_rows, *cache.shape[1:]), cache.dtype,
+                                               layer=layer.index, state=state)
+                        if out is None:
+                            send = io.kernels.pack(cache, send_index)
+                            out = send.new_empty((cut.recv_rows, *send.shape[1:]))
+                        else:  # packed straight into this rank's slot: gathered in place
+                            send = io.kernels.pack(cache, send_index, out=io.own_slot(out))
                         pending = io.all_gather(out, send, layer=layer.index, state=state)
                     else:
+                        send = io.kernels.pack(cache, send_index)
                         out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         pending = io.all_to_all(out, send, cut.splits[1], cut.splits[0], layer=layer.index, state=state)
                     chunk.pendings.append((state, pending, out))
@@ -178,13 +188,13 @@ def _parts(n: int, k: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int) -> _Route:
+def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, as_gather: bool = False) -> _Route:
     blocks = plan.rank(rank)
     freed = PageKeys.of(blocks.freed)
     if plan.primitive is Primitive.DISCARD:
         return _Route(plan.primitive, PageKeys.of(blocks.freed[:0]), 0, PageKeys.of(blocks.fetched), freed, (), 0)
     counts = plan.diff.recv[0]  # [dst, src] pages
-    gather = plan.primitive is Primitive.ALL_GATHER
+    gather = plan.primitive is Primitive.ALL_GATHER or as_gather  # as_gather: T = 2, see gathers_exchanges
     busiest = int(counts.max()) if gather else int(counts.sum(axis=0).max())
     n = int(min(MAX_CHUNKS, max(1, -(-busiest * page_bytes // CHUNK_BYTES))))
     recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])

@@ -65,7 +65,7 @@ class RecurrentMover:
     def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
 
-    def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int) -> None:
+    def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int, io=None) -> None:
         """Work out the route of ``plans`` for this rank now (planning time)."""
         self._route(plans[RECURRENT], rank)
 

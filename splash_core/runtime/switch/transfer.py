@@ -28,9 +28,10 @@ The executor moves one layer at a time. For each state of the layer's
   recorded in the transfer so ``rollback`` can free it, also when ``start`` itself fails
   half-way; ``retire`` cannot fail.
 - ``t.received_bytes`` / ``t.group_bytes`` (per state) feed the report.
-- Optional: ``mover.prepare(layer, plans, rank, T)``, called when the executor plans a switch
-  (once per layer kind, with one layer of the kind), precomputes what every layer of the kind
-  shares, so the step's per-layer ``start`` does only the layer's own work.
+- Optional: ``mover.prepare(layer, plans, rank, T, io)``, called when the executor plans a
+  switch (once per layer kind, with one layer of the kind; ``io`` is None when the switch is
+  planned before the executor's first one made the side communicator), precomputes what every
+  layer of the kind shares, so the step's per-layer ``start`` does only the layer's own work.
 
 The recurrent (KDA) state moves by the same steps with the keys ``(request_id, shard)``:
 :class:`~splash_core.runtime.switch.recurrent.RecurrentMover`, one of the default movers.
@@ -95,25 +96,36 @@ class TransferContext:
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
 
-    def gather_buffers(self, role, send: torch.Tensor, out_shape, *, layer: int,
-                       state: State) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """``(send, out, shared)`` for an all-gather of ``send`` into a tensor of ``out_shape``
-        (``send``'s dtype): where the side collectives have transfer buffers (memory they move
-        without processors), ``send`` copied into role ``role``'s and ``out`` in another, both
-        reused by the next layer's transfer (``shared``: read ``out`` before that one starts);
-        otherwise ``send`` itself and a new tensor. A buffer that cannot be made (registration is
-        a collective) raises :class:`TransferError` naming ``layer`` and ``state``."""
-        get = getattr(self.collectives, "transfer_buffer", None)
+    def gather_buffer(self, role, out_shape, dtype: torch.dtype, *, layer: int, state: State) -> torch.Tensor | None:
+        """The receive tensor of an all-gather in place (rank r's slot, rows ``[r n, (r+1) n)`` of
+        ``out_shape[0] = T n``, is its send buffer: fill it, then :meth:`all_gather` from it) in
+        role ``role``'s transfer buffer, memory the side collectives move without processors,
+        or None where they have none (then gather from any tensor into a new one). The buffer
+        is reused by the next layer's transfer: read it before that one starts. One that
+        cannot be made (registration is a collective) raises :class:`TransferError` naming
+        ``layer`` and ``state``."""
+        buffers = getattr(self.collectives, "transfer_buffers", None)
+        if buffers is None:
+            return None
+        nbytes = math.prod(out_shape) * torch.empty((), dtype=dtype).element_size()
         try:
-            out = get((role, "out"), math.prod(out_shape) * send.element_size()) if get is not None else None
-            if out is None:
-                return send, send.new_empty(out_shape), False
-            staged = get((role, "send"), send.numel() * send.element_size())
+            buf = buffers.get(role, nbytes)
         except Exception as exc:
             raise TransferError(layer, state, "all_gather", f"transfer buffer: {type(exc).__name__}: {exc}") from exc
-        staged = staged.view(send.dtype).view(send.shape)
-        staged.copy_(send)
-        return staged, out.view(send.dtype).view(out_shape), True
+        return buf.view(dtype).view(out_shape)
+
+    @property
+    def gathers_exchanges(self) -> bool:
+        """Whether an all-to-all between two ranks goes as an all-gather in place (a rank sends
+        itself nothing, so at T = 2 the two are the same exchange): where the side collectives
+        have transfer buffers, whose all-gathers need no processors but whose uneven
+        all-to-alls do."""
+        return self.T == 2 and getattr(self.collectives, "transfer_buffers", None) is not None
+
+    def own_slot(self, out: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of an all-gather's receive tensor (its send buffer when in place)."""
+        n = out.shape[0] // self.T
+        return out[self.rank * n: (self.rank + 1) * n]
 
     def index(self, array: np.ndarray) -> torch.Tensor:
         """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:

@@ -7,7 +7,10 @@
   shards do concatenate along dim 0; the full tensor is that buffer with d moved back, a view
   of the same shape (O comes out column-major, which matmuls take as is). Its shards, cut later
   from such a full tensor, keep that memory order, so they are sent without a copy too; a shard
-  in the other order is copied once. The largest tensors go first.
+  in the other order is copied once. The largest tensors go first. Where the side collectives
+  have transfer buffers (:meth:`TransferContext.gather_buffer`), each tensor is gathered in
+  place in one instead: the shard copied into its slot, the full tensor copied out, since the
+  next layer reuses the buffer.
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 
@@ -59,10 +62,13 @@ class WeightsMover:
             for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
                 x, dim = getattr(w, name), w.SHARD_AXES[name]
                 send = x.movedim(dim, 0) if dim else x
-                if not send.is_contiguous():
-                    send = send.contiguous()
-                send, out, shared = io.gather_buffers(("weights", name), send, (io.T * send.shape[0], *send.shape[1:]),
-                                                      layer=layer.index, state=WEIGHTS)
+                out_shape = (io.T * send.shape[0], *send.shape[1:])
+                out = io.gather_buffer(("weights", name), out_shape, send.dtype, layer=layer.index, state=WEIGHTS)
+                shared = out is not None
+                if shared:  # gathered in place from this rank's slot
+                    send = io.own_slot(out).copy_(send)
+                else:
+                    send, out = send.contiguous(), send.new_empty(out_shape)
                 pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
                 gathers.append(_Gather(name, dim, pending, out, shared))
                 sent += x.numel() * x.element_size()
