@@ -19,8 +19,6 @@ from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor
-from splash_core.runtime.switch.executor import default_movers
-from splash_core.runtime.switch.pages_mover import PagesMover
 from splash_core.runtime.weights import SeededWeights
 
 from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
@@ -35,19 +33,14 @@ def _requests(T: int) -> list[Req]:
             Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
 
 
-def _switch_runs(ctx, directions, modes, max_copy_runs=0):
-    """On each rank: for every (direction, mode) serve the scenario, switching at step 4
-    (``max_copy_runs``: the pages mover's, see :class:`PagesMover`)."""
+def _switch_runs(ctx, directions, modes):
+    """On each rank: for every (direction, mode) serve the scenario, switching at step 4."""
     profile, T = load("model", MODEL), ctx.world_size
     out = {}
     for src, dst in directions:
         for mode in modes:
             model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24, page_size=PAGE)
-            movers = default_movers()
-            for mover in movers:
-                if isinstance(mover, PagesMover):
-                    mover.max_copy_runs = max_copy_runs
-            executor = SwitchExecutor(model, ctx, movers=movers)
+            executor = SwitchExecutor(model, ctx)
             problems, info = [], {}
 
             def step(k, batch, tokens):
@@ -69,7 +62,7 @@ def _switch_runs(ctx, directions, modes, max_copy_runs=0):
     return out
 
 
-def _switch_batches(ctx, runs, chunk_bytes=None, max_copy_runs=0):
+def _switch_batches(ctx, runs, chunk_bytes=None):
     """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
     pages travel in several collectives, as long histories do on accelerators)."""
     from splash_core.runtime.switch import pages_mover
@@ -78,7 +71,7 @@ def _switch_batches(ctx, runs, chunk_bytes=None, max_copy_runs=0):
     pages_mover.CHUNK_BYTES = chunk_bytes or default
     try:
         for directions, modes in runs:
-            out.update(_switch_runs(ctx, directions, modes, max_copy_runs))
+            out.update(_switch_runs(ctx, directions, modes))
     finally:
         pages_mover.CHUNK_BYTES = default
     return out
@@ -122,19 +115,18 @@ def test_all_directions_and_modes_t2(rank_pools, references):
     _check(results, references[2], 2)
 
 
-@pytest.mark.parametrize("T, chunk_bytes, max_copy_runs", [(3, 3000, 10**6), (4, None, 0)])
-def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes, max_copy_runs):
+@pytest.mark.parametrize("T, chunk_bytes", [(3, 3000), (4, None)])
+def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     """Every direction in SPLASH mode, and the three modes on two directions through CP (whose page
     rotation depends on T): one all-to-all and one all-gather. At T = 3 a layer's pages travel in
-    up to 4 chunks, the most there are (a page and its indexer keys are 3,584 bytes), packed and
-    unpacked by runs of consecutive pages (memcpy); at T = 4 by the kernels."""
+    up to 4 chunks, the most there are (a page and its indexer keys are 3,584 bytes)."""
     modes = {(Layout.DOP, Layout.CP): list(Mode), (Layout.CP, Layout.TP): list(Mode)}
     runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
-    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes, max_copy_runs)
+    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes)
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes, max_copy_runs=0):
+def _with_transfer_buffers(ctx, runs, chunk_bytes):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
     (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated,
     the roles held at the end, and how many all-gathers and all-to-alls they ran."""
@@ -154,7 +146,7 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, max_copy_runs=0):
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     try:
-        return _switch_batches(ctx, runs, chunk_bytes, max_copy_runs), allocated, len(buffers._held), calls
+        return _switch_batches(ctx, runs, chunk_bytes), allocated, len(buffers._held), calls
     finally:
         ctx._side = side
 
@@ -173,16 +165,14 @@ def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
         assert calls["all_gather"] == calls["in_place"] > 0, (rank, calls)
 
 
-@pytest.mark.parametrize("max_copy_runs", [0, 10**6])
-def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references, max_copy_runs):
+def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
     """At T = 2 with transfer buffers every KV all-to-all goes as an all-gather in place (a rank
     sends itself nothing, so the exchange is the same), packed straight into the buffer and in
     up to 4 chunks, with the reference's tokens in every direction that moves KV by all-to-all
-    (and one all-gather of KV and one of weights beside them); pages packed and unpacked by the
-    kernels, or all by runs of consecutive pages (memcpy)."""
+    (and one all-gather of KV and one of weights beside them)."""
     a2a = [(s, d) for s, d in DIRECTIONS if Layout.CP in (s, d) and Layout.TP not in (s, d)]
     runs = [((*a2a, (Layout.CP, Layout.TP), (Layout.TP, Layout.DP)), [Mode.SPLASH]), (a2a[:1], [Mode.BLOCKING])]
-    out = rank_pools(2).run(_with_transfer_buffers, runs, 3000, max_copy_runs)
+    out = rank_pools(2).run(_with_transfer_buffers, runs, 3000)
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_to_all"] == 0 and calls["all_gather"] == calls["in_place"] > 0, (rank, calls)

@@ -165,18 +165,3 @@ def test_routes_deliver_exactly_the_fetched_pages(T):
 def _holders(layout, rid, page, batch, T):
     owner = next(q.owner for q in batch.requests if q.id == rid)
     return {r for r in range(T) if held_pages(layout, rid, owner, [page], r, T).size}
-
-
-def test_page_runs_cover_every_page_once_in_order():
-    from splash_core.runtime.switch import page_runs
-
-    pages = np.array([7, 8, 9, 3, 4, 12, 0, 1])
-    found = page_runs.runs(pages)
-    assert found.tolist() == [[7, 0, 3], [3, 3, 2], [12, 5, 1], [0, 6, 2]]
-    assert page_runs.runs(np.array([], dtype=np.int64)).shape == (0, 3)
-    cache = torch.arange(16 * 6, dtype=torch.float32).view(16, 2, 3)
-    packed = page_runs.gather(cache, found, torch.empty(len(pages), 2, 3))
-    assert torch.equal(packed, cache[torch.from_numpy(pages)])
-    back = torch.zeros_like(cache)
-    page_runs.scatter(back, found, packed)
-    assert torch.equal(back[torch.from_numpy(pages)], packed) and back[[2, 5, 6]].abs().sum() == 0

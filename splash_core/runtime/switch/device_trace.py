@@ -18,8 +18,7 @@ trace, :func:`timeline` takes the device kernels and reports
 pass, so one run compares them: ``priority`` (the side stream and the side communicator's
 stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator
 limited to N CTAs), ``ce`` (the side communicator the backend makes under
-``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers), ``runs=N`` (the pages mover's
-``max_copy_runs``: pages packed by memcpy per run of consecutive pages) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
+``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
 or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
@@ -41,7 +40,6 @@ from ...layouts import Layout
 from . import bench
 from .executor import SwitchExecutor
 from .modes import Mode
-from .pages_mover import PagesMover
 
 CATEGORIES = (("attention", ("_attention_kernel",)), ("merge", ("_merge_kernel",)), ("pages", ("_copy_pages",)),
               ("collective", ("nccl",)), ("matmul", ("gemm", "sm90", "cutlass", "nvjet", "xmma", "cublas")))
@@ -144,9 +142,6 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    for mover in executor.movers:
-        if isinstance(mover, PagesMover):
-            mover.max_copy_runs = int(parts.get("runs", mover.max_copy_runs))
     if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
         return
     import torch.distributed as dist

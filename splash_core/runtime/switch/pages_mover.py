@@ -37,7 +37,6 @@ import torch
 from ...layouts import Layout, Primitive, State
 from ...manifest import StatePlan
 from ..block_tables import PageKeys
-from . import page_runs
 from .transfer import Pending, Transfer, TransferContext, byte_view
 
 KV, INDEXER = State.KV, State.INDEXER
@@ -74,8 +73,7 @@ class _Route:
 @dataclasses.dataclass
 class _Chunk:
     pendings: list[tuple[State, Pending, torch.Tensor]]  # per page tensor: its collective and receive buffer
-    # per source: first row in the receive buffers, rows, pages, and their runs when copied by runs
-    slots: list[tuple[int, int, torch.Tensor, np.ndarray | None]]
+    slots: list[tuple[int, int, torch.Tensor]]  # per source: (first row in the receive buffers, rows, pages)
 
 
 @dataclasses.dataclass
@@ -90,19 +88,8 @@ class PagesMover:
 
     states = (KV, INDEXER)
 
-    def __init__(self, max_copy_runs: int = 0):
-        """``max_copy_runs``: a chunk's pages (on either side) that form at most this many runs
-        of consecutive pages are packed and unpacked by one memcpy per run
-        (:mod:`.page_runs`) instead of ``MLAKernels.pack``/``unpack``; 0: always the kernels."""
-        self.max_copy_runs = max_copy_runs
+    def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
-
-    def _runs(self, pages: np.ndarray) -> np.ndarray | None:
-        """The runs of ``pages`` when they are to be copied by runs, else None."""
-        if not self.max_copy_runs:
-            return None
-        found = page_runs.runs(pages)
-        return found if len(found) <= self.max_copy_runs else None
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
@@ -143,25 +130,23 @@ class PagesMover:
         moving.allocated = True
         try:
             index = io.index(np.concatenate([payload, arriving]))
-            first, real = route.send_rows, len(route.sending)  # rows from `real` on are padding
+            first = route.send_rows
             for k, cut in enumerate(route.cuts):
-                chunk = _Chunk([], [(row, n, index[first + at: first + at + n], self._runs(arriving[at: at + n]))
-                                    for row, n, at in cut.slots])
+                chunk = _Chunk([], [(row, n, index[first + at: first + at + n]) for row, n, at in cut.slots])
                 send_index = index[cut.send_lo: cut.send_hi]
-                send_runs = self._runs(payload[cut.send_lo: max(cut.send_lo, min(cut.send_hi, real))])
                 for state, cache in tensors:
                     cache = byte_view(cache)
                     if cut.splits is None:  # unpacked in finish, before the next layer's transfer reuses out
                         out = io.gather_buffer((state, k), (cut.recv_rows, *cache.shape[1:]), cache.dtype,
                                                layer=layer.index, state=state)
                         if out is None:
-                            out = cache.new_empty((cut.recv_rows, *cache.shape[1:]))
-                            send = _pack(io, cache, send_index, send_runs, None)
+                            send = io.kernels.pack(cache, send_index)
+                            out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         else:  # packed straight into this rank's slot: gathered in place
-                            send = _pack(io, cache, send_index, send_runs, io.own_slot(out))
+                            send = io.kernels.pack(cache, send_index, out=io.own_slot(out))
                         pending = io.all_gather(out, send, layer=layer.index, state=state)
                     else:
-                        send = _pack(io, cache, send_index, send_runs, None)
+                        send = io.kernels.pack(cache, send_index)
                         out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         pending = io.all_to_all(out, send, cut.splits[1], cut.splits[0], layer=layer.index, state=state)
                     chunk.pendings.append((state, pending, out))
@@ -177,13 +162,9 @@ class PagesMover:
         for chunk in moving.chunks:  # unpacking chunk k overlaps chunk k+1's transfer
             for _, pending, _ in chunk.pendings:
                 io.wait(pending)
-            for first_row, count, pages, runs in chunk.slots:
+            for first_row, count, pages in chunk.slots:
                 for state, _, out in chunk.pendings:
-                    rows = out[first_row: first_row + count]
-                    if runs is None:
-                        io.kernels.unpack(byte_view(caches[state]), pages, rows)
-                    else:
-                        page_runs.scatter(byte_view(caches[state]), runs, rows)
+                    io.kernels.unpack(byte_view(caches[state]), pages, out[first_row: first_row + count])
         moving.chunks = []  # the receive buffers go
 
     def retire(self, t: Transfer) -> None:
@@ -196,17 +177,6 @@ class PagesMover:
             t.layer.kv.free_keys(moving.route.arriving)
             moving.allocated = False
         moving.chunks = []
-
-
-def _pack(io: TransferContext, cache: torch.Tensor, index: torch.Tensor, runs: np.ndarray | None,
-          out: torch.Tensor | None) -> torch.Tensor:
-    """The pages of ``index`` packed (into ``out`` if given): by runs where ``runs`` is given
-    (padding rows past them are left as they are), else by ``MLAKernels.pack``."""
-    if runs is None:
-        return io.kernels.pack(cache, index) if out is None else io.kernels.pack(cache, index, out=out)
-    if out is None:
-        out = cache.new_empty((len(index), *cache.shape[1:]))
-    return page_runs.gather(cache, runs, out)
 
 
 # ---- routes: the same cuts on every rank --------------------------------------------------------
