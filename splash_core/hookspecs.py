@@ -89,7 +89,7 @@ def splash_make_collectives(group, device, side):
         :func:`splash_process_group_backend`.
     :param device: the rank's ``torch.device``.
     :param side: True for the side communicator (made with :func:`splash_side_group_options`).
-        Its collectives may offer ``transfer_buffer(role, nbytes)`` (see
+        Its collectives may have ``transfer_buffers`` (a
         :class:`splash_core.collectives.TransferBuffers`): buffers that its all-gathers move
         without processors (e.g. memory registered with the communicator, for copy engines).
         Implementations may leave this parameter out.

@@ -49,22 +49,20 @@ def side_group_options():
 
 def copy_engines() -> bool:
     """Whether the side communicator's all-gathers go through symmetric memory, which NCCL's
-    zero-CTA policy moves with copy engines: opt-in, ``SPLASH_COPY_ENGINES=1``.
+    zero-CTA policy moves with copy engines: on unless ``SPLASH_COPY_ENGINES=0``.
 
-    Measured on 2 x H200. Alone (bench/transport_probe.py, results/h200x2/transport_probe.json)
-    a layer's KV all-gather (576 MiB) took 1.00 ms instead of 1.35 and slowed a matmul loop
-    beside it about half as much per byte moved. In a switching step (16 layers at 64K,
-    results/h200x2/switch_trace-5150769.json, one run per variant) attention no longer slowed
-    beside the KV all-gathers into TP, but the staging copies lengthened the transfers:
-    overhead CP→TP 24.9 -> 22.4 ms, DOP→CP 30.8 -> 23.3, CP→DOP 11.8 -> 10.6, TP→DP 4.5 -> 6.0.
-    Off by default until the full overhead table is measured with it."""
-    return os.environ.get("SPLASH_COPY_ENGINES", "0") == "1"
+    Measured on 2 x H200, 16 layers at 64K (results/h200x2/switch_trace-0fb9a43.json, median of
+    5 untraced runs): with the movers gathering in place (pages packed straight into the
+    buffer, and at T = 2 the KV all-to-alls as all-gathers), a switch's overhead into TP fell
+    from 25.7 to 13.8 ms, DOP→CP 27.3 -> 16.7, CP→DOP 10.7 -> 9.6, TP→DP 4.8 -> 5.3 (noise),
+    because attention no longer loses processors to NCCL's kernels beside it."""
+    return os.environ.get("SPLASH_COPY_ENGINES", "1") != "0"
 
 
 def collectives(group, device, side: bool = False) -> DistCollectives:
-    """Collectives over ``group``. The side communicator's stage their all-gathers in NCCL
-    symmetric memory (:func:`copy_engines`; with a warning, plain memory where this torch has
-    no NCCL symmetric memory)."""
+    """Collectives over ``group``. The side communicator's gather in NCCL symmetric memory
+    (:func:`copy_engines`; with a warning, in plain memory where this torch has no NCCL
+    symmetric memory)."""
     if side and copy_engines():
         allocate = _symmetric_allocator(group, device)
         if allocate is not None:
