@@ -168,8 +168,8 @@ def _transfer_once(ctx, executor, pos: int, dst: Layout, batch: StepBatch, state
 
 
 def _bare_gather_buffers(io, per_rank: int, layer: int, state: State) -> tuple[torch.Tensor, torch.Tensor]:
-    """(send, out) bytes of an all-gather of ``per_rank`` bytes per rank in the movers' memory:
-    in place in a transfer buffer where the side collectives have them."""
+    """(send, out) bytes of an all-gather of ``per_rank`` bytes per rank in the pages mover's
+    memory: in place in a transfer buffer where the side collectives have them."""
     out = io.gather_buffer(("bare", state), (io.T * per_rank,), torch.uint8, layer=layer, state=state)
     if out is not None:
         return io.own_slot(out), out
@@ -182,7 +182,9 @@ def _bare_once(ctx, executor, t, state: State, plan, gate: _Gate) -> float:
     to the same width), timed as :func:`_transfer_once` times the mover: behind the same gate."""
     io, streams = executor.io, ctx.streams
     if state is State.WEIGHTS:
-        send, out = _bare_gather_buffers(io, t.received_bytes[state] // (io.T - 1), t.layer.index, state)
+        per_rank = t.received_bytes[state] // (io.T - 1)  # in ordinary memory, as the weights mover gathers
+        send = torch.empty(per_rank, dtype=torch.uint8, device=ctx.device)
+        out = torch.empty(io.T * per_rank, dtype=torch.uint8, device=ctx.device)
         issue = lambda: io.collectives.all_gather_into(out, send, async_op=True)  # noqa: E731
     else:
         cache = t.layer.kv.kv

@@ -7,10 +7,10 @@
   shards do concatenate along dim 0; the full tensor is that buffer with d moved back, a view
   of the same shape (O comes out column-major, which matmuls take as is). Its shards, cut later
   from such a full tensor, keep that memory order, so they are sent without a copy too; a shard
-  in the other order is copied once. The largest tensors go first. Where the side collectives
-  have transfer buffers (:meth:`TransferContext.gather_buffer`), each tensor is gathered in
-  place in one instead: the shard copied into its slot, the full tensor copied out, since the
-  next layer reuses the buffer.
+  in the other order is copied once. The largest tensors go first. They do not go through the
+  side collectives' transfer buffers (:meth:`TransferContext.gather_buffer`): a buffer reused
+  by the next layer would cost a copy in and out, and on 2 x H200 copy-engine weight gathers
+  made switches into DP-attention slower (results/h200x2/switch_overhead-9ed0e0f.json).
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 
@@ -42,7 +42,6 @@ class _Gather:
     dim: int  # the axis the shards join along
     pending: object
     out: torch.Tensor  # the gathered tensor, the joined axis first
-    shared: bool  # out is a transfer buffer the next layer reuses: copy it before keeping it
 
 
 class WeightsMover:
@@ -62,15 +61,11 @@ class WeightsMover:
             for name in sorted(w.SHARDED, key=lambda n: -getattr(w, n).numel()):
                 x, dim = getattr(w, name), w.SHARD_AXES[name]
                 send = x.movedim(dim, 0) if dim else x
-                out_shape = (io.T * send.shape[0], *send.shape[1:])
-                out = io.gather_buffer(("weights", name), out_shape, send.dtype, layer=layer.index, state=WEIGHTS)
-                shared = out is not None
-                if shared:  # gathered in place from this rank's slot
-                    send = io.own_slot(out).copy_(send)
-                else:
-                    send, out = send.contiguous(), send.new_empty(out_shape)
+                if not send.is_contiguous():
+                    send = send.contiguous()
+                out = send.new_empty((io.T * send.shape[0], *send.shape[1:]))
                 pending = io.all_gather(byte_view(out), byte_view(send), layer=layer.index, state=WEIGHTS)
-                gathers.append(_Gather(name, dim, pending, out, shared))
+                gathers.append(_Gather(name, dim, pending, out))
                 sent += x.numel() * x.element_size()
             t.data = gathers
             t.received_bytes[WEIGHTS] = (io.T - 1) * sent
@@ -88,8 +83,7 @@ class WeightsMover:
         full = {}
         for g in t.data:
             io.wait(g.pending)
-            out = g.out.clone() if g.shared else g.out
-            full[g.name] = out.movedim(0, g.dim) if g.dim else out
+            full[g.name] = g.out.movedim(0, g.dim) if g.dim else g.out
         w = t.layer.weights
         t.layout_args["weights"] = dataclasses.replace(w, heads=range(w.total_heads), **full)
         t.data = None
