@@ -9,7 +9,7 @@ On the lent nvidia-h200-x2 machine::
 
 Writes ``<out>/<platform>/switch_trace.json`` (one row per variant, direction and mode: step
 time, waits on transfers, and :func:`splash_core.runtime.switch.device_trace.timeline`'s summary
-of rank 0's trace) and, with ``--trace-dir``, rank 0's raw Chrome traces of the first direction.
+of rank 0's trace) and, with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
 ``--smoke`` runs the same code on tiny shapes (CPU, gloo: no device kernels to summarise).
 """
 
@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variants", default="base", help="comma list of base, priority, ctas=N, processors=N")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timed-runs", type=int, default=3, help="untraced runs of each step, for its real time")
-    p.add_argument("--trace-dir", default=None, help="where rank 0 writes the first direction's raw traces")
+    p.add_argument("--trace-dir", default=None, help="where rank 0 writes the first variant's raw traces")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -198,7 +198,7 @@ def _traced(ctx, fn) -> tuple[object, dict]:
 def trace_switches(ctx, spec: dict) -> list[dict]:
     """Per variant and direction, a ready and a SPLASH step traced: their step times, exposed
     waits and :func:`timeline` summaries. Rank 0 writes the raw traces of the first variant's
-    first direction under ``spec['trace_dir']`` (when given)."""
+    directions under ``spec['trace_dir']`` (when given)."""
     out = []
     for variant in spec["variants"]:
         kernels = _variant_kernels(ctx, spec, variant)
@@ -212,7 +212,7 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
         batch = bench.synthetic_batch(spec["batch"], spec["context"], spec["rows"], ctx.world_size, spec["page_size"])
         bench.fill(model, batch)
         tokens = bench._tokens(ctx, model, batch)
-        for n, (src, dst) in enumerate(spec["directions"]):
+        for src, dst in spec["directions"]:
             src, dst = Layout.parse(src), Layout.parse(dst)
             executor.switch(batch, src)
             for _ in range(spec["warmup"]):  # compiles kernels, plans and caches the manifests
@@ -237,7 +237,7 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
                     row["max_abs_diff_vs_ready"] = float((logits[mode].float() - logits[Mode.READY].float())
                                                          .abs().max())
                 out.append(row)
-                if trace and ctx.rank == 0 and spec.get("trace_dir") and n == 0 and variant == spec["variants"][0]:
+                if trace and ctx.rank == 0 and spec.get("trace_dir") and variant == spec["variants"][0]:
                     target = Path(spec["trace_dir"]) / f"trace-{src}-{dst}-{mode}.json.gz"
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with gzip.open(target, "wt") as f:
