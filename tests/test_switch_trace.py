@@ -60,6 +60,7 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
     assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
     assert [(s["mode"]) for s in data["samples"]] == ["ready", "splash"]
+    assert data["samples"][1]["max_abs_diff_vs_ready"] == 0  # the moved state computes what the ready one does
 
 
 def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
@@ -72,3 +73,4 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
     rows = [line for line in lines if line.startswith("| base") or line.startswith("| noalign")]
     assert [r.split("|")[1:3] for r in rows] == [
         [" base ", " TP→CP "], [" base ", " CP→DOP "], [" noalign ", " TP→CP "], [" noalign ", " CP→DOP "]]
+    assert all("logits = ready's" in r for r in rows)

@@ -39,6 +39,13 @@ def render(result: Result, _ctx: Context) -> list[str]:
             label = _label(s["variant"], seen)
         r, x = statistics.median(ready["untraced_ms"]), statistics.median(s["untraced_ms"])
         busy = s["timeline"].get("compute_busy_us", 0.0) - ready["timeline"].get("compute_busy_us", 0.0)
-        rows.append([label, f"{s['src']}→{s['dst']}", ms(r), ms(x), ms(x - r), ms(s["exposed_ms"]), ms(busy / 1e3), ""])
+        diff = s.get("max_abs_diff_vs_ready")  # files before 0fb9a43 lack it
+        notes = [] if diff is None else ["logits = ready's" if diff == 0 else f"logits differ by up to {diff:.3g}"]
+        busy_cell = ms(busy / 1e3)
+        if ready["step_ms"] > 2 * r:  # a process's first profiled step can stall hundreds of ms in a collective
+            busy_cell = "-"
+            notes.append(f"ready trace disturbed ({ms(ready['step_ms'])} ms traced)")
+        rows.append([label, f"{s['src']}→{s['dst']}", ms(r), ms(x), ms(x - r), ms(s["exposed_ms"]), busy_cell,
+                     "; ".join(notes)])
     return lines + table(["variant", "direction", "ready ms", "SPLASH ms", "overhead ms", "waits ms",
                           "compute busy +ms", "note"], rows, "llrrrrrl") + [""]

@@ -200,6 +200,7 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
     waits and :func:`timeline` summaries. Rank 0 writes the raw traces of the first variant's
     directions under ``spec['trace_dir']`` (when given)."""
     out = []
+    _traced(ctx, lambda: bench._quiet(ctx))  # the first profiled interval stalls (profiler set-up): not a step's
     for variant in spec["variants"]:
         kernels = _variant_kernels(ctx, spec, variant)
         model = bench.build(ctx, spec, spec["layers"], spec["context"], kernels=kernels)
