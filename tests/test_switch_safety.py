@@ -193,10 +193,11 @@ def _buffer_failure(ctx, src, dst, mode):
     return seen, served, [str(layer.layout) for layer in model.layers]
 
 
-@pytest.mark.parametrize("src, dst, state", [(TP, CP, "weights"), (DP, TP, "kv")])
+@pytest.mark.parametrize("src, dst, state", [(DP, CP, "kv"), (DP, TP, "kv")])
 def test_transfer_buffer_failure_rolls_back(rank_pools, src, dst, state):
-    """A transfer buffer that cannot be made fails the switch at its first all-gather (layer 0)
-    naming the state; nothing has moved, and a later switch completes with the reference's tokens."""
+    """A transfer buffer that cannot be made fails the switch at its first all-gather (layer 0;
+    at T = 2 an all-to-all is one) naming the state; nothing has moved, and a later switch
+    completes with the reference's tokens."""
     for rank, (seen, served, layouts) in enumerate(rank_pools(2).run(_buffer_failure, src, dst, Mode.SPLASH)):
         assert seen["layer"] == 0 and f"layer 0, state {state} (all_gather): transfer buffer" in seen["message"], seen
         assert "window registration failed" in seen["message"] and "history is intact" in seen["message"]
