@@ -16,9 +16,11 @@ trace, :func:`timeline` takes the device kernels and reports
 
 ``variants`` (all off by default) try changes to how the transfer shares the device, one per
 pass, so one run compares them: ``priority`` (the side stream and the side communicator's
-stream at high priority; ``ncclpriority``: only the latter), ``ctas=N`` (the side communicator
-limited to N CTAs), ``ce`` (the side communicator the backend makes under
-``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers) and ``processors=N`` (attention kernels sized for N processors), ``noalign``
+stream at high priority; ``ncclpriority``: only the latter, without copy engines), ``ctas=N``
+(the side communicator limited to N CTAs), ``ce`` (the side communicator the backend makes
+under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environment says) and
+``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
+at most N collectives), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
 or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
@@ -39,11 +41,13 @@ import torch
 from ...layouts import Layout
 from . import bench
 from .executor import SwitchExecutor
+from . import pages_mover
 from .modes import Mode
 
 CATEGORIES = (("attention", ("_attention_kernel",)), ("merge", ("_merge_kernel",)), ("pages", ("_copy_pages",)),
               ("collective", ("nccl",)), ("matmul", ("gemm", "sm90", "cutlass", "nvjet", "xmma", "cublas")))
 _KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_DEFAULT_CHUNKS = pages_mover.MAX_CHUNKS
 
 
 def category(name: str) -> str:
@@ -142,6 +146,7 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
+    pages_mover.MAX_CHUNKS = int(parts.get("chunks", _DEFAULT_CHUNKS))
     if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
         return
     import torch.distributed as dist

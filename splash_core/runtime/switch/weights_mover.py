@@ -10,7 +10,8 @@
   in the other order is copied once. The largest tensors go first. They do not go through the
   side collectives' transfer buffers (:meth:`TransferContext.gather_buffer`): a buffer reused
   by the next layer would cost a copy in and out, and on 2 x H200 copy-engine weight gathers
-  made switches into DP-attention slower (results/h200x2/switch_overhead-9ed0e0f.json).
+  did not make a weights-only switch faster (results/h200x2/switch_overhead-9ed0e0f.json
+  against switch_overhead.json; switch_trace-3a32392.json).
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 
