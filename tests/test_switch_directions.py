@@ -62,18 +62,20 @@ def _switch_runs(ctx, directions, modes):
     return out
 
 
-def _switch_batches(ctx, runs, chunk_bytes=None):
+def _switch_batches(ctx, runs, chunk_bytes=None, buffered_chunks=None):
     """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
-    pages travel in several collectives, as long histories do on accelerators)."""
+    pages travel in several collectives, as long histories do on accelerators), and
+    ``buffered_chunks`` caps them over transfer buffers (default: one per layer)."""
     from splash_core.runtime.switch import pages_mover
 
-    default, out = pages_mover.CHUNK_BYTES, {}
-    pages_mover.CHUNK_BYTES = chunk_bytes or default
+    default, out = (pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED), {}
+    pages_mover.CHUNK_BYTES = chunk_bytes or default[0]
+    pages_mover.MAX_CHUNKS_BUFFERED = buffered_chunks or default[1]
     try:
         for directions, modes in runs:
             out.update(_switch_runs(ctx, directions, modes))
     finally:
-        pages_mover.CHUNK_BYTES = default
+        pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED = default
     return out
 
 
@@ -126,7 +128,7 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes):
+def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
     (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated,
     the roles held at the end, and how many all-gathers and all-to-alls they ran."""
@@ -147,7 +149,7 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes):
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     try:
-        return _switch_batches(ctx, runs, chunk_bytes), allocated, len(buffers._held), calls
+        return _switch_batches(ctx, runs, chunk_bytes, buffered_chunks), allocated, [str(r) for r in buffers._held], calls
     finally:
         ctx._side = side
 
@@ -155,26 +157,28 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes):
 def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
     """Side collectives with transfer buffers (how copy engines get registered memory): the
     KV's all-gathers go through them (in place), chunk after chunk, layer after layer and
-    switch after switch (pages in up to 4 chunks at T = 3), with the reference's tokens; each
-    role's buffer is made once (16 MiB steps cover every layer's size)."""
+    switch after switch (pages in up to 4 chunks at T = 3, allowed here), with the reference's
+    tokens; each role's buffer is made once (16 MiB steps cover every layer's size)."""
     runs = [(((Layout.TP, Layout.DP), (Layout.DP, Layout.TP), (Layout.DOP, Layout.CP)), [Mode.SPLASH, Mode.BLOCKING])]
-    out = rank_pools(3).run(_with_transfer_buffers, runs, 3000)
+    out = rank_pools(3).run(_with_transfer_buffers, runs, 3000, 4)
     _check([results for results, *_ in out], references[3], 3)
     for rank, (_, allocated, roles, calls) in enumerate(out):
-        assert allocated and all(n == 16 << 20 for n in allocated) and len(allocated) == roles, (rank, allocated)
+        assert allocated and all(n == 16 << 20 for n in allocated) and len(allocated) == len(roles), (rank, allocated)
+        assert any(r.endswith(", 3)") for r in roles), roles  # a fourth chunk's buffer
         assert calls["all_to_all"] > 0, "at T = 3 the all-to-alls stay all-to-alls"
         assert calls["into_buffers"] == calls["in_place"] > 0, (rank, calls)
 
 
 def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
     """At T = 2 with transfer buffers every KV all-to-all goes as an all-gather in place (a rank
-    sends itself nothing, so the exchange is the same), packed straight into the buffer and in
-    up to 4 chunks, with the reference's tokens in every direction that moves KV by all-to-all
-    (and one all-gather of KV beside them, and one of weights, which takes ordinary memory)."""
+    sends itself nothing, so the exchange is the same), packed straight into the buffer, one
+    collective per layer (the default over transfer buffers, small chunks or not), with the
+    reference's tokens in every direction that moves KV by all-to-all (and one all-gather of KV
+    beside them, and one of weights, which takes ordinary memory)."""
     a2a = [(s, d) for s, d in DIRECTIONS if Layout.CP in (s, d) and Layout.TP not in (s, d)]
     runs = [((*a2a, (Layout.CP, Layout.TP), (Layout.TP, Layout.DP)), [Mode.SPLASH]), (a2a[:1], [Mode.BLOCKING])]
     out = rank_pools(2).run(_with_transfer_buffers, runs, 3000)
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_to_all"] == 0 and calls["into_buffers"] == calls["in_place"] > 0, (rank, calls)
-        assert len(allocated) == roles, (rank, allocated)
+        assert len(allocated) == len(roles) and all(r.endswith(", 0)") for r in roles), (rank, roles)

@@ -116,7 +116,7 @@ def _batch(rng, T):
 
 def _play(plan, T, page_bytes):
     """Per rank, the keys each unpack slot receives, in arriving order, by simulating the chunks."""
-    routes = [pages_mover._build_route(plan, r, T, page_bytes) for r in range(T)]
+    routes = [pages_mover._build_route(plan, r, T, page_bytes, pages_mover.MAX_CHUNKS) for r in range(T)]
     assert len({len(r.cuts) for r in routes}) == 1, "ranks disagree on the number of chunks"
     sent = [np.concatenate([np.stack([np.array(r.sending.requests)[r.sending.slot], r.sending.pages], 1),
                             np.full((r.send_rows - len(r.sending), 2), -1)]) for r in routes]  # -1: padding

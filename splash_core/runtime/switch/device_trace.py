@@ -20,7 +20,7 @@ stream at high priority; ``ncclpriority``: only the latter, without copy engines
 (the side communicator limited to N CTAs), ``ce`` (the side communicator the backend makes
 under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environment says) and
 ``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
-at most N collectives), ``noalign``
+at most N collectives, with or without transfer buffers), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
 or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
@@ -47,7 +47,7 @@ from .modes import Mode
 CATEGORIES = (("attention", ("_attention_kernel",)), ("merge", ("_merge_kernel",)), ("pages", ("_copy_pages",)),
               ("collective", ("nccl",)), ("matmul", ("gemm", "sm90", "cutlass", "nvjet", "xmma", "cublas")))
 _KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-_DEFAULT_CHUNKS = pages_mover.MAX_CHUNKS
+_DEFAULT_CHUNKS = pages_mover.MAX_CHUNKS, pages_mover.MAX_CHUNKS_BUFFERED
 
 
 def category(name: str) -> str:
@@ -146,7 +146,8 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    pages_mover.MAX_CHUNKS = int(parts.get("chunks", _DEFAULT_CHUNKS))
+    pages_mover.MAX_CHUNKS, pages_mover.MAX_CHUNKS_BUFFERED = (int(parts["chunks"]),) * 2 if "chunks" in parts \
+        else _DEFAULT_CHUNKS
     if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
         return
     import torch.distributed as dist

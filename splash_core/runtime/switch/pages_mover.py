@@ -15,6 +15,10 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
   (send/receive splits per chunk). All-gather (into TP, where every rank sends all it holds to
   everyone): each rank's payload is padded to the largest one (padding rows repeat page 0,
   ignored on arrival) and cut into the same row ranges.
+- over transfer buffers (:meth:`TransferContext.gather_buffer`, which copy engines move): all
+  in one chunk, every all-gather in place (pages packed straight into this rank's slot), and
+  at T = 2 an all-to-all goes as such an all-gather too: a rank sends itself nothing, so the
+  exchange is the same, and NCCL's copy engines take all-gathers but not uneven all-to-alls.
 - land (``finish``): per chunk, wait for its collectives, then one ``unpack`` per source slot
   (one for an all-to-all) writes the pages. They are the destination's new pages, which nothing
   reads before the layer lands, so a later chunk's failure only needs them freed.
@@ -42,6 +46,9 @@ from .transfer import Pending, Transfer, TransferContext, byte_view
 KV, INDEXER = State.KV, State.INDEXER
 CHUNK_BYTES = 128 << 20  # per collective: large enough for full link bandwidth, few enough launches
 MAX_CHUNKS = 4
+# Over copy engines, a layer in one collective was faster than in 3-4 (2 x H200, 16 layers at
+# 64K: 1.2-19 ms less overhead per switch; bench/results/h200x2/switch_trace-6807ba4.json).
+MAX_CHUNKS_BUFFERED = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,18 +101,18 @@ class PagesMover:
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
         """Build the route of ``plans`` for this rank now (planning time), so no layer pays for it."""
-        gathers = io is not None and io.gathers_exchanges
-        self._route(plans[KV], rank, T, layer.kv.format.page_bytes, gathers_exchanges=gathers)
+        self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
 
-    def _route(self, plan: StatePlan, rank: int, T: int, page_bytes: int, *, gathers_exchanges: bool) -> _Route:
+    def _route(self, plan: StatePlan, rank: int, T: int, page_bytes: int, *, buffered: bool) -> _Route:
         """The route of ``plan`` for this rank, chunked for pages of ``page_bytes`` (KV and
-        indexer keys together: what a chunk carries per row), an all-to-all as an all-gather
-        where ``gathers_exchanges`` (:attr:`TransferContext.gathers_exchanges`); built once."""
+        indexer keys together: what a chunk carries per row), over transfer buffers where
+        ``buffered`` (see the module docstring); built once."""
         known = self._routes.setdefault(plan, {})
-        as_gather = gathers_exchanges and plan.primitive is Primitive.ALL_TO_ALL
-        key = (rank, T, page_bytes, CHUNK_BYTES, MAX_CHUNKS, as_gather)
+        as_gather = buffered and T == 2 and plan.primitive is Primitive.ALL_TO_ALL
+        chunks = MAX_CHUNKS_BUFFERED if buffered else MAX_CHUNKS
+        key = (rank, T, page_bytes, CHUNK_BYTES, chunks, as_gather)
         if key not in known:
-            known[key] = _build_route(plan, rank, T, page_bytes, as_gather)
+            known[key] = _build_route(plan, rank, T, page_bytes, chunks, as_gather)
         return known[key]
 
     def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer:
@@ -114,7 +121,7 @@ class PagesMover:
         if (INDEXER in plans) != (pool.indexer is not None):
             raise ValueError(f"layer {layer.index}: the plan and the pool disagree on indexer keys")
         fmt = pool.format
-        route = self._route(plan, io.rank, io.T, fmt.page_bytes, gathers_exchanges=io.gathers_exchanges)
+        route = self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered)
         page = {KV: fmt.kv_page_bytes, INDEXER: fmt.indexer_page_bytes}
         name = plan.primitive.value
         t = Transfer(layer, tuple(s for s, _ in tensors), {s: name for s, _ in tensors},
@@ -188,15 +195,16 @@ def _parts(n: int, k: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, as_gather: bool = False) -> _Route:
+def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, max_chunks: int,
+                 as_gather: bool = False) -> _Route:
     blocks = plan.rank(rank)
     freed = PageKeys.of(blocks.freed)
     if plan.primitive is Primitive.DISCARD:
         return _Route(plan.primitive, PageKeys.of(blocks.freed[:0]), 0, PageKeys.of(blocks.fetched), freed, (), 0)
     counts = plan.diff.recv[0]  # [dst, src] pages
-    gather = plan.primitive is Primitive.ALL_GATHER or as_gather  # as_gather: T = 2, see gathers_exchanges
+    gather = plan.primitive is Primitive.ALL_GATHER or as_gather
     busiest = int(counts.max()) if gather else int(counts.sum(axis=0).max())
-    n = int(min(MAX_CHUNKS, max(1, -(-busiest * page_bytes // CHUNK_BYTES))))
+    n = int(min(max_chunks, max(1, -(-busiest * page_bytes // CHUNK_BYTES))))
     recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])
     sent, fetched, cuts = [], [], []
     if gather:  # this rank's payload is the same for every peer

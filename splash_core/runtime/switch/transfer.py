@@ -115,12 +115,9 @@ class TransferContext:
         return buf.view(dtype).view(out_shape)
 
     @property
-    def gathers_exchanges(self) -> bool:
-        """Whether an all-to-all between two ranks goes as an all-gather in place (a rank sends
-        itself nothing, so at T = 2 the two are the same exchange): where the side collectives
-        have transfer buffers, whose all-gathers need no processors but whose uneven
-        all-to-alls do."""
-        return self.T == 2 and getattr(self.collectives, "transfer_buffers", None) is not None
+    def buffered(self) -> bool:
+        """Whether the side collectives have transfer buffers (:meth:`gather_buffer` gives one)."""
+        return getattr(self.collectives, "transfer_buffers", None) is not None
 
     def own_slot(self, out: torch.Tensor) -> torch.Tensor:
         """This rank's rows of an all-gather's receive tensor (its send buffer when in place)."""
