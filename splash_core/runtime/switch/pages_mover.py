@@ -47,7 +47,8 @@ KV, INDEXER = State.KV, State.INDEXER
 CHUNK_BYTES = 128 << 20  # per collective: large enough for full link bandwidth, few enough launches
 MAX_CHUNKS = 4
 # Over copy engines, a layer in one collective was faster than in 3-4 (2 x H200, 16 layers at
-# 64K: 1.2-19 ms less overhead per switch; bench/results/h200x2/switch_trace-6807ba4.json).
+# 64K: 1.2-19 ms less overhead per switch; bench/results/h200x2/switch_trace-6807ba4.json, and
+# switch_trace.json against switch_trace-d3249a2.json).
 MAX_CHUNKS_BUFFERED = 1
 
 
