@@ -107,7 +107,7 @@ class TransferContext:
         buffers = getattr(self.collectives, "transfer_buffers", None)
         if buffers is None:
             return None
-        nbytes = math.prod(out_shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(out_shape) * dtype.itemsize
         try:
             buf = buffers.get(role, nbytes)
         except Exception as exc:
