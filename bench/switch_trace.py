@@ -8,8 +8,8 @@ On the lent nvidia-h200-x2 machine::
         --variants base,priority,ctas=8,processors=112
 
 Writes ``<out>/<platform>/switch_trace.json`` (one row per variant, direction and mode: step
-time, waits on transfers, and :func:`splash_core.runtime.switch.device_trace.timeline`'s summary
-of rank 0's trace) and, with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
+time, waits on transfers, each rank's per-layer medians of its untraced steps, and
+:func:`splash_core.runtime.switch.device_trace.timeline`'s summary of rank 0's trace) and, with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
 ``--smoke`` runs the same code on tiny shapes (CPU, gloo: no device kernels to summarise).
 """
 
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
         row["step_ms"] = max([row["step_ms"]] + [p["step_ms"] for p in peers])
         row["exposed_ms"] = max([row["exposed_ms"]] + [p["exposed_ms"] for p in peers])
         row["untraced_ms"] = [max(times) for times in zip(row["untraced_ms"], *(p["untraced_ms"] for p in peers))]
+        row["layers"] = [row["layers"]] + [p["layers"] for p in peers]  # per rank
         if "max_abs_diff_vs_ready" in row:
             row["max_abs_diff_vs_ready"] = max([row["max_abs_diff_vs_ready"]] + [p["max_abs_diff_vs_ready"] for p in peers])
     data = results.make_result(
@@ -105,7 +106,20 @@ def main(argv=None) -> int:
               f"{r['exposed_ms']:7.2f} {t.get('compute_span_us', 0) / 1e3:8.2f} {t.get('compute_busy_us', 0) / 1e3:8.2f} "
               f"{t.get('host_idle_us', 0) / 1e3:8.2f} {t.get('wait_idle_us', 0) / 1e3:8.2f} "
               f"{extra['attention']:7.2f} {extra['matmul']:7.2f} {r.get('max_abs_diff_vs_ready', 0.0):8.2g}")
+    print_layers(rows)
     return 0
+
+
+def print_layers(rows: list[dict]) -> None:
+    """The probed untraced steps: per rank, totals of the per-layer medians (ms)."""
+    print(f"\n{'variant':16s} {'direction':9s} {'mode':9s} rank {'span':>8s} {'compute':>8s} {'waits':>7s} "
+          f"{'host':>8s} drained")
+    for r in rows:
+        for rank, layers in enumerate(r.get("layers") or []):
+            t = layers.get("totals")
+            if t:
+                print(f"{r['variant']:16s} {r['src'] + '-' + r['dst']:9s} {r['mode']:9s} {rank:4d} {t['span_ms']:8.2f} "
+                      f"{t['compute_ms']:8.2f} {t['wait_ms']:7.2f} {t['host_ms']:8.2f} {t['drained_layers']:3d}")
 
 
 if __name__ == "__main__":

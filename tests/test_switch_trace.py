@@ -3,6 +3,8 @@ trace whose answer is known, and the script's logic on CPU (--smoke)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from bench_scripts import load_bench
@@ -57,6 +59,9 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
         ("TP", "CP", "ready"), ("TP", "CP", "splash"), ("DP", "DOP", "ready"), ("DP", "DOP", "splash")]
     assert all(r["step_ms"] > 0 for r in rows)
     assert rows[1]["exposed_ms"] > 0 and rows[0]["exposed_ms"] == 0  # only SPLASH waits on transfers
+    for row in rows:  # the probed untraced steps: every layer of the smoke model, host always drained
+        assert len(row["layers"]["compute_ms"]) == 2 and row["layers"]["drained"] == [3, 3]
+    assert rows[1]["layers"]["totals"]["wait_ms"] > rows[0]["layers"]["totals"]["wait_ms"]
     assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
     assert [(s["mode"]) for s in data["samples"]] == ["ready", "splash"]
@@ -74,3 +79,29 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
     assert [r.split("|")[1:3] for r in rows] == [
         [" base ", " TP→CP "], [" base ", " CP→DOP "], [" noalign ", " TP→CP "], [" noalign ", " CP→DOP "]]
     assert all("logits = ready's" in r for r in rows)
+
+
+def test_layer_probe_wraps_the_step_and_times_each_boundary():
+    from splash_core.reference.streams import HostStreamOps
+    from splash_core.runtime.switch.layer_probe import LayerProbe, summarize
+
+    class Model:
+        def step(self, batch, tokens, *, layouts=None, before_layer=None):
+            for i in range(3):
+                if before_layer is not None:
+                    before_layer(i)
+                time.sleep(0.002 * (i + 1))  # layer i computes 2 (i + 1) ms
+            return "logits"
+
+    seen, model = [], Model()
+    probe = LayerProbe(model, HostStreamOps())
+    with probe.attached():
+        assert model.step(None, None, before_layer=lambda i: (seen.append(i), time.sleep(0.003))) == "logits"
+        assert model.step(None, None) == "logits"  # a ready step: no hook of its own
+    assert "step" not in vars(model) and seen == [0, 1, 2]
+    hooked, plain = (summarize([s]) for s in probe.take())
+    assert probe.steps == []
+    assert all(w >= 3 for w in hooked["wait_ms"]) and all(w < 1 for w in plain["wait_ms"])
+    for layers in (hooked, plain):
+        assert all(c >= 2 * (i + 1) for i, c in enumerate(layers["compute_ms"]))  # sleep never undershoots
+        assert layers["totals"]["span_ms"] >= layers["totals"]["compute_ms"] and layers["drained"] == [1, 1, 1]

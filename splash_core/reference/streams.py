@@ -19,6 +19,10 @@ class HostStream:
     def synchronize(self) -> None:
         return None
 
+    def query(self) -> bool:
+        """Always drained: host work is done by the time the call returns."""
+        return True
+
     def __repr__(self) -> str:
         return f"HostStream({self.name})"
 

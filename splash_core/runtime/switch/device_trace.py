@@ -22,13 +22,17 @@ under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environme
 ``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
 at most N collectives, with or without transfer buffers), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
-or several joined by ``+``.
+``computeprio`` (the steps run on a high-priority stream, so the compute kernels take processors
+before the side stream's page copies), or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
-profiling adds host time to every launch.
+profiling adds host time to every launch, under a :class:`~.layer_probe.LayerProbe`
+(``layers``: per layer, the medians of its waits, compute and host time, and how often the
+device had drained when the host reached it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -41,6 +45,7 @@ import torch
 from ...layouts import Layout
 from . import bench
 from .executor import SwitchExecutor
+from .layer_probe import LayerProbe, summarize
 from . import pages_mover
 from .modes import Mode
 
@@ -220,36 +225,55 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
         bench.fill(model, batch)
         tokens = bench._tokens(ctx, model, batch)
         for src, dst in spec["directions"]:
-            src, dst = Layout.parse(src), Layout.parse(dst)
-            executor.switch(batch, src)
-            for _ in range(spec["warmup"]):  # compiles kernels, plans and caches the manifests
-                executor.step(batch, tokens, dst, Mode.SPLASH)
-                executor.switch(batch, src)
-            untraced = {Mode.READY: [], Mode.SPLASH: []}
-            for _ in range(spec.get("timed_runs", 0)):
-                for mode in untraced:
-                    bench._quiet(ctx)
-                    untraced[mode].append(executor.step(batch, tokens, dst, mode)[1].step_ms)
-                    executor.switch(batch, src)
-            logits = {}
-            for mode in (Mode.READY, Mode.SPLASH):
-                if mode is Mode.READY:  # moved untraced, so the trace holds the step alone
-                    executor.switch(batch, dst)
-                bench._quiet(ctx)
-                (logits[mode], report), trace = _traced(ctx, lambda: executor.step(batch, tokens, dst, mode))
-                row = {"variant": variant, "src": str(src), "dst": str(dst), "mode": str(mode),
-                       "step_ms": report.step_ms, "exposed_ms": report.exposed_ms, "host_ms": report.host_ms,
-                       "untraced_ms": untraced[mode], "timeline": timeline(trace)}
-                if mode is Mode.SPLASH:  # the state it moved computes what the ready state does
-                    row["max_abs_diff_vs_ready"] = float((logits[mode].float() - logits[Mode.READY].float())
-                                                         .abs().max())
-                out.append(row)
-                if trace and ctx.rank == 0 and spec.get("trace_dir") and variant == spec["variants"][0]:
-                    target = Path(spec["trace_dir"]) / f"trace-{src}-{dst}-{mode}.json.gz"
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with gzip.open(target, "wt") as f:
-                        json.dump(trace, f)
-                executor.switch(batch, src)
+            with _compute_stream(ctx, variant):
+                out += _trace_direction(ctx, spec, variant, executor, model, batch, tokens,
+                                        Layout.parse(src), Layout.parse(dst))
         del executor, model
         bench.release_memory(ctx)
+    return out
+
+
+def _compute_stream(ctx, variant: str):
+    """The stream the steps run on: a high-priority one under ``computeprio``."""
+    if "computeprio" not in _parts(variant) or ctx.device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device=ctx.device, priority=-1))  # torch clamps to the highest
+
+
+def _trace_direction(ctx, spec, variant, executor, model, batch, tokens, src, dst) -> list[dict]:
+    """A ready and a SPLASH step ``src`` → ``dst`` (see :func:`trace_switches`), one row each."""
+    out = []
+    executor.switch(batch, src)
+    for _ in range(spec["warmup"]):  # compiles kernels, plans and caches the manifests
+        executor.step(batch, tokens, dst, Mode.SPLASH)
+        executor.switch(batch, src)
+    untraced = {Mode.READY: [], Mode.SPLASH: []}
+    probed = {mode: [] for mode in untraced}
+    probe = LayerProbe(model, ctx.streams)
+    for _ in range(spec.get("timed_runs", 0)):
+        for mode in untraced:
+            bench._quiet(ctx)
+            with probe.attached():
+                untraced[mode].append(executor.step(batch, tokens, dst, mode)[1].step_ms)
+            probed[mode] += probe.take()
+            executor.switch(batch, src)
+    logits = {}
+    for mode in (Mode.READY, Mode.SPLASH):
+        if mode is Mode.READY:  # moved untraced, so the trace holds the step alone
+            executor.switch(batch, dst)
+        bench._quiet(ctx)
+        (logits[mode], report), trace = _traced(ctx, lambda: executor.step(batch, tokens, dst, mode))
+        row = {"variant": variant, "src": str(src), "dst": str(dst), "mode": str(mode),
+               "step_ms": report.step_ms, "exposed_ms": report.exposed_ms, "host_ms": report.host_ms,
+               "untraced_ms": untraced[mode], "layers": summarize(probed[mode]), "timeline": timeline(trace)}
+        if mode is Mode.SPLASH:  # the state it moved computes what the ready state does
+            row["max_abs_diff_vs_ready"] = float((logits[mode].float() - logits[Mode.READY].float())
+                                                 .abs().max())
+        out.append(row)
+        if trace and ctx.rank == 0 and spec.get("trace_dir") and variant == spec["variants"][0]:
+            target = Path(spec["trace_dir"]) / f"trace-{src}-{dst}-{mode}.json.gz"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(target, "wt") as f:
+                json.dump(trace, f)
+        executor.switch(batch, src)
     return out
