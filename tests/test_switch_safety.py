@@ -224,3 +224,57 @@ def test_mode_names_are_checked():
     assert Mode.parse("Blocking") is Mode.BLOCKING
     with pytest.raises(ValueError, match="expected one of splash, blocking, ready"):
         Mode.parse("fast")
+
+
+class _RecordingStreams:
+    """Host streams that remember which stream was current and every record / wait."""
+
+    def __init__(self):
+        from splash_core.reference.streams import HostStream
+
+        self.current, self.log, self._HostStream = HostStream("caller"), [], HostStream
+        outer = self
+
+        class Event:
+            def record(self, stream=None):
+                outer.log.append(("record", (stream or outer.current).name))
+
+            def wait(self, stream=None):
+                outer.log.append(("wait", (stream or outer.current).name))
+
+        self._Event = Event
+
+    def current_stream(self):
+        return self.current
+
+    def new_stream(self, high_priority=False):
+        return self._HostStream("high" if high_priority else "side")
+
+    def use_stream(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def using():
+            before, self.current = self.current, stream
+            try:
+                yield stream
+            finally:
+                self.current = before
+        return using()
+
+    def new_event(self, timing=False):
+        return self._Event()
+
+
+@pytest.mark.parametrize("prioritize", [True, False])
+def test_steps_compute_on_a_high_priority_stream_ordered_with_the_callers(prioritize):
+    streams = _RecordingStreams()
+    executor = SwitchExecutor(None, type("Ctx", (), {"streams": streams})(), prioritize_compute=prioritize)
+    seen = []
+    executor._step = lambda *args: seen.append(streams.current.name) or "out"
+    assert executor.step(None, None, "TP") == "out" and streams.current.name == "caller"
+    if prioritize:  # after the caller's work, and the caller after it
+        assert seen == ["high"]
+        assert streams.log == [("record", "caller"), ("wait", "high"), ("record", "high"), ("wait", "caller")]
+    else:
+        assert seen == ["caller"] and streams.log == []
