@@ -20,9 +20,7 @@ class DeviceStreamOps:
     def current_stream(self) -> Any:
         return self.module.current_stream(self.device)
 
-    def new_stream(self, high_priority: bool = False) -> Any:
-        if high_priority:  # torch clamps -1 to the device's highest priority
-            return self.module.Stream(device=self.device, priority=-1)
+    def new_stream(self) -> Any:
         return self.module.Stream(device=self.device)
 
     def use_stream(self, stream: Any) -> ContextManager:

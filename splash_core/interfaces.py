@@ -73,10 +73,8 @@ class StreamOps(Protocol):
 
     def current_stream(self) -> Any: ...
 
-    def new_stream(self, high_priority: bool = False) -> Any:
-        """A stream whose work may run concurrently with the current stream's. ``high_priority``:
-        its kernels take free processors before those of ordinary streams (where the device
-        schedules by priority; elsewhere the same as an ordinary stream)."""
+    def new_stream(self) -> Any:
+        """A stream whose work may run concurrently with the current stream's."""
 
     def use_stream(self, stream: Any) -> ContextManager:
         """Context in which launched work goes to ``stream``."""

@@ -62,7 +62,7 @@ class HostStreamOps:
     def current_stream(self) -> HostStream:
         return self._main
 
-    def new_stream(self, high_priority: bool = False) -> HostStream:
+    def new_stream(self) -> HostStream:
         self._count += 1
         return HostStream(f"side{self._count}")
 

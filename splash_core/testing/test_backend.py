@@ -64,18 +64,10 @@ def test_streams_overlap_and_time(conformance_backend, conformance_device):
         ready.record()
     ready.wait()  # the current stream waits for the side stream's work
     z = y + 1
-    computed = ops.new_event()
-    computed.record()
-    with ops.use_stream(ops.new_stream(high_priority=True)):  # where the switch executor computes
-        computed.wait()
-        w = z * 3
-        done = ops.new_event()
-        done.record()
-    done.wait()
     end.record()
     end.synchronize()
     ops.synchronize()
-    assert ready.query() and end.query() and done.query()
+    assert ready.query() and end.query()
     assert start.elapsed_time(end) >= 0
-    assert torch.equal(z, x * 2 + 1) and torch.equal(w, z * 3)
+    assert torch.equal(z, x * 2 + 1)
     assert ops.current_stream() is not None

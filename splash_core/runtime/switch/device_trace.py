@@ -22,8 +22,8 @@ under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environme
 ``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
 at most N collectives, with or without transfer buffers), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
-``lowprio`` (the steps compute on the caller's ordinary stream:
-``SwitchExecutor(prioritize_compute=False)``), or several joined by ``+``.
+``computeprio`` (the steps run on a high-priority stream, so the compute kernels take processors
+before the side stream's page copies), or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch, under a :class:`~.layer_probe.LayerProbe`
 (``layers``: per layer, the medians of its waits, compute and host time, and how often the
@@ -32,6 +32,7 @@ device had drained when the host reached it).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -150,7 +151,6 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
-    executor.prioritize_compute = "lowprio" not in parts
     pages_mover.MAX_CHUNKS, pages_mover.MAX_CHUNKS_BUFFERED = (int(parts["chunks"]),) * 2 if "chunks" in parts \
         else _DEFAULT_CHUNKS
     if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
@@ -170,7 +170,9 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
             os.environ.pop("SPLASH_COPY_ENGINES")
         else:
             os.environ["SPLASH_COPY_ENGINES"] = before
-    side = ctx.streams.new_stream(high_priority="priority" in parts)
+    side = ctx.streams.new_stream()
+    if "priority" in parts:
+        side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
     executor._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
                                    streams=ctx.streams, side_stream=side, kernels=executor.model.kernels)
 
@@ -223,11 +225,19 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
         bench.fill(model, batch)
         tokens = bench._tokens(ctx, model, batch)
         for src, dst in spec["directions"]:
-            out += _trace_direction(ctx, spec, variant, executor, model, batch, tokens,
-                                    Layout.parse(src), Layout.parse(dst))
+            with _compute_stream(ctx, variant):
+                out += _trace_direction(ctx, spec, variant, executor, model, batch, tokens,
+                                        Layout.parse(src), Layout.parse(dst))
         del executor, model
         bench.release_memory(ctx)
     return out
+
+
+def _compute_stream(ctx, variant: str):
+    """The stream the steps run on: a high-priority one under ``computeprio``."""
+    if "computeprio" not in _parts(variant) or ctx.device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device=ctx.device, priority=-1))  # torch clamps to the highest
 
 
 def _trace_direction(ctx, spec, variant, executor, model, batch, tokens, src, dst) -> list[dict]:

@@ -38,7 +38,6 @@ so a request in its first prefill chunk has nothing to move.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -91,12 +90,6 @@ class _Switch:
 class SwitchExecutor:
     """Executes live layout switches on one rank of the group.
 
-    ``prioritize_compute``: every step of the executor (whatever its mode) computes on a
-    high-priority stream of its own, ordered after the caller's stream and before what the caller
-    issues next, so a transfer's page copies on the ordinary side stream take only processors
-    the computation leaves free instead of delaying its next kernels (measured on 2 x H200, 16
-    layers at 64K: switch overhead TP→DP 9.4 -> 4.7 ms, CP→DOP 9.2 -> 6.9, DOP→CP 14.3 -> 9.7,
-    CP→TP 12.0 -> 11.5; bench/results/h200x2/switch_trace-7610ccd.json).
     ``align_transfers``: a layer's transfer starts only once the compute stream reached the
     layer it overlaps (every rank gets there at about the same time, right after the previous
     layer's collectives), not as soon as the side stream is free. Its collectives then find
@@ -111,10 +104,9 @@ class SwitchExecutor:
 
     def __init__(self, model, ctx, *, budget_bytes: float | None = None, reserve_bytes: float = 0.0,
                  timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None,
-                 align_transfers: bool = True, prioritize_compute: bool = True):
+                 align_transfers: bool = True):
         self.model, self.ctx = model, ctx
-        self.align_transfers, self.prioritize_compute = align_transfers, prioritize_compute
-        self._compute_stream = None
+        self.align_transfers = align_transfers
         self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
         self.timeout_s, self.fault = timeout_s, fault
         self.movers = default_movers() if movers is None else list(movers)
@@ -175,31 +167,6 @@ class SwitchExecutor:
         :class:`SwitchFailed` when a transfer fails (see the module docstring)."""
         mode = Mode.parse(mode)
         dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
-        with self._computing():
-            return self._step(batch, tokens, dst, mode)
-
-    @contextlib.contextmanager
-    def _computing(self):
-        """Run the body on the executor's high-priority stream (``prioritize_compute``): it starts
-        after everything the caller's stream issued, and the caller's stream waits for it."""
-        if not self.prioritize_compute:
-            yield
-            return
-        streams = self.ctx.streams
-        if self._compute_stream is None:
-            self._compute_stream = streams.new_stream(high_priority=True)
-        caller, entered = streams.current_stream(), streams.new_event()
-        entered.record()
-        entered.wait(self._compute_stream)
-        try:
-            with streams.use_stream(self._compute_stream):
-                yield
-        finally:
-            done = streams.new_event()
-            done.record(self._compute_stream)
-            done.wait(caller)
-
-    def _step(self, batch: StepBatch, tokens: torch.Tensor, dst: Layout, mode: Mode):
         streams = self.ctx.streams
         start, end = streams.new_event(timing=True), streams.new_event(timing=True)
         if mode is not Mode.READY:
