@@ -22,8 +22,7 @@ under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environme
 ``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
 at most N collectives, with or without transfer buffers), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
-``computeprio`` (the steps run on a high-priority stream, so the compute kernels take processors
-before the side stream's page copies), or several joined by ``+``.
+or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch, under a :class:`~.layer_probe.LayerProbe`
 (``layers``: per layer, the medians of its waits, compute and host time, and how often the
@@ -32,7 +31,6 @@ device had drained when the host reached it).
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -225,19 +223,11 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
         bench.fill(model, batch)
         tokens = bench._tokens(ctx, model, batch)
         for src, dst in spec["directions"]:
-            with _compute_stream(ctx, variant):
-                out += _trace_direction(ctx, spec, variant, executor, model, batch, tokens,
-                                        Layout.parse(src), Layout.parse(dst))
+            out += _trace_direction(ctx, spec, variant, executor, model, batch, tokens,
+                                    Layout.parse(src), Layout.parse(dst))
         del executor, model
         bench.release_memory(ctx)
     return out
-
-
-def _compute_stream(ctx, variant: str):
-    """The stream the steps run on: a high-priority one under ``computeprio``."""
-    if "computeprio" not in _parts(variant) or ctx.device.type == "cpu":
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.Stream(device=ctx.device, priority=-1))  # torch clamps to the highest
 
 
 def _trace_direction(ctx, spec, variant, executor, model, batch, tokens, src, dst) -> list[dict]:
