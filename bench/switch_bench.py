@@ -294,21 +294,27 @@ def run(args, pool) -> int:
     network = {(r["src"], r["dst"]) for r in costs if r["primitive"] != "discard"}
     targets = overhead_targets(directions, network)
     host = splash_host_summary(per_rank, spec["warmup"])
+    parts = overhead_parts(per_rank[0]["parts"], spec["warmup"])
     data = results.make_result(
         benchmark="switch_overhead", samples=samples,
         summary={"workload": f"B={args.batch}, {context // 1024}K context, {layers} layers, prefill chunk of "
                              f"{args.rows} rows per request", "directions": directions},
         extra={"targets": targets, "skipped": per_rank[0]["skipped"], "plan_ms": per_rank[0]["plan_ms"],
-               "splash_exposed": per_rank[0]["exposed"], "splash_host": host, "sizing": sizing, "layers": layers,
+               "splash_exposed": per_rank[0]["exposed"], "splash_host": host, "splash_parts": parts,
+               "sizing": sizing, "layers": layers,
                "context": context},
         notes=(f"one chunked-prefill step of {args.batch} requests x {args.rows} rows over {context - args.rows} "
                f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
                f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
                f"are planned in each pair's warm-up run (plan_ms) and reused. splash_host: per direction, p50 of the "
                f"host time of SPLASH's switch work (SwitchReport.host_ms) and of the step's waits on transfers. "
+               f"splash_parts: per direction, p50 over timed runs of rank 0's SPLASH-minus-ready step time split "
+               f"into before the first layer, the first layer's wait, later waits and computing (interference), "
+               f"from compute-stream events at every layer. "
                f"kernels: {args.kernels}"), **common)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     _print_overheads(directions, targets, host)
+    _print_parts(parts)
     return 0
 
 
@@ -332,6 +338,34 @@ def splash_host_summary(per_rank: list[dict], warmup: int) -> dict[str, dict]:
                 (max(w["host_ms"] for w in worst), max(w["exposed_ms"] for w in worst)))
     return {k: {"host_p50_ms": percentile([h for h, _ in v], 50), "exposed_p50_ms": percentile([x for _, x in v], 50)}
             for k, v in runs.items()}
+
+
+PARTS = ("before_first_ms", "first_wait_ms", "later_waits_ms", "compute_ms")
+
+
+def overhead_parts(parts: list[dict], warmup: int) -> dict[str, dict]:
+    """Per direction, p50 over timed runs of each part of SPLASH's step minus the same part of
+    the run's ready step (:func:`splash_core.runtime.switch.bench.step_parts`); the parts add
+    up to the run's overhead."""
+    by_run: dict[tuple, dict] = {}
+    for p in parts:
+        if p["run"] >= warmup:
+            by_run.setdefault((p["src"], p["dst"], p["run"]), {})[p["mode"]] = p
+    runs: dict[str, list[dict]] = {}
+    for (src, dst, _), modes in sorted(by_run.items()):
+        if {"ready", "splash"} <= set(modes):
+            runs.setdefault(f"{src}->{dst}", []).append(
+                {k: modes["splash"][k] - modes["ready"][k] for k in PARTS})
+    return {k: {f"{part}_p50": percentile([r[part] for r in v], 50) for part in PARTS} | {"runs": len(v)}
+            for k, v in runs.items()}
+
+
+def _print_parts(parts: dict[str, dict]) -> None:
+    print(f"{'direction':10s} {'before':>8s} {'1st wait':>8s} {'waits':>8s} {'compute':>8s}")
+    for key, p in parts.items():
+        print(f"{key:10s} " + " ".join(f"{p[f'{part}_p50']:8.2f}" for part in PARTS))
+    print("SPLASH minus ready, p50 ms (rank 0): before the first layer (checks), the first layer's wait, "
+          "later layers' waits, computing (interference)")
 
 
 def _print_overheads(directions, targets, host) -> None:

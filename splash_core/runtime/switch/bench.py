@@ -19,7 +19,9 @@ step can be repeated: every repetition rewrites the same slots and the history s
   (§5.5, appendix F.2), a→b and b→a alternating so no run needs a reset. The first (warm-up) run
   of a pair plans its manifests (their host time is reported as ``plan_ms``); the timed runs
   reuse them, as a step whose switch the scheduler already planned to cost it. Each SPLASH
-  step's waits and the host time of its switch work (``SwitchReport.host_ms``) are kept too.
+  step's waits and the host time of its switch work (``SwitchReport.host_ms``) are kept too,
+  and each ready and SPLASH step's :func:`step_parts` (a :class:`~.layer_probe.LayerProbe`
+  around it), so the overhead splits into its causes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..step_batch import StepBatch, StepRequest
 from ..step_bench import kernels_for
 from ..weights import SeededWeights
 from .executor import SwitchExecutor
+from .layer_probe import LayerProbe
 from .modes import Mode
 from .planning import layer_plans
 
@@ -295,7 +298,8 @@ def switch_overhead(ctx, spec: dict) -> dict:
     fill(model, batch)
     tokens = _tokens(ctx, model, batch)
     pairs = [(a, b) for i, a in enumerate(LAYOUTS) for b in LAYOUTS[i + 1:]]
-    samples, skipped, plan_ms, exposed = [], [], {}, []
+    samples, skipped, plan_ms, exposed, parts = [], [], {}, [], []
+    probe = LayerProbe(model, ctx.streams)
     for a, b in pairs:
         executor.switch(batch, a)
         done = 0
@@ -308,8 +312,13 @@ def switch_overhead(ctx, spec: dict) -> dict:
             for mode in order:
                 for src, dst in ((a, b), (b, a)):
                     _quiet(ctx)
-                    _, report = executor.step(batch, tokens, dst, mode)
+                    with probe.attached():
+                        _, report = executor.step(batch, tokens, dst, mode)
                     times[(src, dst, mode)] = report.step_ms
+                    (probed,) = probe.take()
+                    if mode is not Mode.BLOCKING:
+                        parts.append({"src": str(src), "dst": str(dst), "mode": str(mode), "run": run,
+                                      **step_parts(report.step_ms, probed)})
                     key = f"{src}->{dst}"  # the warm-up run plans; timed runs reuse the plan
                     plan_ms[key] = max(plan_ms.get(key, 0.0), report.plan_ms)
                     if mode is Mode.SPLASH:
@@ -326,4 +335,14 @@ def switch_overhead(ctx, spec: dict) -> dict:
         _say(ctx, f"overhead {a}<->{b}: {done} runs")
     del executor, model
     release_memory(ctx)
-    return {"samples": samples, "skipped": skipped, "plan_ms": plan_ms, "exposed": exposed}
+    return {"samples": samples, "skipped": skipped, "plan_ms": plan_ms, "exposed": exposed, "parts": parts}
+
+
+def step_parts(step_ms: float, probed) -> dict[str, float]:
+    """A step's time in four parts (ms) that add up to it: before the first layer (a switch's
+    checks; the step's reservations and embedding), the first layer's wait for its state, the
+    later layers' waits, and computing (every layer, LM head included)."""
+    layers = probed.layers()
+    before = step_ms - probed.span_ms()
+    return {"before_first_ms": before, "first_wait_ms": layers["wait_ms"][0],
+            "later_waits_ms": float(sum(layers["wait_ms"][1:])), "compute_ms": float(sum(layers["compute_ms"]))}
