@@ -76,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
     p.add_argument("--budget-s", type=float, default=200.0, help="wall-clock budget of the whole run")
     p.add_argument("--primitives-only", action="store_true", help="phase 1 only (no overhead table)")
+    p.add_argument("--buffered-chunks", type=int, default=None,
+                   help="most collectives per layer's KV over transfer buffers (default: the mover's)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -95,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _spec(args, **more) -> dict:
     return dict(model=args.model, dtype=args.dtype, kernels=args.kernels, batch=args.batch, page_size=args.page_size,
-                rows=args.rows, seed=args.seed, initial="TP", **more)
+                rows=args.rows, seed=args.seed, initial="TP", buffered_chunks=args.buffered_chunks, **more)
 
 
 def _slowest(per_rank: list[list[dict]], fields) -> list[dict]:

@@ -39,6 +39,7 @@ from ..model import Model
 from ..step_batch import StepBatch, StepRequest
 from ..step_bench import kernels_for
 from ..weights import SeededWeights
+from . import pages_mover
 from .executor import SwitchExecutor
 from .layer_probe import LayerProbe
 from .modes import Mode
@@ -48,6 +49,12 @@ NETWORK_STATES = (State.WEIGHTS, State.KV)
 
 
 # ---- the workload ---------------------------------------------------------------------------
+
+def _chunking(spec: dict) -> None:
+    """``spec['buffered_chunks']`` (when set): most collectives per layer's KV over transfer buffers."""
+    if spec.get("buffered_chunks"):
+        pages_mover.MAX_CHUNKS_BUFFERED = int(spec["buffered_chunks"])
+
 
 def synthetic_batch(batch: int, context: int, rows: int, T: int, page_size: int) -> StepBatch:
     """``batch`` requests (owners round robin) feeding ``rows`` rows after ``context - rows`` tokens."""
@@ -216,6 +223,7 @@ def primitive_costs(ctx, spec: dict) -> dict:
     """Per-layer primitive costs at ``spec['context']`` and per-layer step times at each of
     ``spec['calibrate']`` contexts (model of ``spec['layers']`` layers, B = ``spec['batch']``)."""
     T, rows = ctx.world_size, spec["rows"]
+    _chunking(spec)
     contexts = sorted({spec["context"], *spec["calibrate"]})
     model = build(ctx, spec, spec["layers"], max(contexts))
     executor = SwitchExecutor(model, ctx)
@@ -292,6 +300,7 @@ def _layer_step_times(ctx, model, executor, spec, contexts) -> list[dict]:
 def switch_overhead(ctx, spec: dict) -> dict:
     """Matched runs of every direction at ``spec['context']`` with ``spec['layers']`` layers."""
     T = ctx.world_size
+    _chunking(spec)
     model = build(ctx, spec, spec["layers"], spec["context"])
     executor = SwitchExecutor(model, ctx)
     batch = synthetic_batch(spec["batch"], spec["context"], spec["rows"], T, spec["page_size"])
