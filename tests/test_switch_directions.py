@@ -18,7 +18,7 @@ import torch
 from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
-from splash_core.runtime.switch import Mode, SwitchExecutor
+from splash_core.runtime.switch import Mode, SwitchExecutor, pages_mover
 from splash_core.runtime.weights import SeededWeights
 
 from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
@@ -65,9 +65,7 @@ def _switch_runs(ctx, directions, modes):
 def _switch_batches(ctx, runs, chunk_bytes=None, buffered_chunks=None):
     """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
     pages travel in several collectives, as long histories do on accelerators), and
-    ``buffered_chunks`` caps them over transfer buffers (default: one per layer)."""
-    from splash_core.runtime.switch import pages_mover
-
+    ``buffered_chunks`` caps them over transfer buffers (default: the mover's)."""
     default, out = (pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED), {}
     pages_mover.CHUNK_BYTES = chunk_bytes or default[0]
     pages_mover.MAX_CHUNKS_BUFFERED = buffered_chunks or default[1]
@@ -171,8 +169,8 @@ def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
 
 def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
     """At T = 2 with transfer buffers every KV all-to-all goes as an all-gather in place (a rank
-    sends itself nothing, so the exchange is the same), packed straight into the buffer, one
-    collective per layer (the default over transfer buffers, small chunks or not), with the
+    sends itself nothing, so the exchange is the same), packed straight into the buffer, in at
+    most ``MAX_CHUNKS_BUFFERED`` collectives per layer (the default over transfer buffers), with the
     reference's tokens in every direction that moves KV by all-to-all (and one all-gather of KV
     beside them, and one of weights, which takes ordinary memory)."""
     a2a = [(s, d) for s, d in DIRECTIONS if Layout.CP in (s, d) and Layout.TP not in (s, d)]
@@ -181,4 +179,6 @@ def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_to_all"] == 0 and calls["into_buffers"] == calls["in_place"] > 0, (rank, calls)
-        assert len(allocated) == len(roles) and all(r.endswith(", 0)") for r in roles), (rank, roles)
+        chunks = {r.rsplit(", ", 1)[1] for r in roles}  # each chunk of a state has a buffer of its own
+        assert len(allocated) == len(roles) and chunks == {f"{k})" for k in range(pages_mover.MAX_CHUNKS_BUFFERED)}, \
+            (rank, roles)

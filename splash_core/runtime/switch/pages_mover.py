@@ -15,8 +15,9 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
   (send/receive splits per chunk). All-gather (into TP, where every rank sends all it holds to
   everyone): each rank's payload is padded to the largest one (padding rows repeat page 0,
   ignored on arrival) and cut into the same row ranges.
-- over transfer buffers (:meth:`TransferContext.gather_buffer`, which copy engines move): all
-  in one chunk, every all-gather in place (pages packed straight into this rank's slot), and
+- over transfer buffers (:meth:`TransferContext.gather_buffer`, which copy engines move): at
+  most ``MAX_CHUNKS_BUFFERED`` chunks, every all-gather in place (pages packed straight into
+  this rank's slot; each chunk a buffer of its own), and
   at T = 2 an all-to-all goes as such an all-gather too: a rank sends itself nothing, so the
   exchange is the same, and NCCL's copy engines take all-gathers but not uneven all-to-alls.
 - land (``finish``): per chunk, wait for its collectives, then one ``unpack`` per source slot
@@ -46,10 +47,14 @@ from .transfer import Pending, Transfer, TransferContext, byte_view
 KV, INDEXER = State.KV, State.INDEXER
 CHUNK_BYTES = 128 << 20  # per collective: large enough for full link bandwidth, few enough launches
 MAX_CHUNKS = 4
-# Over copy engines, a layer in one collective was faster than in 3-4 (2 x H200, 16 layers at
-# 64K: 1.2-19 ms less overhead per switch; bench/results/h200x2/switch_trace-6807ba4.json, and
-# switch_trace.json against switch_trace-d3249a2.json).
-MAX_CHUNKS_BUFFERED = 1
+# Over copy engines (2 x H200, same-run A/Bs in bench/results/h200x2/): a layer's transfer alone
+# reaches 0.79 / 0.72 of a bare collective in 1 chunk, 0.90 / 0.82 in 2, 0.93 / 0.87 in 4
+# (all-to-all / all-gather at 128K: primitive_costs-4a0663a-chunks1.json, primitive_costs.json,
+# -chunks4.json), because chunks overlap packing and unpacking with the transfer. A switch's
+# overhead at 64K and 128K was the same in 1, 2 or 4 within run-to-run noise
+# (switch_trace-4a0663a.json, switch_trace-f6fc5c9.json), after 4 had cost 1.2-19 ms more than
+# 1 at 64K in an earlier run (switch_trace-6807ba4.json). 2 is the fewest that meet 0.8.
+MAX_CHUNKS_BUFFERED = 2
 
 
 @dataclasses.dataclass(frozen=True)
