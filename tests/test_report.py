@@ -420,3 +420,20 @@ def test_transport_probe_summary_takes_the_slowest_rank_and_says_what_failed():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         with pytest.raises(SystemExit, match="needs 2 CUDA GPUs"):
             probe.main(["--out", "unused"])
+
+
+def test_switch_overhead_parts_table_splits_splash_overhead_by_cause():
+    from splash_core.report import switching
+    from splash_core.results import Result
+
+    summary, samples = examples()["switch_overhead"]
+    parts = {"CP->DOP": {"before_first_ms_p50": 0.5, "first_wait_ms_p50": 2.0, "later_waits_ms_p50": 0.25,
+                         "compute_ms_p50": 4.0, "runs": 3},
+             "TP->CP": {"before_first_ms_p50": 0.75, "first_wait_ms_p50": 1.0, "later_waits_ms_p50": 0.0,
+                        "compute_ms_p50": 0.5, "runs": 3}}
+    lines = switching.render(Result("x.json", {"summary": summary, "samples": samples, "splash_parts": parts}), None)
+    overhead, split = tables("\n".join(lines))
+    assert len(overhead) == 2
+    assert split == [["TP → CP", "0.75", "1.00", "0.00", "0.50", "2.25"],  # the paper's direction order
+                     ["CP → DOP", "0.50", "2.00", "0.25", "4.00", "6.75"]]
+    assert len(tables("\n".join(switching.render(Result("x.json", {"summary": summary, "samples": samples}), None)))) == 1

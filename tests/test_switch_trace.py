@@ -79,6 +79,7 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
     assert [r.split("|")[1:3] for r in rows] == [
         [" base ", " TP→CP "], [" base ", " CP→DOP "], [" noalign ", " TP→CP "], [" noalign ", " CP→DOP "]]
     assert all("logits = ready's" in r for r in rows)
+    assert all(r.split("|")[8].strip() not in ("", "-") for r in rows)  # the untraced layers were timed
 
 
 def test_layer_probe_wraps_the_step_and_times_each_boundary():

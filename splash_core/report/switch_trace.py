@@ -1,7 +1,9 @@
 """Switch trace (``switch_trace``): why a SPLASH step is longer than the target-ready one, per
 way of running the transfers (``bench/switch_trace.py``'s variants). Overheads are medians of
 the untraced runs; the compute stream's busy time comes from rank 0's profiler trace, so its
-growth says how much the transfers slowed the step's own kernels (the rest is waiting)."""
+growth says how much the transfers slowed the step's own kernels (the rest is waiting). Files
+from 7610ccd on also time every layer of the untraced steps (``layers``): the growth of rank
+0's computing there is the interference without a profiler's host overhead."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def render(result: Result, _ctx: Context) -> list[str]:
     lines = [f"Workload: {summary['workload']}. Per variant and direction: the target-ready and SPLASH steps "
              "(median of untraced runs, slowest rank), SPLASH's overhead, its waits on transfers, and how much "
              "longer the compute stream was busy in the SPLASH step than in the ready one (its kernels slowed by "
-             "the transfers running beside them).", ""]
+             "the transfers running beside them), traced and, from events at every layer, untraced.", ""]
     rows, seen, pending = [], {}, {}
     for s in samples:
         if "error" in s:
@@ -46,6 +48,12 @@ def render(result: Result, _ctx: Context) -> list[str]:
             busy_cell = "-"
             notes.append(f"ready trace disturbed ({ms(ready['step_ms'])} ms traced)")
         rows.append([label, f"{s['src']}→{s['dst']}", ms(r), ms(x), ms(x - r), ms(s["exposed_ms"]), busy_cell,
-                     "; ".join(notes)])
+                     _untraced_compute(ready, s), "; ".join(notes)])
     return lines + table(["variant", "direction", "ready ms", "SPLASH ms", "overhead ms", "waits ms",
-                          "compute busy +ms", "note"], rows, "llrrrrrl") + [""]
+                          "compute busy +ms", "untraced compute +ms", "note"], rows, "llrrrrrrl") + [""]
+
+
+def _untraced_compute(ready: dict, splash: dict) -> str:
+    """How much longer rank 0 computed in the untraced SPLASH steps than in the ready ones."""
+    totals = [(row.get("layers") or [{}])[0].get("totals") for row in (ready, splash)]
+    return "-" if None in totals else ms(totals[1]["compute_ms"] - totals[0]["compute_ms"])
