@@ -9,7 +9,8 @@ On the lent nvidia-h200-x2 machine::
 
 Writes ``<out>/<platform>/switch_trace.json`` (one row per variant, direction and mode: step
 time, waits on transfers, each rank's per-layer medians of its untraced steps, and
-:func:`splash_core.runtime.switch.device_trace.timeline`'s summary of rank 0's trace) and, with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
+:func:`splash_core.runtime.switch.device_trace.timeline`'s summary of rank 0's trace) and,
+with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
 ``--smoke`` runs the same code on tiny shapes (CPU, gloo: no device kernels to summarise).
 """
 
