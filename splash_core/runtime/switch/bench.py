@@ -50,10 +50,13 @@ NETWORK_STATES = (State.WEIGHTS, State.KV)
 
 # ---- the workload ---------------------------------------------------------------------------
 
+_DEFAULT_BUFFERED_CHUNKS = pages_mover.MAX_CHUNKS_BUFFERED
+
+
 def _chunking(spec: dict) -> None:
-    """``spec['buffered_chunks']`` (when set): most collectives per layer's KV over transfer buffers."""
-    if spec.get("buffered_chunks"):
-        pages_mover.MAX_CHUNKS_BUFFERED = int(spec["buffered_chunks"])
+    """Most collectives per layer's KV over transfer buffers: ``spec['buffered_chunks']``, or the
+    mover's default (reset, since a rank process outlives one benchmark)."""
+    pages_mover.MAX_CHUNKS_BUFFERED = int(spec.get("buffered_chunks") or _DEFAULT_BUFFERED_CHUNKS)
 
 
 def synthetic_batch(batch: int, context: int, rows: int, T: int, page_size: int) -> StepBatch:
