@@ -3,7 +3,9 @@
 #
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
-# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport ($SWITCH_BUDGET and
+# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
+# (the last two need one GPU only: the cuda backend's peer memory between two processes, and how
+# much page copies by kernels or by memcpy slow a step beside them) ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
@@ -20,7 +22,7 @@ ENGINE_BUDGET="${ENGINE_BUDGET:-170}"
 mkdir -p "$OUT" "$RES"
 cd "$(dirname "$0")/.."
 
-python3 -m pip install -q --no-deps --no-build-isolation .whl/*.whl \
+python3 -m pip install -q --no-deps --no-build-isolation $(ls .whl/*.whl 2>/dev/null) \
   -e . -e backends/cuda -e backends/hopper -e backends/dcu 2>&1 | grep -v WARN | tail -2
 
 section() {  # name, time limit (s), command...
@@ -60,6 +62,8 @@ for s in "${sections[@]}"; do
              --directions "${TRACE_DIRECTIONS:-TP-CP,CP-TP,CP-DOP}" --variants "${TRACE_VARIANTS:-base}" --timed-runs 5 ;;
     # NCCL's kernels vs copy engines for one layer's collectives, alone and beside matmuls
     transport) section transport 200 python3 bench/transport_probe.py --out "$RES/transport" --timeout-s 150 ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport)"; exit 2 ;;
+    peer) section peer 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_peer_memory.py ;;
+    interference) section interference 300 python3 bench/copy_interference.py --out "$RES/interference" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference)"; exit 2 ;;
   esac
 done

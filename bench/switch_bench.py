@@ -78,6 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--primitives-only", action="store_true", help="phase 1 only (no overhead table)")
     p.add_argument("--buffered-chunks", type=int, default=None,
                    help="most collectives per layer's KV over transfer buffers (default: the mover's)")
+    p.add_argument("--collectives", action="store_true",
+                   help="KV pages move by collectives (pack, all-gather / all-to-all, unpack), not pulled out of "
+                        "the peers' pools in peer memory")
+    p.add_argument("--no-defer", action="store_true",
+                   help="SPLASH moves the first layer first (it computes the step in the destination layout)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -97,7 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _spec(args, **more) -> dict:
     return dict(model=args.model, dtype=args.dtype, kernels=args.kernels, batch=args.batch, page_size=args.page_size,
-                rows=args.rows, seed=args.seed, initial="TP", buffered_chunks=args.buffered_chunks, **more)
+                rows=args.rows, seed=args.seed, initial="TP", buffered_chunks=args.buffered_chunks,
+                pulls=not args.collectives, defer_first=not args.no_defer, **more)
 
 
 def _slowest(per_rank: list[list[dict]], fields) -> list[dict]:
@@ -267,8 +273,11 @@ def run(args, pool) -> int:
     workload = f"B={args.batch}, {args.primitive_context // 1024}K context, one layer"
     data = results.make_result(
         benchmark="primitive_costs", samples=phase1["samples"], summary={"workload": workload, "costs": costs},
-        extra={"bare_collectives": bare, "skipped": phase1["skipped"], "step_calibration": phase1["steps"]},
-        notes=(f"per_layer_ms: device time of one layer's pack + collective + unpack on the side communicator "
+        extra={"bare_collectives": bare, "skipped": phase1["skipped"], "step_calibration": phase1["steps"],
+               "kv_pulls": per_rank[0]["pulls"]},
+        notes=(f"KV pages {_pages_how(args)}. "
+               f"per_layer_ms: device time of one layer's transfer on the side stream (pulls and the collective "
+               f"behind them, or pack + collective + unpack) "
                f"(the slowest rank; {args.gate_ms:g} ms of device work queued ahead so host bookkeeping is "
                f"excluded, as when the host runs ahead in a pipelined switch; host_ms in the samples includes it); "
                f"0 for a discard (no network). bare_collectives: the same bytes through a bare collective on the "
@@ -303,8 +312,8 @@ def run(args, pool) -> int:
                              f"{args.rows} rows per request", "directions": directions},
         extra={"targets": targets, "skipped": per_rank[0]["skipped"], "plan_ms": per_rank[0]["plan_ms"],
                "splash_exposed": per_rank[0]["exposed"], "splash_host": host, "splash_parts": parts,
-               "sizing": sizing, "layers": layers,
-               "context": context},
+               "sizing": sizing, "layers": layers, "context": context, "kv_pulls": per_rank[0]["pulls"],
+               "defer_first": not args.no_defer},
         notes=(f"one chunked-prefill step of {args.batch} requests x {args.rows} rows over {context - args.rows} "
                f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
                f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
@@ -312,12 +321,19 @@ def run(args, pool) -> int:
                f"host time of SPLASH's switch work (SwitchReport.host_ms) and of the step's waits on transfers. "
                f"splash_parts: per direction, p50 over timed runs of rank 0's SPLASH-minus-ready step time split "
                f"into before the first layer, the first layer's wait, later waits and computing (interference), "
-               f"from compute-stream events at every layer. "
+               f"from compute-stream events at every layer, and the wait after the last layer for the first moving "
+               f"layer where it moves after the step. KV pages {_pages_how(args)}; SPLASH "
+               f"{'moves the first layer first' if args.no_defer else 'computes the first moving layer in its source layout and moves it last'}. "
                f"kernels: {args.kernels}"), **common)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     _print_overheads(directions, targets, host)
     _print_parts(parts)
     return 0
+
+
+def _pages_how(args) -> str:
+    return ("moved by collectives" if args.collectives else
+            "pulled out of the peers' pools in peer memory where the backend has it (else by collectives)")
 
 
 def _print_primitives(costs, bare) -> None:
@@ -342,7 +358,7 @@ def splash_host_summary(per_rank: list[dict], warmup: int) -> dict[str, dict]:
             for k, v in runs.items()}
 
 
-PARTS = ("before_first_ms", "first_wait_ms", "later_waits_ms", "compute_ms")
+PARTS = ("before_first_ms", "first_wait_ms", "later_waits_ms", "compute_ms", "after_last_ms")
 
 
 def overhead_parts(parts: list[dict], warmup: int) -> dict[str, dict]:
@@ -357,17 +373,17 @@ def overhead_parts(parts: list[dict], warmup: int) -> dict[str, dict]:
     for (src, dst, _), modes in sorted(by_run.items()):
         if {"ready", "splash"} <= set(modes):
             runs.setdefault(f"{src}->{dst}", []).append(
-                {k: modes["splash"][k] - modes["ready"][k] for k in PARTS})
+                {k: modes["splash"].get(k, 0.0) - modes["ready"].get(k, 0.0) for k in PARTS})
     return {k: {f"{part}_p50": percentile([r[part] for r in v], 50) for part in PARTS} | {"runs": len(v)}
             for k, v in runs.items()}
 
 
 def _print_parts(parts: dict[str, dict]) -> None:
-    print(f"{'direction':10s} {'before':>8s} {'1st wait':>8s} {'waits':>8s} {'compute':>8s}")
+    print(f"{'direction':10s} {'before':>8s} {'1st wait':>8s} {'waits':>8s} {'compute':>8s} {'after':>8s}")
     for key, p in parts.items():
         print(f"{key:10s} " + " ".join(f"{p[f'{part}_p50']:8.2f}" for part in PARTS))
     print("SPLASH minus ready, p50 ms (rank 0): before the first layer (checks), the first layer's wait, "
-          "later layers' waits, computing (interference)")
+          "later layers' waits, computing (interference), the wait after the last layer (the layer moved last)")
 
 
 def _print_overheads(directions, targets, host) -> None:

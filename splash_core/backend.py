@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import plugins
-from .interfaces import BackendInfo, Collectives, KDAKernels, MLAKernels, StreamOps
+from .interfaces import BackendInfo, Collectives, KDAKernels, MLAKernels, PeerMemory, StreamOps
 
 
 class Backend:
@@ -57,6 +57,10 @@ class Backend:
 
     def collectives(self, group, device, side: bool = False) -> Collectives:
         return self._first("splash_make_collectives", group=group, device=device, side=side)
+
+    def peer_memory(self, collectives, device) -> PeerMemory | None:
+        """Memory the group's ranks read from each other, or None where the backend has none."""
+        return self._first_or_none("splash_peer_memory", collectives=collectives, device=device)
 
     def stream_ops(self, device) -> StreamOps:
         return self._first("splash_stream_ops", device=device)

@@ -99,6 +99,22 @@ def splash_make_collectives(group, device, side):
 
 
 @hookspec(firstresult=True)
+def splash_peer_memory(collectives, device):
+    """Memory the group's ranks read from each other directly, for KV pools that a switch pulls
+    pages out of, rank to rank, on copy engines (no packing kernels, staging buffers or
+    collectives carry the pages).
+
+    Called once per rank when a model allocates its KV pool, unless ``SPLASH_PEER_PULLS=0``.
+
+    :param collectives: host collectives of the group (``RankContext.host_collectives()``:
+        for exchanging handles; they never wait for the device).
+    :param device: the rank's ``torch.device``.
+    :returns: :class:`splash_core.interfaces.PeerMemory`, or None where this device has none
+        (switches then move pages by collectives). firstresult.
+    """
+
+
+@hookspec(firstresult=True)
 def splash_stream_ops(device):
     """Streams and events used to overlap a switch's transfers with compute.
 

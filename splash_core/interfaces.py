@@ -87,6 +87,42 @@ class StreamOps(Protocol):
         """Wait for all work on the device."""
 
 
+@runtime_checkable
+class PeerBuffers(Protocol):
+    """Every rank's shared buffer as this rank reads it (from :meth:`PeerMemory.share`)."""
+
+    def pull(self, peer: int, runs) -> None:
+        """Copy bytes of ``peer``'s buffer into this rank's: for each row ``(src, dst, nbytes)`` of
+        ``runs`` ([k, 3] int64 byte offsets), bytes ``[src, src + nbytes)`` of the peer's buffer
+        to ``[dst, dst + nbytes)`` of this rank's, asynchronously in the order of the current
+        stream, on copy engines where the device has them (a pull takes no processors from the
+        computation beside it). The peer's bytes must stay as they are until the pull is done:
+        work queued on the current stream after the pull (a collective, say) runs after it."""
+
+    def close(self) -> None:
+        """Unmap the peers' buffers (no pull may be in flight)."""
+
+
+@runtime_checkable
+class PeerMemory(Protocol):
+    """Memory the ranks of a group read from each other directly (one-sided): a switch then copies
+    KV pages from the pool of the rank that holds them into the pool of the rank that needs
+    them, with no staging buffers, packing kernels or collectives carrying the pages."""
+
+    def allocate(self, nbytes: int):
+        """A zero-filled uint8 tensor ``[nbytes]`` on this rank's device that :meth:`share` exposes."""
+
+    def share(self, buffer) -> PeerBuffers:
+        """Expose ``buffer`` (from :meth:`allocate`) to the group and map every peer's. A collective:
+        every rank calls it with a buffer of the same size. Raises
+        :class:`PeerMemoryError` on every rank when any rank cannot export its buffer; a rank
+        that cannot map a peer's raises on that rank only (the caller agrees on the outcome)."""
+
+
+class PeerMemoryError(RuntimeError):
+    """Peer memory could not be set up (the message names the rank and the cause)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MLAKernels:
     """Absorbed-MLA attention over a paged latent cache, plus merge and page packing.

@@ -14,6 +14,7 @@ from splash_core.profiles.loader import load
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_batch import StepBatch, StepRequest
+from splash_core.runtime.switch import Mode
 from splash_core.runtime.weights import SeededWeights
 
 PAGE, CHUNK, SEED = 16, 16, 7
@@ -96,6 +97,20 @@ def assert_matches(got: Served, want: Served, label: str, atol: float = 1e-4) ->
 
 
 # ---- rank-side checks ----------------------------------------------------------------------
+
+def planned_bytes(executor, dst, batch, mode, state) -> int:
+    """Bytes of ``state`` the group receives in the switch: the manifest of the histories before
+    the step, except that in splash the first layer moves its history after the step (it
+    computes the step in its source layout, then moves last)."""
+    manifest = executor.plan(dst, batch)
+    total = int(manifest.fetched_bytes(state).sum())
+    first = executor.model.layers[0].index
+    if Mode(mode) is Mode.SPLASH and executor.defer_first and state in manifest.layer(first).states:
+        (after,) = executor.plans(dst, batch, after_step=True, layers=(first,)).values()
+        total += int(after.layer(first).states[state].fetched_bytes.sum()
+                     - manifest.layer(first).states[state].fetched_bytes.sum())
+    return total
+
 
 def accounting_problems(model, batch: StepBatch, rank: int) -> list[str]:
     """Where this rank's state differs from its layers' layouts after ``batch``'s step: pages held

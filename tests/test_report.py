@@ -429,11 +429,11 @@ def test_switch_overhead_parts_table_splits_splash_overhead_by_cause():
     summary, samples = examples()["switch_overhead"]
     parts = {"CP->DOP": {"before_first_ms_p50": 0.5, "first_wait_ms_p50": 2.0, "later_waits_ms_p50": 0.25,
                          "compute_ms_p50": 4.0, "runs": 3},
-             "TP->CP": {"before_first_ms_p50": 0.75, "first_wait_ms_p50": 1.0, "later_waits_ms_p50": 0.0,
-                        "compute_ms_p50": 0.5, "runs": 3}}
+             "TP->CP": {"before_first_ms_p50": 0.75, "first_wait_ms_p50": 0.0, "later_waits_ms_p50": 1.0,
+                        "compute_ms_p50": 0.5, "after_last_ms_p50": 0.25, "runs": 3}}  # a file of a deferred layer
     lines = switching.render(Result("x.json", {"summary": summary, "samples": samples, "splash_parts": parts}), None)
     overhead, split = tables("\n".join(lines))
     assert len(overhead) == 2
-    assert split == [["TP → CP", "0.75", "1.00", "0.00", "0.50", "2.25"],  # the paper's direction order
-                     ["CP → DOP", "0.50", "2.00", "0.25", "4.00", "6.75"]]
+    assert split == [["TP → CP", "0.75", "0.00", "1.00", "0.50", "0.25", "2.50"],  # the paper's direction order
+                     ["CP → DOP", "0.50", "2.00", "0.25", "4.00", "0.00", "6.75"]]  # older files: nothing after
     assert len(tables("\n".join(switching.render(Result("x.json", {"summary": summary, "samples": samples}), None)))) == 1

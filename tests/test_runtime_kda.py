@@ -255,7 +255,7 @@ def _switch_requests(T: int):
 def _switch_runs(ctx, directions, mode):
     """On each rank: serve the scenario once per direction, switching every layer at step 4;
     check the state after every step."""
-    from switch_scenarios import serve
+    from switch_scenarios import planned_bytes, serve
 
     from splash_core.runtime.switch import SwitchExecutor
 
@@ -269,7 +269,7 @@ def _switch_runs(ctx, directions, mode):
             if k != SWITCH_AT:
                 logits = model.step(batch, tokens)
             else:
-                planned = executor.plan(dst, batch).fetched_bytes(State.RECURRENT).sum()
+                planned = planned_bytes(executor, dst, batch, mode, State.RECURRENT)
                 logits, report = executor.step(batch, tokens, dst, mode)
                 info.update(moved=report.summary()["bytes_group"].get("recurrent", 0), planned=int(planned),
                             layouts=[layer.layout for layer in model.layers])

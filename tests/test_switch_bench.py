@@ -34,19 +34,24 @@ def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
     assert crossing == PAIRS - {("TP", "DOP"), ("DP", "DOP")}  # the two pure discards
     parts = table["splash_parts"]  # SPLASH minus ready, split by cause, every direction
     assert set(parts) == {f"{a}->{b}" for a, b in PAIRS} and all(p["runs"] == args.runs for p in parts.values())
-    assert all(p["first_wait_ms_p50"] > 0 for p in parts.values())  # gloo's transfers block the host there
+    waits = ("first_wait_ms_p50", "later_waits_ms_p50", "after_last_ms_p50")
+    assert all(sum(p[w] for w in waits) > 0 for p in parts.values())  # gloo's transfers block the host there
+    # the first layer moves after the step where it crosses the network, so the step waits after its last layer
+    assert all((parts[f"{a}->{b}"]["after_last_ms_p50"] > 0) == ((a, b) in crossing) for a, b in PAIRS)
 
 
 def test_overhead_parts_add_up_to_the_overhead():
     bench = load_bench("switch_bench")
-    ready = {"before_first_ms": 1.0, "first_wait_ms": 0.0, "later_waits_ms": 0.0, "compute_ms": 10.0}
-    splash = {"before_first_ms": 1.5, "first_wait_ms": 2.0, "later_waits_ms": 0.25, "compute_ms": 11.0}
+    ready = {"before_first_ms": 1.0, "first_wait_ms": 0.0, "later_waits_ms": 0.0, "compute_ms": 10.0,
+             "after_last_ms": 0.0}
+    splash = {"before_first_ms": 1.5, "first_wait_ms": 2.0, "later_waits_ms": 0.25, "compute_ms": 11.0,
+              "after_last_ms": 0.5}
     rows = [{"src": "TP", "dst": "CP", "run": run, "mode": mode, **parts}
             for run in range(3) for mode, parts in (("ready", ready), ("splash", splash))]
     rows.append({"src": "TP", "dst": "CP", "run": 3, "mode": "ready", **ready})  # a run without its SPLASH step
     (key, got), = bench.overhead_parts(rows, warmup=1).items()
     assert key == "TP->CP" and got["runs"] == 2
-    assert [got[f"{p}_p50"] for p in bench.PARTS] == [0.5, 2.0, 0.25, 1.0]
+    assert [got[f"{p}_p50"] for p in bench.PARTS] == [0.5, 2.0, 0.25, 1.0, 0.5]
 
 
 def test_table_sizing_by_memory_then_time():

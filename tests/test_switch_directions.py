@@ -1,5 +1,7 @@
 """Every one of the 12 directed switches, taken mid-generation in each of the three modes, gives
-the tokens and logits of never switching (the single-process reference), on T = 2, 3, 4.
+the tokens and logits of never switching (the single-process reference), on T = 2, 3, 4, with
+pages pulled rank to rank out of shared pools (the reference backend's peer memory) and with
+pages moved by collectives (chunked, through transfer buffers, all-to-alls as all-gathers).
 
 The switching step (step 4) mixes everything a live switch must handle: a request in decode
 with a long history (37-token prompt), one in decode with a short one, one in the middle of its
@@ -21,7 +23,8 @@ from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor, pages_mover
 from splash_core.runtime.weights import SeededWeights
 
-from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
+from switch_scenarios import (MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, planned_bytes, prompt,
+                              reference, serve)
 
 SWITCH_AT = 4
 OWNERS = {2: [1, 1, 1, 1, 1], 3: [0, 2, 0, 2, 2], 4: [0, 3, 2, 3, 0]}  # rank 0, 1, 1 idle
@@ -33,25 +36,28 @@ def _requests(T: int) -> list[Req]:
             Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
 
 
-def _switch_runs(ctx, directions, modes):
-    """On each rank: for every (direction, mode) serve the scenario, switching at step 4."""
+def _switch_runs(ctx, directions, modes, pulls=True, defer_first=True):
+    """On each rank: for every (direction, mode) serve the scenario, switching at step 4; pages
+    pulled out of shared pools (``pulls``) or moved by collectives."""
     profile, T = load("model", MODEL), ctx.world_size
     out = {}
     for src, dst in directions:
         for mode in modes:
-            model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24, page_size=PAGE)
-            executor = SwitchExecutor(model, ctx)
+            model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24,
+                                       page_size=PAGE, peer_pulls=pulls)
+            executor = SwitchExecutor(model, ctx, defer_first=defer_first)
+            assert (executor.io.peers is not None) == pulls
             problems, info = [], {}
 
             def step(k, batch, tokens):
                 if k != SWITCH_AT:
                     logits = model.step(batch, tokens)
                 else:
-                    planned = executor.plan(dst, batch)
                     assert {int(i) for i in batch.ids} == {0, 2, 3, 4}, "the scenario's switching step"
+                    planned = {s: planned_bytes(executor, dst, batch, mode, s) for s in (State.KV, State.WEIGHTS)}
                     logits, report = executor.step(batch, tokens, dst, mode)
-                    info.update(report=report.summary(), planned_kv=int(planned.fetched_bytes(State.KV).sum()),
-                                planned_weights=int(planned.fetched_bytes(State.WEIGHTS).sum()),
+                    info.update(report=report.summary(), planned_kv=planned[State.KV],
+                                planned_weights=planned[State.WEIGHTS],
                                 layouts=[str(layer.layout) for layer in model.layers])
                 problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
                 return logits
@@ -62,16 +68,16 @@ def _switch_runs(ctx, directions, modes):
     return out
 
 
-def _switch_batches(ctx, runs, chunk_bytes=None, buffered_chunks=None):
+def _switch_batches(ctx, runs, chunk_bytes=None, buffered_chunks=None, pulls=True):
     """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
-    pages travel in several collectives, as long histories do on accelerators), and
-    ``buffered_chunks`` caps them over transfer buffers (default: the mover's)."""
+    pages travel in several collectives, as long histories do on accelerators: ``pulls`` off),
+    and ``buffered_chunks`` caps them over transfer buffers (default: the mover's)."""
     default, out = (pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED), {}
     pages_mover.CHUNK_BYTES = chunk_bytes or default[0]
     pages_mover.MAX_CHUNKS_BUFFERED = buffered_chunks or default[1]
     try:
         for directions, modes in runs:
-            out.update(_switch_runs(ctx, directions, modes))
+            out.update(_switch_runs(ctx, directions, modes, pulls))
     finally:
         pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED = default
     return out
@@ -102,17 +108,35 @@ def _check(results, ref, T):
             for rid, rows in r["served"].logits.items():  # all-gathered logits: bitwise the same everywhere
                 assert all(np.array_equal(a, b) for a, b in zip(rows, rank0[rid])), f"{label} rank {rank}"
         assert_matches(r["served"], ref, label)
-    for src, dst in {(s, d) for s, d, _ in results[0]}:  # the three modes compute the same step
-        runs = [results[0][(src, dst, m)]["served"] for m in Mode if (src, dst, m) in results[0]]
+    for src, dst in {(s, d) for s, d, _ in results[0]}:  # modes computing every layer in dst: the same step
+        runs = [results[0][(src, dst, m)]["served"] for m in Mode if (src, dst, m) in results[0]
+                and results[0][(src, dst, m)]["info"]["report"]["deferred_layer"] is None]
         for other in runs[1:]:
             for rid in runs[0].logits:
                 assert all(np.array_equal(a, b) for a, b in zip(runs[0].logits[rid], other.logits[rid])), \
                     f"T={T} {src}->{dst}: modes give different logits"
 
 
-def test_all_directions_and_modes_t2(rank_pools, references):
-    results = rank_pools(2).run(_switch_runs, DIRECTIONS, list(Mode))
+@pytest.mark.parametrize("pulls", [True, False], ids=["pulls", "collectives"])
+def test_all_directions_and_modes_t2(rank_pools, references, pulls):
+    results = rank_pools(2).run(_switch_runs, DIRECTIONS, list(Mode), pulls)
     _check(results, references[2], 2)
+    for (src, dst, mode), r in results[0].items():  # splash defers the first layer exactly where it moves state
+        deferred = r["info"]["report"]["deferred_layer"]
+        moves = any(layer["index"] == 0 and set(layer["primitives"].values()) != {"discard"}
+                    for layer in r["info"]["report"]["layers"])
+        assert deferred == (0 if mode is Mode.SPLASH and moves else None), (src, dst, mode, deferred)
+
+
+def test_splash_without_deferral_computes_the_ready_step_t2(rank_pools):
+    """With ``defer_first=False`` every layer of the SPLASH step computes in the destination
+    layout, so its logits are bitwise those of the ready step in every direction."""
+    results = rank_pools(2).run(_switch_runs, DIRECTIONS, [Mode.SPLASH, Mode.READY], True, False)
+    for src, dst in DIRECTIONS:
+        splash, ready = (results[0][(src, dst, m)] for m in (Mode.SPLASH, Mode.READY))
+        assert splash["info"]["report"]["deferred_layer"] is None
+        for rid, rows in splash["served"].logits.items():
+            assert all(np.array_equal(a, b) for a, b in zip(rows, ready["served"].logits[rid])), (src, dst, rid)
 
 
 @pytest.mark.parametrize("T, chunk_bytes", [(3, 3000), (4, None)])
@@ -122,18 +146,23 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     up to 4 chunks, the most there are (a page and its indexer keys are 3,584 bytes)."""
     modes = {(Layout.DOP, Layout.CP): list(Mode), (Layout.CP, Layout.TP): list(Mode)}
     runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
-    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes)
+    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes, None, chunk_bytes is None)
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None):
+def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
     (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated,
-    the roles held at the end, and how many all-gathers and all-to-alls they ran."""
+    the roles held at the end, and how many all-gathers, all-to-alls and all-reduces they ran."""
     from splash_core.collectives import DistCollectives, TransferBuffers
 
     class Counted(DistCollectives):
+        def all_reduce(self, *args, **kwargs):
+            calls["all_reduce"] += 1
+            return super().all_reduce(*args, **kwargs)
+
         def all_gather_into(self, out, inp, async_op=False):
+            calls["all_gather"] += 1
             if any(out.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() for b in buffers._held.values()):
                 calls["into_buffers"] += 1  # in place: the input is this rank's slot of the output
                 calls["in_place"] += inp.data_ptr() == out.data_ptr() + self.rank * inp.numel() * inp.element_size()
@@ -143,11 +172,13 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None):
             calls["all_to_all"] += 1
             return super().all_to_all(*args, **kwargs)
 
-    side, allocated, calls = ctx.side_collectives(), [], {"into_buffers": 0, "in_place": 0, "all_to_all": 0}
+    side, allocated = ctx.side_collectives(), []
+    calls = {"into_buffers": 0, "in_place": 0, "all_to_all": 0, "all_gather": 0, "all_reduce": 0}
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     try:
-        return _switch_batches(ctx, runs, chunk_bytes, buffered_chunks), allocated, [str(r) for r in buffers._held], calls
+        return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
+                [str(r) for r in buffers._held], calls)
     finally:
         ctx._side = side
 
@@ -182,3 +213,16 @@ def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
         chunks = {r.rsplit(", ", 1)[1] for r in roles}  # each chunk of a state has a buffer of its own
         assert len(allocated) == len(roles) and chunks == {f"{k})" for k in range(pages_mover.MAX_CHUNKS_BUFFERED)}, \
             (rank, roles)
+
+
+def test_pulled_pages_take_no_page_collectives_t3(rank_pools, references):
+    """With pages pulled, the directions that move only KV (weights replicated, or cut from
+    replicas) run no all-gather or all-to-all on the side communicator and make no transfer
+    buffer: per layer, only the one-element collectives around the pulls."""
+    kv_only = ((Layout.DP, Layout.TP), (Layout.CP, Layout.TP), (Layout.CP, Layout.DOP), (Layout.DP, Layout.CP))
+    out = rank_pools(3).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH, Mode.BLOCKING])], None, None, True)
+    _check([results for results, *_ in out], references[3], 3)
+    for rank, (_, allocated, roles, calls) in enumerate(out):
+        assert calls["all_gather"] == calls["all_to_all"] == 0 and not allocated and not roles, (rank, calls)
+        # per switch (8) and moving layer (3): one before the pulls, one behind them per state (KV, indexer keys)
+        assert calls["all_reduce"] == 8 * 3 * 3, (rank, calls)

@@ -62,10 +62,16 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
     for row in rows:  # the probed untraced steps: every layer of the smoke model, host always drained
         assert len(row["layers"]["compute_ms"]) == 2 and row["layers"]["drained"] == [3, 3]
     assert rows[1]["layers"]["totals"]["wait_ms"] > rows[0]["layers"]["totals"]["wait_ms"]
-    assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP"]) == 0
+    assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP", "--variants",
+                        "base,nodefer,nodefer+collectives"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
-    assert [(s["mode"]) for s in data["samples"]] == ["ready", "splash"]
-    assert data["samples"][1]["max_abs_diff_vs_ready"] == 0  # the moved state computes what the ready one does
+    assert [(s["variant"], s["mode"]) for s in data["samples"]] == [
+        (v, m) for v in ("base", "nodefer", "nodefer+collectives") for m in ("ready", "splash")]
+    base, nodefer, collectives = data["samples"][1::2]
+    # layer 0 computed the step in its source layout (CP), the rest as ready: equal up to reduction order
+    assert base["deferred_layer"] == 0 and base["max_abs_diff_vs_ready"] < 1e-4
+    for row, pulls in ((nodefer, True), (collectives, False)):  # the moved state computes what the ready one does
+        assert row["deferred_layer"] is None and row["max_abs_diff_vs_ready"] == 0 and row["pulls"] is pulls
 
 
 def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
@@ -78,7 +84,7 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
     rows = [line for line in lines if line.startswith("| base") or line.startswith("| noalign")]
     assert [r.split("|")[1:3] for r in rows] == [
         [" base ", " TP→CP "], [" base ", " CP→DOP "], [" noalign ", " TP→CP "], [" noalign ", " CP→DOP "]]
-    assert all("logits = ready's" in r for r in rows)
+    assert all("layer 0 moved after the step" in r and "logits" in r for r in rows)
     assert all(r.split("|")[8].strip() not in ("", "-") for r in rows)  # the untraced layers were timed
 
 

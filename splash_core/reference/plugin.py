@@ -44,6 +44,15 @@ def splash_make_collectives(group, device):
 
 
 @hookimpl
+def splash_peer_memory(collectives, device):
+    from . import peer_memory
+
+    if torch.device(device).type != "cpu" or not peer_memory.available():
+        return None  # host files serve host ranks only (an accelerator's backend brings its own)
+    return peer_memory.HostPeerMemory(collectives)
+
+
+@hookimpl
 def splash_stream_ops(device):
     return HostStreamOps()
 

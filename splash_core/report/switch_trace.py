@@ -43,6 +43,8 @@ def render(result: Result, _ctx: Context) -> list[str]:
         busy = s["timeline"].get("compute_busy_us", 0.0) - ready["timeline"].get("compute_busy_us", 0.0)
         diff = s.get("max_abs_diff_vs_ready")  # files before 0fb9a43 lack it
         notes = [] if diff is None else ["logits = ready's" if diff == 0 else f"logits differ by up to {diff:.3g}"]
+        if s.get("deferred_layer") is not None:  # computed the step in its source layout, so not bitwise ready's
+            notes.append(f"layer {s['deferred_layer']} moved after the step")
         busy_cell = ms(busy / 1e3)
         if ready["step_ms"] > 2 * r:  # a process's first profiled step can stall hundreds of ms in a collective
             busy_cell = "-"

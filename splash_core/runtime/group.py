@@ -12,10 +12,12 @@ import datetime
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..backend import Backend, get_backend
-from ..interfaces import Collectives, StreamOps
+from ..collectives import DistCollectives
+from ..interfaces import Collectives, PeerMemory, StreamOps
 
 
 @dataclasses.dataclass
@@ -32,6 +34,7 @@ class RankContext:
     streams: StreamOps
     timeout_s: float
     _side: Collectives | None = None
+    _host: Collectives | None = None
 
     def side_collectives(self) -> Collectives:
         """A second communicator over the same ranks, for transfers that overlap compute.
@@ -47,6 +50,29 @@ class RankContext:
             )
             self._side = self.backend.collectives(group, self.device, side=True)
         return self._side
+
+    def peer_memory(self) -> PeerMemory | None:
+        """The backend's peer memory, for KV pools that switches pull pages out of rank to rank
+        (:class:`~splash_core.interfaces.PeerMemory`); None for a single rank, where the backend
+        has none, or where ``SPLASH_PEER_PULLS=0`` keeps pages on collectives. Every rank must
+        call it at the same point (the first call makes the host collectives)."""
+        if self.world_size == 1 or os.environ.get("SPLASH_PEER_PULLS", "1") == "0":
+            return None
+        return self.backend.peer_memory(self.host_collectives(), self.device)
+
+    def host_collectives(self) -> Collectives:
+        """Collectives over the same ranks on host memory, for the small numbers a switch agrees
+        on before anything moves (page needs, page addresses): they never wait for the device,
+        so a switch's checks do not drain its queue. The main collectives where those already
+        run on the host; otherwise a gloo group, created collectively on first use."""
+        if self._host is None:
+            if getattr(self.device, "type", "cpu") == "cpu":
+                self._host = self.collectives
+            else:
+                group = dist.new_group(list(range(self.world_size)), backend="gloo",
+                                       timeout=datetime.timedelta(seconds=self.timeout_s))
+                self._host = DistCollectives(group, torch.device("cpu"))
+        return self._host
 
 
 def init_rank(

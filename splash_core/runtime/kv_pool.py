@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import ownership
-from ..layouts import Layout, Ownership
+from ..layouts import Layout, Ownership, State
 from .block_tables import BlockTables, PageKeys, PoolFullError
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
@@ -76,6 +76,18 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t
 
 
+_ALIGN = 512  # bytes: every page tensor in a shared buffer starts aligned for any dtype and copy engine
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // _ALIGN) * _ALIGN
+
+
+def _view(buffer: torch.Tensor, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    return buffer[offset: offset + nbytes].view(dtype).view(shape)
+
+
 def to_device(array: np.ndarray, device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
     """A small host array (indices, tables) as a tensor on ``device`` without stalling the host:
     off the host it is staged in pinned memory and copied asynchronously on the current stream
@@ -91,15 +103,27 @@ class LayerKV(BlockTables):
     """Pages of one MLA layer on this rank: the page tensors, and (inherited) their block tables
     and free list."""
 
-    def __init__(self, layer: int, num_pages: int, fmt: PageFormat, device):
+    def __init__(self, layer: int, num_pages: int, fmt: PageFormat, device, buffer: torch.Tensor | None = None,
+                 offset: int = 0):
+        """``buffer``/``offset``: the page tensors are views of a shared uint8 buffer (zero-filled)
+        from byte ``offset`` on, KV then indexer keys (:meth:`KVPool.layer_bytes` each), instead
+        of allocations of their own; :attr:`offsets` then says where each starts."""
         super().__init__(layer, num_pages)
         self.format = fmt
         self.device = device
+        kv_shape = (num_pages, fmt.page_size, fmt.kv_width)
+        idx_shape = (num_pages, fmt.page_size, fmt.indexer_width)
         # Zero-filled: kernels read whole pages and mask by position, so unwritten slots must
         # hold finite values (0 * NaN would poison the output).
-        self.kv = torch.zeros(num_pages, fmt.page_size, fmt.kv_width, dtype=fmt.kv_dtype, device=device)
-        self.indexer = (torch.zeros(num_pages, fmt.page_size, fmt.indexer_width, dtype=fmt.indexer_dtype,
-                                    device=device) if fmt.indexer_width else None)
+        if buffer is None:
+            self.offsets = None
+            self.kv = torch.zeros(kv_shape, dtype=fmt.kv_dtype, device=device)
+            self.indexer = torch.zeros(idx_shape, dtype=fmt.indexer_dtype, device=device) if fmt.indexer_width else None
+        else:
+            kv_bytes = num_pages * fmt.kv_page_bytes
+            self.offsets = {State.KV: offset, State.INDEXER: offset + _aligned(kv_bytes)}
+            self.kv = _view(buffer, offset, kv_shape, fmt.kv_dtype)
+            self.indexer = _view(buffer, self.offsets[State.INDEXER], idx_shape, fmt.indexer_dtype) if fmt.indexer_width else None
         self._cache: tuple[int, dict] | None = None  # (version, {request ids: tables})
 
     def nbytes(self) -> dict[str, int]:
@@ -180,11 +204,29 @@ class LayerKV(BlockTables):
 
 
 class KVPool:
-    """The :class:`LayerKV` of every MLA layer on this rank, each with ``pages_per_layer`` pages."""
+    """The :class:`LayerKV` of every MLA layer on this rank, each with ``pages_per_layer`` pages.
 
-    def __init__(self, layers, pages_per_layer: int, fmt: PageFormat, device):
+    With ``memory`` (a :class:`~splash_core.interfaces.PeerMemory`), every layer's pages live in
+    one buffer from it (:attr:`buffer`, laid out alike on every rank of a group with the same
+    pool), which a switch shares with the group so ranks pull pages from each other."""
+
+    def __init__(self, layers, pages_per_layer: int, fmt: PageFormat, device, memory=None):
         self.format = fmt
-        self.layers = {int(i): LayerKV(int(i), pages_per_layer, fmt, device) for i in layers}
+        layers = [int(i) for i in layers]
+        self.memory = memory if layers else None
+        self.buffer = None
+        if self.memory is None:
+            self.layers = {i: LayerKV(i, pages_per_layer, fmt, device) for i in layers}
+            return
+        per_layer = self.layer_bytes(pages_per_layer, fmt)
+        self.buffer = self.memory.allocate(per_layer * len(layers))
+        self.layers = {i: LayerKV(i, pages_per_layer, fmt, device, self.buffer, k * per_layer)
+                       for k, i in enumerate(layers)}
+
+    @staticmethod
+    def layer_bytes(pages_per_layer: int, fmt: PageFormat) -> int:
+        """Bytes one layer's pages take in a shared buffer (KV, then indexer keys, each aligned)."""
+        return _aligned(pages_per_layer * fmt.kv_page_bytes) + _aligned(pages_per_layer * fmt.indexer_page_bytes)
 
     def __getitem__(self, layer: int) -> LayerKV:
         try:

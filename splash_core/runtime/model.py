@@ -47,7 +47,9 @@ class Model:
     def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
                  profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
                  pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
-                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None):
+                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None):
+        """``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
+        from, so switches pull pages rank to rank (None: pages move by collectives)."""
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
         mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
@@ -70,7 +72,7 @@ class Model:
         fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype,
                          profile.indexer.head_dim if profile.indexer else 0,
                          _indexer_dtype(profile) if profile.indexer else torch.float32)
-        self.pool = KVPool(mla_layers, pages_per_layer, fmt, device)
+        self.pool = KVPool(mla_layers, pages_per_layer, fmt, device, memory=peer_memory)
         self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
         kda_math = KDAMath(profile) if kda_layers else None
         self.embed = get("model.embed_tokens.weight")
@@ -103,15 +105,19 @@ class Model:
 
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
-                     page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None) -> "Model":
+                     page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None,
+                     peer_pulls: bool = True) -> "Model":
         """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
-        for a model with KDA layers, KDA) kernels."""
+        for a model with KDA layers, KDA) kernels, and the KV pool in its peer memory
+        (``ctx.peer_memory()``), unless ``peer_pulls`` is False (then switches move pages by
+        collectives)."""
         count = profile.num_layers if num_layers is None else num_layers
         kda = ctx.backend.kda_kernels(ctx.device, dtype) if LayerKind.KDA in profile.layer_kinds[:count] else None
         return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
                    kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
-                   kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda)
+                   kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda,
+                   peer_memory=ctx.peer_memory() if peer_pulls else None)
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,

@@ -79,3 +79,40 @@ def side_communicator(ctx):
     ctx.collectives.all_reduce(main)
     work.wait()
     assert torch.equal(t, main) and t[0].item() == side.size, f"side all_reduce gave {t.tolist()}"
+
+
+def peer_memory(ctx) -> str:
+    """The backend's peer memory (if it has one): every rank pulls runs of bytes out of every
+    peer's shared buffer on a side stream, uneven and empty runs included, and gets exactly
+    those bytes; its own buffer is untouched where nothing was pulled into it."""
+    memory = ctx.peer_memory()
+    if memory is None:
+        return "none"
+    me, size, nbytes = ctx.rank, ctx.world_size, 1 << 16
+    buffer = memory.allocate(nbytes)
+    assert tuple(buffer.shape) == (nbytes,) and buffer.dtype == torch.uint8, "allocate gives uint8 [nbytes]"
+    assert buffer.device.type == torch.device(ctx.device).type and not buffer.any(), "allocate gives zeros"
+    pattern = lambda r: (torch.arange(nbytes, device=ctx.device) * (r + 3) + r) % 251  # noqa: E731
+    buffer.copy_(pattern(me).to(torch.uint8))
+    ctx.streams.synchronize()
+    peers = memory.share(buffer)  # every rank's buffer is written before any is shared
+    # from each peer s: three runs (one empty) out of region s of its buffer, which no rank pulls
+    # into, into region s of this one, which only s fills
+    region = nbytes // size
+    runs = {s: [(s * region + s * 97 % 1024, s * region, 300 + s), (s * region + 4000, s * region + 512, 0),
+                ((s + 1) * region - 1000, s * region + 1024, 1000)] for s in range(size) if s != me}
+    side, done = ctx.streams.new_stream(), ctx.streams.new_event()
+    with ctx.streams.use_stream(side):
+        for s, rows in runs.items():
+            peers.pull(s, rows)
+        done.record(side)
+    done.synchronize()
+    ctx.host_collectives().barrier()  # no rank changes its buffer while a peer may still pull
+    want = pattern(me).to(torch.uint8)
+    for s, rows in runs.items():
+        for src, dst, n in rows:
+            want[dst: dst + n] = pattern(s).to(torch.uint8)[src: src + n]
+    got = buffer.cpu()
+    assert torch.equal(got, want.cpu()), f"rank {me}: pulled bytes differ at {int((got != want.cpu()).nonzero()[0])}"
+    peers.close()
+    return "pulled"

@@ -33,3 +33,11 @@ def test_all_reduce_broadcast_and_objects(conformance_pool):
 
 def test_side_communicator(conformance_pool):
     conformance_pool().run(cases.side_communicator)
+
+
+def test_peer_memory_pulls_exact_bytes(conformance_pool):
+    """Only for a backend that answers ``splash_peer_memory`` on this device."""
+    outcome = conformance_pool().run(cases.peer_memory)
+    if outcome[0] == "none":
+        pytest.skip("the backend has no peer memory on this device (switches move pages by collectives)")
+    assert outcome == ["pulled"] * len(outcome)

@@ -53,6 +53,13 @@ def splash_stream_ops(device):
     return common.stream_ops(device)
 
 
+@hookimpl
+def splash_peer_memory(collectives, device):
+    from .peer_memory import CudaPeerMemory
+
+    return CudaPeerMemory(collectives, device)
+
+
 def kernel_config(device):
     return configs.config_for(detect.sm(device.index or 0), detect.processors(device), detect.shared_memory(device))
 

@@ -77,16 +77,19 @@ def fill(model: Model, batch: StepBatch) -> None:
             layer.kv.alloc(int(rid), held_pages(layer.layout, int(rid), int(owner), pages, model.rank, model.T))
 
 
-def build(ctx, spec: dict, layers: int, max_context: int, kernels=None) -> Model:
+def build(ctx, spec: dict, layers: int, max_context: int, kernels=None, pulls: bool | None = None) -> Model:
     """The model of ``spec`` with ``layers`` layers, pools big enough for TP at ``max_context``
-    (``kernels``: the MLA kernels to use instead of ``spec['kernels']``'s)."""
+    (``kernels``: the MLA kernels to use instead of ``spec['kernels']``'s), in the backend's
+    peer memory unless ``pulls`` (default ``spec['pulls']``, else True) is False."""
     profile, T = load("model", spec["model"]), ctx.world_size
     dtype = dtypes.torch_dtype(spec["dtype"])
     pages = spec["batch"] * int(ownership.pages_for(max_context, spec["page_size"])) + spec["batch"]
+    pulls = spec.get("pulls", True) if pulls is None else pulls
     model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
                   kernels=kernels or kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
                   source=SeededWeights(spec["seed"]), layouts=Layout(spec["initial"]), pages_per_layer=pages,
-                  page_size=spec["page_size"], dtype=dtype, num_layers=layers)
+                  page_size=spec["page_size"], dtype=dtype, num_layers=layers,
+                  peer_memory=ctx.peer_memory() if pulls else None)
     gen = torch.Generator(device=ctx.device).manual_seed(spec["seed"])
     for layer in model.paged_layers:
         layer.kv.kv.normal_(generator=gen)
@@ -261,9 +264,10 @@ def primitive_costs(ctx, spec: dict) -> dict:
                                         "bytes": int(t.received_bytes.get(state, 0)), "run": i - spec["warmup"]})
         _say(ctx, f"primitives from {src}: {len(samples)} samples")
     steps = _layer_step_times(ctx, model, executor, spec, contexts)
+    pulls = executor.io.peers is not None
     del executor, model
     release_memory(ctx)
-    return {"samples": samples, "skipped": skipped, "steps": steps}
+    return {"samples": samples, "skipped": skipped, "steps": steps, "pulls": pulls}
 
 
 def _layer_step_times(ctx, model, executor, spec, contexts) -> list[dict]:
@@ -305,7 +309,7 @@ def switch_overhead(ctx, spec: dict) -> dict:
     T = ctx.world_size
     _chunking(spec)
     model = build(ctx, spec, spec["layers"], spec["context"])
-    executor = SwitchExecutor(model, ctx)
+    executor = SwitchExecutor(model, ctx, defer_first=spec.get("defer_first", True))
     batch = synthetic_batch(spec["batch"], spec["context"], spec["rows"], T, spec["page_size"])
     fill(model, batch)
     tokens = _tokens(ctx, model, batch)
@@ -330,12 +334,13 @@ def switch_overhead(ctx, spec: dict) -> dict:
                     (probed,) = probe.take()
                     if mode is not Mode.BLOCKING:
                         parts.append({"src": str(src), "dst": str(dst), "mode": str(mode), "run": run,
-                                      **step_parts(report.step_ms, probed)})
+                                      **step_parts(report.step_ms, probed, _after_last_ms(report))})
                     key = f"{src}->{dst}"  # the warm-up run plans; timed runs reuse the plan
                     plan_ms[key] = max(plan_ms.get(key, 0.0), report.plan_ms)
                     if mode is Mode.SPLASH:
                         exposed.append({"src": str(src), "dst": str(dst), "exposed_ms": report.exposed_ms,
-                                        "first_layer_wait_ms": report.layers[0].wait_ms if report.layers else 0.0,
+                                        "first_layer_wait_ms": next((r.wait_ms for r in report.layers
+                                                                     if r.index != report.deferred_layer), 0.0),
                                         "host_ms": report.host_ms, "run": run})
             if run >= spec["warmup"]:
                 done += 1
@@ -345,16 +350,25 @@ def switch_overhead(ctx, spec: dict) -> dict:
                                     "blocking_ms": times[(src, dst, Mode.BLOCKING)],
                                     "splash_ms": times[(src, dst, Mode.SPLASH)]})
         _say(ctx, f"overhead {a}<->{b}: {done} runs")
+    pulls = executor.io.peers is not None
     del executor, model
     release_memory(ctx)
-    return {"samples": samples, "skipped": skipped, "plan_ms": plan_ms, "exposed": exposed, "parts": parts}
+    return {"samples": samples, "skipped": skipped, "plan_ms": plan_ms, "exposed": exposed, "parts": parts,
+            "pulls": pulls}
 
 
-def step_parts(step_ms: float, probed) -> dict[str, float]:
-    """A step's time in four parts (ms) that add up to it: before the first layer (a switch's
+def step_parts(step_ms: float, probed, after_last_ms: float = 0.0) -> dict[str, float]:
+    """A step's time in five parts (ms) that add up to it: before the first layer (a switch's
     checks; the step's reservations and embedding), the first layer's wait for its state, the
-    later layers' waits, and computing (every layer, LM head included)."""
+    later layers' waits, computing (every layer, LM head included), and the wait after the last
+    layer for a layer that moves after the step (``after_last_ms``)."""
     layers = probed.layers()
-    before = step_ms - probed.span_ms()
+    before = step_ms - probed.span_ms() - after_last_ms
     return {"before_first_ms": before, "first_wait_ms": layers["wait_ms"][0],
-            "later_waits_ms": float(sum(layers["wait_ms"][1:])), "compute_ms": float(sum(layers["compute_ms"]))}
+            "later_waits_ms": float(sum(layers["wait_ms"][1:])), "compute_ms": float(sum(layers["compute_ms"])),
+            "after_last_ms": after_last_ms}
+
+
+def _after_last_ms(report) -> float:
+    """How long the step waited after its last layer for the layer that moves after it."""
+    return next((r.wait_ms for r in report.layers if r.index == report.deferred_layer), 0.0)

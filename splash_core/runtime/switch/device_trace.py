@@ -22,7 +22,9 @@ under ``SPLASH_COPY_ENGINES=1``: copy-engine all-gathers, whatever the environme
 ``processors=N`` (attention kernels sized for N processors), ``chunks=N`` (a layer's pages in
 at most N collectives, with or without transfer buffers), ``noalign``
 (transfers start as soon as the side stream is free: ``SwitchExecutor(align_transfers=False)``),
-or several joined by ``+``.
+``nodefer`` (the first moving layer computes in the destination layout and moves first:
+``SwitchExecutor(defer_first=False)``), ``collectives`` (KV pages move by collectives, not
+pulls: the model's pool outside peer memory), or several joined by ``+``.
 Each step is also run ``timed_runs`` times without the profiler (``untraced_ms``), since
 profiling adds host time to every launch, under a :class:`~.layer_probe.LayerProbe`
 (``layers``: per layer, the medians of its waits, compute and host time, and how often the
@@ -149,13 +151,12 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     """Give the executor a side stream / communicator as ``variant`` says (accelerators only)."""
     parts = _parts(variant)
     executor.align_transfers = "noalign" not in parts
+    executor.defer_first = "nodefer" not in parts
     pages_mover.MAX_CHUNKS, pages_mover.MAX_CHUNKS_BUFFERED = (int(parts["chunks"]),) * 2 if "chunks" in parts \
         else _DEFAULT_CHUNKS
     if ctx.device.type == "cpu" or not ({"priority", "ncclpriority", "ctas", "ce"} & set(parts)):
         return
     import torch.distributed as dist
-
-    from ..switch.transfer import TransferContext
 
     copy_engines = "ce" in parts  # the backend's side communicator as SPLASH_COPY_ENGINES=1 makes it
     before = os.environ.get("SPLASH_COPY_ENGINES")
@@ -171,8 +172,7 @@ def _apply_variant(ctx, executor: SwitchExecutor, variant: str) -> None:
     side = ctx.streams.new_stream()
     if "priority" in parts:
         side = torch.cuda.Stream(device=ctx.device, priority=-1)  # torch clamps to the highest
-    executor._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
-                                   streams=ctx.streams, side_stream=side, kernels=executor.model.kernels)
+    executor.use_side(collectives, side)
 
 
 def _side_group(ctx, options, parts: dict):
@@ -212,7 +212,8 @@ def trace_switches(ctx, spec: dict) -> list[dict]:
     _traced(ctx, lambda: bench._quiet(ctx))  # the first profiled interval stalls (profiler set-up): not a step's
     for variant in spec["variants"]:
         kernels = _variant_kernels(ctx, spec, variant)
-        model = bench.build(ctx, spec, spec["layers"], spec["context"], kernels=kernels)
+        model = bench.build(ctx, spec, spec["layers"], spec["context"], kernels=kernels,
+                            pulls="collectives" not in _parts(variant))
         executor = SwitchExecutor(model, ctx)
         try:  # fails alike on every rank, before any collective, where torch lacks an option
             _apply_variant(ctx, executor, variant)
@@ -259,6 +260,8 @@ def _trace_direction(ctx, spec, variant, executor, model, batch, tokens, src, ds
         if mode is Mode.SPLASH:  # the state it moved computes what the ready state does
             row["max_abs_diff_vs_ready"] = float((logits[mode].float() - logits[Mode.READY].float())
                                                  .abs().max())
+            row["deferred_layer"] = report.deferred_layer  # computed in its source layout: not bitwise ready's
+            row["pulls"] = executor.io.peers is not None
         out.append(row)
         if trace and ctx.rank == 0 and spec.get("trace_dir") and variant == spec["variants"][0]:
             target = Path(spec["trace_dir"]) / f"trace-{src}-{dst}-{mode}.json.gz"

@@ -11,10 +11,12 @@ arguments, so every decision below is the same everywhere):
    :meth:`SwitchExecutor.plan` to cost it does not pay twice, and a layer's transfer does only
    that layer's own work (a few array operations on its block tables, one index copy to the
    device, its packs, collectives and unpacks; no host-device synchronisation).
-2. Check, before anything moves: Eq 5 against ``budget_bytes`` (if given), then one all-reduce
-   of every rank's page needs (pages arriving + the step's new pages) against its pools' free
-   pages, and of requests holding pages outside the batch. A failure raises
-   :class:`SwitchRefused` (or ValueError for stray requests) on every rank.
+2. Check, before anything moves: Eq 5 against ``budget_bytes`` (if given), then one host
+   all-reduce (``ctx.host_collectives()``: it never waits for the device) of every rank's page
+   needs (pages arriving + the step's new pages) against its pools' free pages, and of
+   requests holding pages outside the batch. A failure raises :class:`SwitchRefused` (or
+   ValueError for stray requests) on every rank. Then movers that need it agree on where
+   the state they pull lies (``agree``: one host collective).
 3. Move, layer by layer, each through the :class:`~.transfer.StateMover` of each of its states
    on a side stream over the side communicator (``ctx.side_collectives()``, async ops):
    ``splash`` starts layer i+1's transfer right before layer i computes (the side stream
@@ -25,14 +27,21 @@ arguments, so every decision below is the same everywhere):
    land every layer before the step. A layer lands by writing its destination copy, switching
    its layout, then retiring its source copy, so at most one layer is in transit and Eq 5
    holds throughout.
+
+   In ``splash`` the first moving layer has nothing before it to hide its transfer behind, so
+   (``defer_first``, unless it is the last layer or only discards) it computes the step in its source layout,
+   its new tokens reserved there, and moves last: its transfer, planned on the histories
+   *after* the step, starts right before the last layer computes and lands after the step.
 4. On a failure while moving (a collective error or timeout): the layer in transit is rolled
    back (what it allocated is freed, its source state untouched), the pages reserved for the
    step's new tokens are released, and :class:`SwitchFailed` names the layer and state. Earlier
    layers keep the destination layout, later ones the source: every history is intact and the
    model stays consistent (each layer holds exactly its own layout's state).
 
-The step's new tokens go straight to the destination layout (their pages are reserved there),
-so a request in its first prefill chunk has nothing to move.
+The step's new tokens go straight to the layout each layer computes the step in (their pages are
+reserved there), so a request in its first prefill chunk has nothing to move but in the
+deferred layer. A failure after the step computed (in the deferred layer's transfer) is
+handled as one during it: the step's new pages are released and the caller runs the step again.
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+import warnings
 from typing import Any
 
 import torch
 
-from ...layouts import Layout
+from ...layouts import Layout, Primitive
 from ...manifest import LayerPlan, Manifest, plan_switch
 from ..step_batch import StepBatch
 from .errors import SwitchFailed, SwitchRefused, TransferError
@@ -81,6 +91,8 @@ class _Switch:
     src: Layout | str
     order: tuple[int, ...]  # positions of the moving layers in the model
     plan_ms: float
+    deferred: int | None = None  # position of the layer that computes in its source layout, then moves
+    computes_in: tuple[Layout, ...] = ()  # per layer, the layout it computes the step in
     landed: list[_LayerMove] = dataclasses.field(default_factory=list)
     host_s: float = 0.0  # host time of the checks before anything moved (planning included)
     # by layer index: each mover with the plans of its states (shared by the layers of a kind)
@@ -100,13 +112,15 @@ class SwitchExecutor:
     timed wait blocks the host on accelerators, so leave it None there). ``movers``: the state
     movers (default :func:`default_movers`). ``fault``: a
     :class:`~.transfer.Fault` to inject (tests); may be set later as an attribute.
+    ``defer_first``: in ``splash``, the first moving layer computes the step in its source
+    layout and moves after the last one, unless it only discards (see the module docstring).
     """
 
     def __init__(self, model, ctx, *, budget_bytes: float | None = None, reserve_bytes: float = 0.0,
                  timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None,
-                 align_transfers: bool = True):
+                 align_transfers: bool = True, defer_first: bool = True):
         self.model, self.ctx = model, ctx
-        self.align_transfers = align_transfers
+        self.align_transfers, self.defer_first = align_transfers, defer_first
         self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
         self.timeout_s, self.fault = timeout_s, fault
         self.movers = default_movers() if movers is None else list(movers)
@@ -115,18 +129,21 @@ class SwitchExecutor:
 
     # ---- planning ---------------------------------------------------------------------
 
-    def plans(self, dst: Layout | str, batch: StepBatch) -> dict[Layout, Manifest]:
+    def plans(self, dst: Layout | str, batch: StepBatch, *, after_step: bool = False,
+              layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
         """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
-        layout among the layers not in ``dst`` (this rank's key arrays and the movers' routes
-        computed). The last few are cached by (destination, layer layouts, requests' ids, owners
-        and starts)."""
+        layout among the layers not in ``dst`` (or among ``layers``, by model index), of the
+        histories before the step (or ``after_step``), this rank's key arrays and the movers'
+        routes computed. The last few are cached by (destination, layer layouts, requests' ids,
+        owners, starts and, after the step, rows)."""
         dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
         key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
-               batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size)
+               batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size,
+               batch.rows.tobytes() if after_step else None, layers)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        manifests = plan_layers(self.model, dst, batch)
+        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers)
         layers = {layer.index: layer for layer in self.model.layers}
         for manifest in manifests.values():
             for lp in manifest.kinds().values():
@@ -219,12 +236,39 @@ class SwitchExecutor:
     def io(self) -> TransferContext:
         """The side communicator and stream (created on the first switch: a collective)."""
         if self._io is None:
-            ctx = self.ctx
-            self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device,
-                                       collectives=ctx.side_collectives(), streams=ctx.streams,
-                                       side_stream=ctx.streams.new_stream(), kernels=self.model.kernels)
+            self.use_side(self.ctx.side_collectives(), self.ctx.streams.new_stream())
         self._io.timeout_s, self._io.fault = self.timeout_s, self.fault
         return self._io
+
+    def use_side(self, collectives, side_stream) -> None:
+        """Move state over ``collectives`` on ``side_stream`` (instead of the rank's side
+        communicator and a new stream: benchmark variants). Collective: every rank, before
+        the first switch."""
+        ctx = self.ctx
+        host = ctx.host_collectives()
+        self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
+                                   streams=ctx.streams, side_stream=side_stream, kernels=self.model.kernels,
+                                   host=host, peers=self._share_pool(host))
+
+    def _share_pool(self, host):
+        """The group's KV pools shared for pulls, where the model allocated them in peer memory
+        and every rank could share and map them (agreed over ``host``); else None, with a
+        warning naming the cause, and pages move by collectives."""
+        pool = self.model.pool
+        if pool.buffer is None:
+            return None
+        try:
+            peers, error = pool.memory.share(pool.buffer), None
+        except Exception as exc:  # noqa: BLE001 - any rank's failure means collectives for everyone
+            peers, error = None, f"{type(exc).__name__}: {exc}"
+        errors = [(r, e) for r, e in enumerate(host.all_gather_object(error)) if e]
+        if errors:
+            if peers is not None:
+                peers.close()
+            warnings.warn(f"switches move KV pages by collectives: rank {errors[0][0]} could not share the KV pool "
+                          f"({errors[0][1]})")
+            return None
+        return peers
 
     def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
         t0 = time.perf_counter()
@@ -240,30 +284,57 @@ class SwitchExecutor:
         src = next(iter(before)) if len(before) == 1 else "mixed"
         order = tuple(pos for pos, layer in enumerate(m.layers) if layer.layout is not dst)
         if not order:
-            return _Switch(dst, src, (), 0.0)
-        _ = self.io  # every rank creates the side communicator here (the movers' routes depend on it)
+            return _Switch(dst, src, (), 0.0, computes_in=(dst,) * len(m.layers))
+        io = self.io  # every rank creates the side communicator here (the movers' routes depend on it)
+        computes_in = [dst] * len(m.layers)
         t0 = time.perf_counter()
         manifests = self.plans(dst, batch)
-        plan_ms = (time.perf_counter() - t0) * 1e3
         plans = layer_plans(manifests)
-        sw = _Switch(dst, src, order, plan_ms)
+        deferred = order[0] if self._defers(mode, order[0], plans[m.layers[order[0]].index]) else None
+        if deferred is not None:
+            layer = m.layers[deferred]
+            computes_in[deferred] = layer.layout
+            after = self.plans(dst, batch, after_step=True, layers=(layer.index,))
+            plans[layer.index] = layer_plans(after)[layer.index]
+        plan_ms = (time.perf_counter() - t0) * 1e3
+        sw = _Switch(dst, src, order, plan_ms, deferred, tuple(computes_in))
         per_kind: dict[int, tuple] = {}  # layers of a kind share one states mapping
         for lp in plans.values():
             if id(lp.states) not in per_kind:
                 per_kind[id(lp.states)] = self._assign(lp)
             sw.movers[lp.index] = per_kind[id(lp.states)]
         if self.budget_bytes is not None:
-            reason = budget_refusal(peak_bytes(m, dst, batch, manifests), self.budget_bytes, self.reserve_bytes)
+            peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
+            reason = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
             if reason:
                 raise self._refused(sw, mode, reason)
-        pools = check_pools(m, self.ctx.collectives, dst, batch, plans)
+        pools = check_pools(m, io.host, dst, batch, plans,
+                            {layer.index: layout for layer, layout in zip(m.layers, computes_in)})
         stray = pools.stray_error()
         if stray:
             raise ValueError(stray)
         reason = pools.refusal()
         if reason:
             raise self._refused(sw, mode, reason)
+        self._agree(sw)
         return sw
+
+    def _defers(self, mode: Mode, first: int, plan: LayerPlan) -> bool:
+        """Whether the first moving layer (position ``first``, plan ``plan``) computes the step in its
+        source layout and moves last: in ``splash``, where a later layer exists to hide its
+        transfer and it has one (a discard-only layer is ready at once)."""
+        return (mode is Mode.SPLASH and self.defer_first and first < len(self.model.layers) - 1
+                and any(p.primitive is not Primitive.DISCARD for p in plan.states.values()))
+
+    def _agree(self, sw: _Switch) -> None:
+        """Each mover that agrees on something before moving (``agree``) does, for every moving
+        layer but the deferred one (that one agrees when it starts, after the step wrote it)."""
+        layers = self.model.layers
+        for mover in self.movers:
+            agree = getattr(mover, "agree", None)
+            if agree is not None:
+                agree([(layers[pos], plans) for pos in sw.order if pos != sw.deferred
+                       for m, plans in sw.movers[layers[pos].index] if m is mover], self.io)
 
     def _assign(self, lp: LayerPlan) -> tuple[tuple[StateMover, dict], ...]:
         """Each mover that moves some of ``lp``'s states, with their plans."""
@@ -297,7 +368,8 @@ class SwitchExecutor:
 
     def _splash(self, sw: _Switch, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
         m = self.model
-        moving = set(sw.order)
+        last = len(m.layers) - 1
+        moving = set(sw.order) - {sw.deferred}
         next_moving, after = {}, None
         for pos in reversed(range(len(m.layers))):  # the first moving layer after each position
             next_moving[pos] = after
@@ -311,6 +383,8 @@ class SwitchExecutor:
             reserved = True  # Model.step reserved the step's pages before its first layer
             if pos in moving:
                 self._land(sw, flight.pop(pos, None) or self._start(sw, pos))
+            if pos == last and sw.deferred is not None:  # beside the last layer: the one nothing hid
+                flight[sw.deferred] = self._start(sw, sw.deferred)
             upcoming = next_moving[pos]  # its transfer overlaps this layer's computation
             if upcoming is not None and upcoming not in flight:
                 flight[upcoming] = self._start(sw, upcoming)
@@ -318,12 +392,15 @@ class SwitchExecutor:
         if sw.order:
             self._begin()
         try:
-            return m.step(batch, tokens, layouts=[sw.dst] * len(m.layers), before_layer=before_layer)
+            logits = m.step(batch, tokens, layouts=list(sw.computes_in), before_layer=before_layer)
+            if sw.deferred is not None:
+                self._land(sw, flight.pop(sw.deferred))
+            return logits
         except BaseException:
             for lm in flight.values():
                 self._rollback(lm)
             if reserved:
-                self._release_new_pages(batch, sw.dst)
+                self._release_new_pages(batch, sw.computes_in)
             raise
 
     def _start(self, sw: _Switch, pos: int) -> _LayerMove:
@@ -374,10 +451,10 @@ class SwitchExecutor:
             mover.rollback(t)
         lm.transfers = []
 
-    def _release_new_pages(self, batch: StepBatch, dst: Layout) -> None:
+    def _release_new_pages(self, batch: StepBatch, computes_in) -> None:
         m = self.model
         for layer in m.paged_layers:
-            for rid, pages in m.new_pages(batch, [dst] * len(m.layers))[layer.index]:
+            for rid, pages in m.new_pages(batch, list(computes_in))[layer.index]:
                 layer.kv.free(rid, pages)
 
     def _failed(self, sw: _Switch, exc: TransferError) -> SwitchFailed:
@@ -405,6 +482,7 @@ class SwitchExecutor:
                     group[name] = group.get(name, 0) + t.group_bytes.get(s, 0)
             layers.append(LayerReport(lm.layer.index, prims, got, ev["t_start"].elapsed_time(ev["t_done"]),
                                       ev["w0"].elapsed_time(ev["w1"]), lm.host_s * 1e3))
+        layers.sort(key=lambda r: r.index)
         if exposed is None:
             exposed_ms = float(sum(r.wait_ms for r in layers))
         elif isinstance(exposed, tuple):
@@ -412,5 +490,6 @@ class SwitchExecutor:
         else:
             exposed_ms = float(exposed)
         host_ms = 1e3 * (sw.host_s + sum(lm.host_s for lm in sw.landed))
+        deferred = self.model.layers[sw.deferred].index if sw.deferred is not None and sw.landed else None
         return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
-                            sw.plan_ms, host_ms=host_ms)
+                            sw.plan_ms, host_ms=host_ms, deferred_layer=deferred)

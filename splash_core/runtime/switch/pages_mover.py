@@ -27,7 +27,16 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
   the allocated ones.
 - discard: nothing moves; retire frees ``freed``.
 
-The step's new tokens never move: the executor reserves their pages in the destination layout.
+Where the group shares its KV pools (``io.peers``: the pools live in peer memory, see
+:mod:`.page_pulls`), pages are pulled instead: no route chunks, packs, collectives or
+unpacks; per layer, a one-element collective that every rank's side stream reaches, one copy per
+run of consecutive pages from each source, then per state a one-element collective that
+completes once every rank's pulls did. The executor first has
+every rank say where the pages it sends lie (:meth:`PagesMover.agree`, one host collective per
+switch); a layer it did not include does that itself when it starts.
+
+The step's new tokens never move: the executor reserves their pages in the layout the layer
+computes the step in.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ import torch
 from ...layouts import Layout, Primitive, State
 from ...manifest import StatePlan
 from ..block_tables import PageKeys
+from . import page_pulls
+from .page_pulls import PullRoute
 from .transfer import Pending, Transfer, TransferContext, byte_view
 
 KV, INDEXER = State.KV, State.INDEXER
@@ -91,9 +102,10 @@ class _Chunk:
 
 @dataclasses.dataclass
 class _Moving:
-    route: _Route
+    route: _Route | PullRoute
     chunks: list[_Chunk]
     allocated: bool = False  # pages were given to the arriving keys (until retire or rollback)
+    done: list[Pending] | None = None  # pulls: per state, a collective that completes once every rank's did
 
 
 class PagesMover:
@@ -103,11 +115,39 @@ class PagesMover:
 
     def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
+        self._places: dict[int, tuple[StatePlan, list]] = {}  # layer -> (plan, source pages per rank)
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
         """Build the route of ``plans`` for this rank now (planning time), so no layer pays for it."""
-        self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
+        if io is not None and _pulls(layer, io):
+            self._pull_route(plans[KV], rank, T)
+        else:
+            self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
+
+    def agree(self, items, io: TransferContext) -> None:
+        """Where the pages each rank sends lie in its pool, for every ``(layer, plans)`` of
+        ``items`` that moves by pulls (one host collective; nothing where none does). Every rank
+        calls it with the same layers. Replaces what an earlier switch agreed on."""
+        self._places = {}
+        self._agree([(layer, plans[KV]) for layer, plans in items
+                     if _pulls(layer, io) and plans[KV].primitive is not Primitive.DISCARD], io)
+
+    def _agree(self, items, io: TransferContext) -> None:
+        if not items:
+            return
+        routes = {layer.index: self._pull_route(plan, io.rank, io.T) for layer, plan in items}
+        mine = {layer.index: page_pulls.where_sent(layer.kv, routes[layer.index]) for layer, _ in items}
+        shared = io.host.all_gather_object(mine)
+        for layer, plan in items:
+            self._places[layer.index] = (plan, page_pulls.received_places(shared, layer.index, io.rank,
+                                                                          routes[layer.index]))
+
+    def _pull_route(self, plan: StatePlan, rank: int, T: int) -> PullRoute:
+        known = self._routes.setdefault(plan, {})
+        if (rank, T, "pull") not in known:
+            known[(rank, T, "pull")] = page_pulls.build_route(plan, rank, T)
+        return known[(rank, T, "pull")]
 
     def _route(self, plan: StatePlan, rank: int, T: int, page_bytes: int, *, buffered: bool) -> _Route:
         """The route of ``plan`` for this rank, chunked for pages of ``page_bytes`` (KV and
@@ -127,7 +167,9 @@ class PagesMover:
         if (INDEXER in plans) != (pool.indexer is not None):
             raise ValueError(f"layer {layer.index}: the plan and the pool disagree on indexer keys")
         fmt = pool.format
-        route = self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered)
+        pulls = _pulls(layer, io)
+        route = (self._pull_route(plan, io.rank, io.T) if pulls else
+                 self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered))
         page = {KV: fmt.kv_page_bytes, INDEXER: fmt.indexer_page_bytes}
         name = plan.primitive.value
         t = Transfer(layer, tuple(s for s, _ in tensors), {s: name for s, _ in tensors},
@@ -135,6 +177,9 @@ class PagesMover:
                      {s: route.group_pages * page[s] for s, _ in tensors})
         t.data = moving = _Moving(route, [])
         if route.primitive is Primitive.DISCARD:
+            return t
+        if pulls:
+            self._start_pulls(t, plan, [s for s, _ in tensors], page, io)
             return t
         payload = pool.lookup(route.sending)
         if route.send_rows > len(payload):  # all-gather padding: page 0, ignored on arrival
@@ -169,8 +214,38 @@ class PagesMover:
             raise
         return t
 
+    def _start_pulls(self, t: Transfer, plan: StatePlan, states, page: dict, io: TransferContext) -> None:
+        """Allocate the arriving pages; once every rank got here, pull each source's runs into
+        them; then issue, per state, the collective that completes once every rank's pulls did."""
+        layer, moving = t.layer, t.data
+        route: PullRoute = moving.route
+        known = self._places.pop(layer.index, None)
+        if known is None or known[0] is not plan:  # a layer the executor did not agree on (moving last)
+            self._agree([(layer, plan)], io)
+            known = self._places.pop(layer.index)
+        arriving = layer.kv.alloc_keys(route.arriving)
+        moving.allocated = True
+        try:
+            io.wait(io.rendezvous(layer=layer.index, state=KV))  # every source wrote its pages (see page_pulls)
+            first = 0
+            for source, (count, places) in enumerate(zip(route.from_each.tolist(), known[1])):
+                if not count:
+                    continue
+                pages = page_pulls.pull_runs(places, arriving[first: first + count])
+                first += count
+                for s in states:
+                    io.pull(source, page_pulls.byte_runs(pages, layer.kv.offsets[s], page[s]), layer=layer.index, state=s)
+            moving.done = [io.rendezvous(layer=layer.index, state=s) for s in states]
+        except BaseException:
+            self.rollback(t)
+            raise
+
     def finish(self, t: Transfer, io: TransferContext) -> None:
         moving: _Moving = t.data
+        if moving.done is not None:
+            for pending in moving.done:
+                io.wait(pending)
+            return
         caches = {KV: t.layer.kv.kv, INDEXER: t.layer.kv.indexer}
         for chunk in moving.chunks:  # unpacking chunk k overlaps chunk k+1's transfer
             for _, pending, _ in chunk.pendings:
@@ -189,7 +264,12 @@ class PagesMover:
         if moving.allocated:
             t.layer.kv.free_keys(moving.route.arriving)
             moving.allocated = False
-        moving.chunks = []
+        moving.chunks, moving.done = [], None
+
+
+def _pulls(layer, io: TransferContext) -> bool:
+    """Whether ``layer``'s pages move by pulls: the group shares its pools and this one is in it."""
+    return io.peers is not None and layer.kv.offsets is not None
 
 
 # ---- routes: the same cuts on every rank --------------------------------------------------------

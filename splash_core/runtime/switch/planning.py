@@ -4,7 +4,11 @@ and the checks that must pass before anything moves (paper §4.1 step 4, Eq 5).
 What moves is each request's history *before* the step (``start`` tokens): the step's own rows
 are written straight into the destination layout, so a request in its first prefill chunk
 (``start == 0``) has nothing to move, and a request that finished before the step is not in
-the batch (its pages must have been released).
+the batch (its pages must have been released). The one exception is a layer that computes the
+switching step in its source layout and moves after it (the executor's ``defer_first``): it
+moves its history *after* the step (``after_step``), the step's rows included.
+
+The checks gather their numbers over host collectives, so they never wait for the device.
 """
 
 from __future__ import annotations
@@ -17,23 +21,26 @@ import torch
 from ... import ownership
 from ...layouts import Layout, Ownership, State
 from ...manifest import LayerPlan, Manifest, plan_switch
-from ..kv_pool import to_device
 from ..step_batch import StepBatch
 
 
-def history_batch(batch: StepBatch) -> ownership.Batch:
-    """The batch as the planner sees it: each request's history before the step."""
+def history_batch(batch: StepBatch, after_step: bool = False) -> ownership.Batch:
+    """The batch as the planner sees it: each request's history before the step (or after it)."""
+    if after_step:
+        return batch.ownership_batch()
     return ownership.Batch(tuple(ownership.Request(int(i), int(s), int(o), int(q))
                                  for i, s, o, q in zip(batch.ids, batch.starts, batch.owners, batch.rows)))
 
 
-def plan_layers(model, dst: Layout, batch: StepBatch) -> dict[Layout, Manifest]:
-    """One manifest per source layout among the layers not yet in ``dst`` (usually one)."""
+def plan_layers(model, dst: Layout, batch: StepBatch, *, after_step: bool = False,
+                layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
+    """One manifest per source layout among the layers not yet in ``dst`` (usually one), or
+    among ``layers`` (model layer indices) of them; histories before the step, or ``after_step``."""
     groups: dict[Layout, list[int]] = {}
     for layer in model.layers:
-        if layer.layout is not dst:
+        if layer.layout is not dst and (layers is None or layer.index in layers):
             groups.setdefault(layer.layout, []).append(layer.index)
-    hist = history_batch(batch)
+    hist = history_batch(batch, after_step)
     return {src: plan_switch(src, dst, hist, model.profile, model.T, model.page_size, layers=idx)
             for src, idx in groups.items()}
 
@@ -44,14 +51,16 @@ def layer_plans(manifests: dict[Layout, Manifest]) -> dict[int, LayerPlan]:
 
 # ---- Eq 5 against a memory budget ------------------------------------------------------
 
-def peak_bytes(model, dst: Layout, batch: StepBatch, manifests: dict[Layout, Manifest]) -> np.ndarray:
+def peak_bytes(model, dst: Layout, batch: StepBatch, manifests: dict[Layout, Manifest],
+               plans: dict[int, LayerPlan] | None = None) -> np.ndarray:
     """Per rank, the most attention state held at any point of the switch: Eq 5's
     max(M(a), M(b)) + Δ_layer and the layer-by-layer sweep (earlier layers in the destination,
     later ones in the source, one in transit), as :attr:`Manifest.peak` for one source; layers
-    already in ``dst`` count with their destination footprint."""
-    if len(manifests) == 1 and sum(len(m.layers) for m in manifests.values()) == len(model.layers):
+    already in ``dst`` count with their destination footprint. ``plans``: the layer plans the
+    switch executes where they are not exactly ``manifests``' (a layer planned after the step)."""
+    if plans is None and len(manifests) == 1 and sum(len(m.layers) for m in manifests.values()) == len(model.layers):
         return next(iter(manifests.values())).peak
-    plans = layer_plans(manifests)
+    plans = layer_plans(manifests) if plans is None else plans
     hist, T = history_batch(batch), model.T
     src, dst_b, transit = [], [], []
     for layer in model.layers:
@@ -127,14 +136,19 @@ def new_pages_here(layout: Layout, batch: StepBatch, rank: int, T: int) -> int:
     return int((ownership.cp_rank_of_page(batch.ids[request], pages, T) == rank).sum())
 
 
-def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[int, LayerPlan]) -> PoolCheck:
-    """Gather every rank's page needs for the switching step (a collective on ``collectives``):
-    pages arriving in the moving layers plus, in every paged layer, the step's new pages; and
-    the pages held beyond the batch's histories (each layer's used pages against its layout's
-    share, in closed form; requests are named only when they differ)."""
+def check_pools(model, host, dst: Layout, batch: StepBatch, plans: dict[int, LayerPlan],
+                computes_in: dict[int, Layout] | None = None) -> PoolCheck:
+    """Gather every rank's page needs for the switching step (a collective on the host
+    collectives ``host``): pages arriving in the moving layers plus, in every paged layer, the
+    step's new pages, placed by the layout the layer computes the step in (``computes_in``:
+    layer index -> layout, default ``dst``); and the pages held beyond the batch's histories
+    (each layer's used pages against its layout's share, in closed form; requests are named
+    only when they differ)."""
     paged = model.paged_layers
     T, rank = model.T, model.rank
-    new = new_pages_here(dst, batch, rank, T)  # the same in every layer
+    computes_in = computes_in or {}
+    placed = {layout: new_pages_here(layout, batch, rank, T) for layout in {dst, *computes_in.values()}}
+    new = np.array([placed[computes_in.get(layer.index, dst)] for layer in paged], dtype=np.int64)
     hist = history_batch(batch)
     share = {layout: int(ownership.kv_pages_per_rank(layout, hist, T, model.page_size)[rank])
              for layout in {layer.layout for layer in paged}}
@@ -152,11 +166,11 @@ def check_pools(model, collectives, dst: Layout, batch: StepBatch, plans: dict[i
         ids = set(int(i) for i in batch.ids)
         local = tuple(sorted({rid for layer in paged for rid in layer.kv.requests} - ids))
     n = len(paged)
-    host = np.zeros(3 * T * n + T, dtype=np.int64)
-    host[: 3 * T * n].reshape(3, T, n)[:, rank] = np.stack([fetched + new, fetched, free])
-    host[3 * T * n + rank] = extra
-    table = to_device(host, model.device, torch.int64)
-    collectives.all_reduce(table)
-    table = table.cpu().numpy()
+    numbers = np.zeros(3 * T * n + T, dtype=np.int64)
+    numbers[: 3 * T * n].reshape(3, T, n)[:, rank] = np.stack([fetched + new, fetched, free])
+    numbers[3 * T * n + rank] = extra
+    table = torch.from_numpy(numbers)
+    host.all_reduce(table)
+    table = table.numpy()
     grid = table[: 3 * T * n].reshape(3, T, n)
     return PoolCheck(grid[0], grid[1], grid[2], table[3 * T * n:], tuple(layer.index for layer in paged), local)

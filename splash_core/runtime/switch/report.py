@@ -45,6 +45,8 @@ class SwitchReport:
       checks before anything moves (and planning) plus every layer's issuing and landing. Where
       the step's computation is bound by the host, this is what SPLASH adds to it.
     - ``refused``/``reason``: a refused switch changes nothing; ``reason`` has the numbers.
+    - ``deferred_layer``: the layer that computed the step in its source layout and moved after
+      it (``splash``: the first moving one), or None; its ``wait_ms`` comes after the last layer.
     """
 
     src: Layout | str
@@ -59,6 +61,7 @@ class SwitchReport:
     refused: bool = False
     reason: str = ""
     host_ms: float = 0.0
+    deferred_layer: int | None = None
 
     @property
     def moved(self) -> bool:

@@ -47,7 +47,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 import torch
 
-from ...interfaces import Collectives, StreamOps, Work
+from ...interfaces import Collectives, PeerBuffers, StreamOps, Work
 from ...layouts import Layout, State
 from ...manifest import StatePlan
 from ..kv_pool import to_device
@@ -90,11 +90,18 @@ class TransferContext:
     """Rank, side communicator, streams and kernels for the movers of one executor."""
 
     def __init__(self, *, rank: int, T: int, device, collectives: Collectives, streams: StreamOps,
-                 side_stream, kernels, timeout_s: float | None = None, fault: Fault | None = None):
+                 side_stream, kernels, timeout_s: float | None = None, fault: Fault | None = None,
+                 host: Collectives | None = None, peers: PeerBuffers | None = None):
+        """``host``: collectives on host memory, for what ranks agree on before moving (default:
+        ``collectives``); ``peers``: the group's shared KV pools, which pages are pulled out of
+        (None: pages move by collectives)."""
         self.rank, self.T, self.device = rank, T, device
         self.collectives, self.streams, self.side_stream = collectives, streams, side_stream
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
+        self.host = collectives if host is None else host
+        self.peers = peers
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
+        self._flags: dict[State, torch.Tensor] = {}  # per state: the tensor of its pulls' collective
 
     def gather_buffer(self, role, out_shape, dtype: torch.dtype, *, layer: int, state: State) -> torch.Tensor | None:
         """The receive tensor of an all-gather in place (rank r's slot, rows ``[r n, (r+1) n)`` of
@@ -145,6 +152,28 @@ class TransferContext:
     def all_to_all(self, out, inp, out_splits, in_splits, *, layer: int, state: State) -> Pending:
         return self._issue(layer, state, "all_to_all", lambda: self.collectives.all_to_all(
             out, inp, [int(s) for s in out_splits], [int(s) for s in in_splits], async_op=True))
+
+    def pull(self, source: int, runs: np.ndarray, *, layer: int, state: State) -> None:
+        """Pull byte ``runs`` ([k, 3]: source offset, offset here, bytes) out of ``source``'s shared
+        buffer into this rank's, on the current stream (:meth:`PeerBuffers.pull`); a pull that
+        cannot be issued raises :class:`TransferError` naming ``layer`` and ``state``. A hung rank
+        issues nothing."""
+        if self.hung:
+            return
+        try:
+            self.peers.pull(source, runs)
+        except Exception as exc:
+            raise TransferError(layer, state, "pull", f"from rank {source}: {type(exc).__name__}: {exc}") from exc
+
+    def rendezvous(self, *, layer: int, state: State) -> Pending:
+        """A one-element collective on the side communicator: it completes once every rank's side
+        stream got to it. Before pulls, so no rank reads a peer's pages before the peer's writes to
+        them (the step's, for a layer that moves after it); behind them, so no rank frees pages a
+        peer still reads. Failures, timeouts and injected faults surface in :meth:`wait`."""
+        if state not in self._flags:
+            self._flags[state] = torch.zeros(1, device=self.device)
+        flag = self._flags[state]
+        return self._issue(layer, state, "pull", lambda: self.collectives.all_reduce(flag, async_op=True))
 
     def wait(self, pending: Pending) -> None:
         """Make the current stream wait for the collective (the host too on host backends), or

@@ -1,0 +1,160 @@
+"""Peer memory over CUDA IPC (``splash_peer_memory``): a rank's KV pool is one ``cuMemAlloc``
+allocation, whose IPC handle the group exchanges over host collectives; every rank opens its
+peers' handles in its own context (peer access enabled lazily, as NCCL's P2P transport does),
+and a pull is one ``cuMemcpyDtoDAsync`` per run of pages on the current stream. A copy between
+two GPUs' memories is carried by a copy engine, so a switch's page traffic takes none of the
+processors the step computes on.
+
+The driver API is called through ctypes (``libcuda.so.1``, which every CUDA driver installs), so
+the backend needs no package beyond torch. The buffer is wrapped as a torch tensor through
+``__cuda_array_interface__`` and freed with it; it lives outside torch's caching allocator, whose
+blocks (and expandable segments) IPC cannot export whole.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from splash_core.interfaces import PeerMemoryError
+
+_LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]  # CUipcMemHandle
+
+
+class _Driver:
+    """The few driver calls peer memory makes, each checked."""
+
+    def __init__(self):
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise PeerMemoryError(f"CUDA driver library not loadable: {exc}") from exc
+        ptr, size = ctypes.c_uint64, ctypes.c_size_t
+        self._sig(lib, "cuMemAlloc_v2", [ctypes.POINTER(ptr), size])
+        self._sig(lib, "cuMemFree_v2", [ptr])
+        self._sig(lib, "cuMemsetD8_v2", [ptr, ctypes.c_ubyte, size])
+        self._sig(lib, "cuIpcGetMemHandle", [ctypes.POINTER(_IpcHandle), ptr])
+        self._sig(lib, "cuIpcOpenMemHandle_v2", [ctypes.POINTER(ptr), _IpcHandle, ctypes.c_uint])
+        self._sig(lib, "cuIpcCloseMemHandle", [ptr])
+        self._sig(lib, "cuMemcpyDtoDAsync_v2", [ptr, ptr, size, ctypes.c_void_p])
+        self._sig(lib, "cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
+        self.lib = lib
+
+    @staticmethod
+    def _sig(lib, name, argtypes) -> None:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+
+    def check(self, result: int, what: str) -> None:
+        if result != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorString(result, ctypes.byref(text))
+            raise PeerMemoryError(f"{what}: CUDA error {result} ({(text.value or b'?').decode()})")
+
+
+_DRIVER: _Driver | None = None
+
+
+def _driver() -> _Driver:
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = _Driver()
+    return _DRIVER
+
+
+class _Allocation:
+    """Device memory of ``cuMemAlloc``, seen by torch through the CUDA array interface and freed
+    when the last tensor on it goes."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        driver = _driver()
+        torch.zeros(1, device=device)  # the device's primary context, current on this thread
+        ptr = ctypes.c_uint64()
+        driver.check(driver.lib.cuMemAlloc_v2(ctypes.byref(ptr), max(nbytes, 1)), f"cuMemAlloc of {nbytes} bytes")
+        self.ptr, self.nbytes, self._driver = ptr.value, nbytes, driver
+        driver.check(driver.lib.cuMemsetD8_v2(self.ptr, 0, max(nbytes, 1)), "cuMemsetD8")
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                                         "version": 3, "strides": None}
+
+    def __del__(self):
+        if getattr(self, "ptr", None):
+            self._driver.lib.cuMemFree_v2(self.ptr)
+
+
+class CudaPeerBuffers:
+    """The group's buffers as this rank sees them: its own and every peer's, opened through IPC."""
+
+    def __init__(self, device: torch.device, mine: int, peers: list[int], keep):
+        self.device, self.mine, self.peers, self._keep = device, mine, peers, keep
+
+    def pull(self, peer: int, runs) -> None:
+        driver, base = _driver(), self.peers[peer]
+        stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        for src, dst, n in np.asarray(runs, dtype=np.int64).reshape(-1, 3).tolist():
+            if n:
+                driver.check(driver.lib.cuMemcpyDtoDAsync_v2(self.mine + dst, base + src, n, stream),
+                             f"copy of {n} bytes from rank {peer}")
+
+    def close(self) -> None:
+        driver = _driver()
+        for ptr in self.peers:
+            if ptr != self.mine:
+                driver.lib.cuIpcCloseMemHandle(ptr)
+        self.peers = []
+
+    def __del__(self):
+        if self.peers:
+            self.close()
+
+
+class CudaPeerMemory:
+    """:class:`splash_core.interfaces.PeerMemory` over CUDA IPC (see the module docstring)."""
+
+    def __init__(self, collectives, device):
+        self.collectives, self.device = collectives, torch.device(device)
+        self._allocations: dict[int, _Allocation] = {}
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        allocation = _Allocation(int(nbytes), self.device)
+        tensor = torch.as_tensor(allocation, device=self.device)
+        self._allocations[tensor.data_ptr()] = allocation
+        return tensor
+
+    def share(self, buffer: torch.Tensor) -> CudaPeerBuffers:
+        rank = self.collectives.rank
+        allocation = self._allocations.get(buffer.data_ptr())
+        handle, error = None, None
+        if allocation is None:
+            error = "its buffer was not allocated by this peer memory"
+        else:
+            raw = _IpcHandle()
+            try:
+                _driver().check(_driver().lib.cuIpcGetMemHandle(ctypes.byref(raw), allocation.ptr), "cuIpcGetMemHandle")
+                handle = bytes(raw.reserved)
+            except PeerMemoryError as exc:
+                error = str(exc)
+        shared = self.collectives.all_gather_object((handle, buffer.numel(), error))
+        failed = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(shared) if e]
+        sizes = {n for _, n, _ in shared}
+        if failed or len(sizes) != 1:
+            raise PeerMemoryError("; ".join(failed) or f"the ranks' buffers differ in size ({sorted(sizes)})")
+        driver, peers = _driver(), CudaPeerBuffers(self.device, allocation.ptr, [], allocation)
+        try:
+            for r, (peer_handle, _, _) in enumerate(shared):
+                if r == rank:
+                    peers.peers.append(allocation.ptr)
+                    continue
+                ptr = ctypes.c_uint64()
+                driver.check(driver.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _IpcHandle(peer_handle),
+                                                              _LAZY_ENABLE_PEER_ACCESS), f"opening rank {r}'s buffer")
+                peers.peers.append(ptr.value)
+        except PeerMemoryError:
+            peers.close()  # what this rank opened so far
+            raise
+        return peers

@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""How much a switch's page copies slow the step computing beside them, by how they copy: on one
+GPU, so it runs where only one is lent (``nvidia-h200``).
+
+One rank builds the switch benchmark's model (DeepSeek-V3 attention dims, B requests x ``--rows``
+query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and times its step
+(device events, p50 over ``--runs``) in turn:
+
+- ``alone``: the step and nothing else;
+- ``kernels``: beside each layer, on a side stream, what the collective path does to a layer's
+  pages on both ends of a transfer: the backend's pack kernel gathers ``--mib`` of pages into a
+  buffer and its unpack kernel writes them into other pages (2 reads and 2 writes per byte
+  moved, on processors);
+- ``memcpy``: the same pages copied straight into the other pages, one ``cudaMemcpyAsync``
+  per run of consecutive pages (a request's pages), as pulls out of a peer's pool do (1 read
+  and 1 write per byte; on this one GPU both sides of the copy are local memory).
+
+Side work starts when the compute stream reaches the layer (as the switch executor aligns a
+layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time
+alone is measured too (``copy_alone_ms``), and one profiled copy of each kind names what ran it
+(a kernel, or a copy engine's ``Memcpy DtoD``). Writes
+``<out>/<platform>/copy_interference.json`` (command, machine, date, raw samples).
+``--smoke`` runs the same code on tiny shapes on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from splash_core import results  # noqa: E402
+from splash_core.runtime import step_bench  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
+from splash_core.runtime.switch import bench  # noqa: E402
+
+MiB = 1 << 20
+VARIANTS = ("alone", "kernels", "memcpy")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results", help="results root; files go to <out>/<platform>/")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--platform", default=None, help="results folder (default: the backend's hardware profile)")
+    p.add_argument("--model", default="deepseek-v3")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--context", type=int, default=131072)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--mib", default="576,1152", help="MiB of pages copied beside each layer (comma-separated)")
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks this script's logic")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.backend, args.model, args.dtype, args.batch, args.context = "reference", "tiny-mla", "fp32", 4, 256
+        args.rows, args.page_size, args.layers, args.mib, args.runs = 4, 16, 2, "0.05", 2
+        args.platform = args.platform or "cpu"
+    args.mib = [float(m) for m in str(args.mib).split(",")]
+    return args
+
+
+def _spec(args) -> dict:
+    return dict(model=args.model, dtype=args.dtype, kernels="backend", batch=args.batch, page_size=args.page_size,
+                rows=args.rows, seed=0, initial="TP", pulls=False)
+
+
+def _copier(ctx, model, nbytes: int, how: str):
+    """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
+    by the pack and unpack kernels or by one memcpy per request's run of pages."""
+    layer0 = model.paged_layers[0]
+    page_bytes = layer0.kv.format.kv_page_bytes
+    pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 2))
+    per_request = max(1, pages // 16)
+    runs = [(i * per_request, min(per_request, pages - i * per_request)) for i in range(-(-pages // per_request))]
+    src = torch.arange(pages, device=ctx.device, dtype=torch.int32)
+    dst = src + layer0.kv.num_pages - pages  # the last pages: never the history's first ones
+    kernels = model.kernels
+    buffer = torch.empty((pages, *layer0.kv.kv.shape[1:]), dtype=layer0.kv.kv.dtype, device=ctx.device)
+
+    def copy(layer) -> None:
+        cache = layer.kv.kv
+        if how == "kernels":
+            kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
+        else:
+            for first, n in runs:
+                cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
+                    cache[first: first + n])
+
+    return copy, pages * page_bytes, len(runs)
+
+
+def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int) -> dict:
+    model = bench.build(ctx, spec, layers, context)
+    batch = bench.synthetic_batch(spec["batch"], context, spec["rows"], 1, spec["page_size"])
+    bench.fill(model, batch)
+    tokens = bench._tokens(ctx, model, batch)
+    streams, side = ctx.streams, ctx.streams.new_stream()
+
+    def step(copy) -> float:
+        def beside(i: int) -> None:
+            if copy is None:
+                return
+            reached = streams.new_event()
+            reached.record()
+            reached.wait(side)
+            with streams.use_stream(side):
+                copy(model.layers[i])
+            done = streams.new_event()
+            done.record(side)
+            done.wait()  # the step ends only once its copies did
+
+        streams.synchronize()
+        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+        start.record()
+        model.step(batch, tokens, before_layer=beside)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def alone(copy) -> float:
+        streams.synchronize()
+        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+        start.record()
+        copy(model.layers[0])
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    copiers = {(how, mib): _copier(ctx, model, int(mib * MiB), how) for mib in sizes for how in VARIANTS[1:]}
+    for _ in range(2):  # warm every kernel and the allocator
+        step(None)
+        for copy, _, _ in copiers.values():
+            step(copy)
+    samples = []
+    for run in range(runs):  # interleaved, so drift (clocks, heat) hits every variant alike
+        samples.append({"variant": "alone", "mib": 0.0, "run": run, "step_ms": step(None), "copy_alone_ms": 0.0,
+                        "bytes_per_layer": 0, "copies_per_layer": 0})
+        for (how, mib), (copy, nbytes, count) in copiers.items():
+            samples.append({"variant": how, "mib": mib, "run": run, "step_ms": step(copy),
+                            "copy_alone_ms": alone(copy), "bytes_per_layer": int(nbytes),
+                            "copies_per_layer": 2 if how == "kernels" else count})
+    return {"samples": samples, "ran": _what_runs(ctx, model, copiers)}
+
+
+def _what_runs(ctx, model, copiers) -> dict:
+    """Per copy kind, the device activities one copy showed in the profiler (accelerators only)."""
+    if ctx.device.type == "cpu":
+        return {}
+    out = {}
+    for (how, _), (copy, _, _) in list(copiers.items())[:2]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            copy(model.layers[0])
+            torch.cuda.synchronize()
+        out[how] = sorted({e.name[:60] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    return out
+
+
+def summarize(samples: list[dict], layers: int) -> list[dict]:
+    base = statistics.median(s["step_ms"] for s in samples if s["variant"] == "alone")
+    rows = []
+    for how, mib in sorted({(s["variant"], s["mib"]) for s in samples if s["variant"] != "alone"}):
+        mine = [s for s in samples if (s["variant"], s["mib"]) == (how, mib)]
+        step = statistics.median(s["step_ms"] for s in mine)
+        gib = mine[0]["bytes_per_layer"] * layers / (1 << 30)
+        rows.append({"variant": how, "mib_per_layer": mib, "step_alone_ms": base, "step_ms": step,
+                     "slowdown_ms": step - base, "slowdown_pct": (step / base - 1) * 100,
+                     "slowdown_ms_per_gib": (step - base) / gib if gib else 0.0,
+                     "copy_alone_ms": statistics.median(s["copy_alone_ms"] for s in mine),
+                     "copies_per_layer": mine[0]["copies_per_layer"]})
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.time()
+    with RankPool(1, backend=args.backend, timeout_s=600) as pool:
+        info = pool.run(step_bench.describe_rank)[0]
+        if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
+            raise SystemExit("no accelerator backend found: pass --backend reference or --smoke to run on the CPU")
+        out = pool.run(measure, _spec(args), args.layers, args.context, args.mib, args.runs)[0]
+    rows = summarize(out["samples"], args.layers)
+    platform = args.platform or ("cpu" if info["device"] == "cpu" else info["profile"] or "gpu")
+    data = results.make_result(
+        benchmark="copy_interference", platform=platform, backend=info["backend"], model=args.model, T=1,
+        dtype=args.dtype, samples=out["samples"],
+        summary={"workload": f"B={args.batch}, {args.context // 1024}K context, {args.layers} layers, prefill chunk "
+                             f"of {args.rows} rows per request, T = 1", "rows": rows},
+        extra={"ran": out["ran"]},
+        notes="step_ms: device time of one step, copies beside every layer on a side stream started when the "
+              "compute stream reached the layer and waited for before the step ends; kernels: the backend's "
+              "pack + unpack of the pages (what the collective path does on both ends); memcpy: one "
+              "cudaMemcpyAsync per request's run of pages (what a pull does), here within one GPU's memory; "
+              "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs.")
+    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)")
+    print(f"{'variant':8s} {'MiB':>7s} {'step ms':>9s} {'+ms':>8s} {'+%':>6s} {'ms/GiB':>7s} {'copy ms':>8s}")
+    for r in rows:
+        print(f"{r['variant']:8s} {r['mib_per_layer']:7.0f} {r['step_ms']:9.2f} {r['slowdown_ms']:8.2f} "
+              f"{r['slowdown_pct']:6.2f} {r['slowdown_ms_per_gib']:7.3f} {r['copy_alone_ms']:8.3f}")
+    print(f"alone: {rows[0]['step_alone_ms']:.2f} ms; ran: {out['ran']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
