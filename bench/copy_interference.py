@@ -12,8 +12,11 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
   buffer and its unpack kernel writes them into other pages (2 reads and 2 writes per byte
   moved, on processors);
 - ``memcpy``: the same pages copied straight into the other pages, one ``cudaMemcpyAsync``
-  per run of consecutive pages (a request's pages), as pulls out of a peer's pool do (1 read
-  and 1 write per byte; on this one GPU both sides of the copy are local memory).
+  per run of consecutive pages (a request's pages; torch's ``copy_``), as pulls out of a peer's
+  pool do (1 read and 1 write per byte; on this one GPU both sides of the copy are local memory);
+- ``pull``: the same runs through the backend's peer memory (the pool is allocated in it and
+  shared with the group of one, so the peer is this rank itself): exactly the calls a switch's
+  pulls make (on CUDA, ``cuMemcpyDtoDAsync`` through ctypes).
 
 Side work starts when the compute stream reaches the layer (as the switch executor aligns a
 layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time
@@ -33,16 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from splash_core import results  # noqa: E402
+from splash_core.layouts import State  # noqa: E402
 from splash_core.runtime import step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_core.runtime.switch import bench  # noqa: E402
 
 MiB = 1 << 20
-VARIANTS = ("alone", "kernels", "memcpy")
+VARIANTS = ("alone", "kernels", "memcpy", "pull")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,9 +77,10 @@ def _spec(args) -> dict:
                 rows=args.rows, seed=0, initial="TP", pulls=False)
 
 
-def _copier(ctx, model, nbytes: int, how: str):
+def _copier(ctx, model, nbytes: int, how: str, peers):
     """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
-    by the pack and unpack kernels or by one memcpy per request's run of pages."""
+    by the pack and unpack kernels, or by one memcpy per request's run of pages (torch's, or a
+    pull through ``peers``, this rank's own shared pool)."""
     layer0 = model.paged_layers[0]
     page_bytes = layer0.kv.format.kv_page_bytes
     pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 2))
@@ -91,6 +95,10 @@ def _copier(ctx, model, nbytes: int, how: str):
         cache = layer.kv.kv
         if how == "kernels":
             kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
+        elif how == "pull":
+            base, last = layer.kv.offsets[State.KV], layer.kv.num_pages - pages
+            peers.pull(0, [(base + first * page_bytes, base + (last + first) * page_bytes, n * page_bytes)
+                           for first, n in runs])
         else:
             for first, n in runs:
                 cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
@@ -100,7 +108,9 @@ def _copier(ctx, model, nbytes: int, how: str):
 
 
 def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int) -> dict:
-    model = bench.build(ctx, spec, layers, context)
+    memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant
+    model = bench.build(ctx, spec, layers, context, peer_memory=memory)
+    peers = model.pool.memory.share(model.pool.buffer)
     batch = bench.synthetic_batch(spec["batch"], context, spec["rows"], 1, spec["page_size"])
     bench.fill(model, batch)
     tokens = bench._tokens(ctx, model, batch)
@@ -136,7 +146,7 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
         end.synchronize()
         return start.elapsed_time(end)
 
-    copiers = {(how, mib): _copier(ctx, model, int(mib * MiB), how) for mib in sizes for how in VARIANTS[1:]}
+    copiers = {(how, mib): _copier(ctx, model, int(mib * MiB), how, peers) for mib in sizes for how in VARIANTS[1:]}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
         for copy, _, _ in copiers.values():
@@ -157,7 +167,7 @@ def _what_runs(ctx, model, copiers) -> dict:
     if ctx.device.type == "cpu":
         return {}
     out = {}
-    for (how, _), (copy, _, _) in list(copiers.items())[:2]:
+    for (how, _), (copy, _, _) in list(copiers.items())[: len(VARIANTS) - 1]:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             copy(model.layers[0])
             torch.cuda.synchronize()
@@ -200,6 +210,7 @@ def main(argv=None) -> int:
               "compute stream reached the layer and waited for before the step ends; kernels: the backend's "
               "pack + unpack of the pages (what the collective path does on both ends); memcpy: one "
               "cudaMemcpyAsync per request's run of pages (what a pull does), here within one GPU's memory; "
+              "pull: the same runs through the backend's peer memory (the pool shared with itself); "
               "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs.")
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)")
     print(f"{'variant':8s} {'MiB':>7s} {'step ms':>9s} {'+ms':>8s} {'+%':>6s} {'ms/GiB':>7s} {'copy ms':>8s}")

@@ -97,3 +97,15 @@ def test_host_profile_writes_valid_results(rank_pools, tmp_path):
     assert rows[("CP", "TP")]["data_p50_ms"] > 0 and rows[("TP", "DOP")]["data_p50_ms"] == 0  # a discard moves nothing
     assert all(r["switch_host_p50_ms"] >= r["prepare_p50_ms"] > 0 for r in rows.values())
     assert "pages_mover.py" in data["profile"]  # the executor's own calls, under cProfile
+
+
+def test_copy_interference_smoke_writes_every_variant(tmp_path):
+    """The one-GPU interference probe's logic on the CPU: a row per copy kind and size, every
+    copy kind's step timed beside the same pages."""
+    script = load_bench("copy_interference")
+    assert script.main(["--smoke", "--out", str(tmp_path)]) == 0
+    data = results.read_result(tmp_path / "cpu" / "copy_interference.json")
+    rows = data["summary"]["rows"]
+    assert [r["variant"] for r in rows] == ["kernels", "memcpy", "pull"]
+    assert len({r["step_alone_ms"] for r in rows}) == 1 and all(r["copy_alone_ms"] > 0 for r in rows)
+    assert {s["variant"] for s in data["samples"]} == {"alone", "kernels", "memcpy", "pull"}

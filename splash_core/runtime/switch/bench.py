@@ -77,19 +77,20 @@ def fill(model: Model, batch: StepBatch) -> None:
             layer.kv.alloc(int(rid), held_pages(layer.layout, int(rid), int(owner), pages, model.rank, model.T))
 
 
-def build(ctx, spec: dict, layers: int, max_context: int, kernels=None, pulls: bool | None = None) -> Model:
+def build(ctx, spec: dict, layers: int, max_context: int, kernels=None, pulls: bool | None = None,
+          peer_memory=None) -> Model:
     """The model of ``spec`` with ``layers`` layers, pools big enough for TP at ``max_context``
-    (``kernels``: the MLA kernels to use instead of ``spec['kernels']``'s), in the backend's
-    peer memory unless ``pulls`` (default ``spec['pulls']``, else True) is False."""
+    (``kernels``: the MLA kernels to use instead of ``spec['kernels']``'s), in ``peer_memory``
+    or the backend's unless ``pulls`` (default ``spec['pulls']``, else True) is False."""
     profile, T = load("model", spec["model"]), ctx.world_size
     dtype = dtypes.torch_dtype(spec["dtype"])
     pages = spec["batch"] * int(ownership.pages_for(max_context, spec["page_size"])) + spec["batch"]
     pulls = spec.get("pulls", True) if pulls is None else pulls
+    peer_memory = peer_memory or (ctx.peer_memory() if pulls else None)
     model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
                   kernels=kernels or kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
                   source=SeededWeights(spec["seed"]), layouts=Layout(spec["initial"]), pages_per_layer=pages,
-                  page_size=spec["page_size"], dtype=dtype, num_layers=layers,
-                  peer_memory=ctx.peer_memory() if pulls else None)
+                  page_size=spec["page_size"], dtype=dtype, num_layers=layers, peer_memory=peer_memory)
     gen = torch.Generator(device=ctx.device).manual_seed(spec["seed"])
     for layer in model.paged_layers:
         layer.kv.kv.normal_(generator=gen)
