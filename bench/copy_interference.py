@@ -36,16 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch  # noqa: E402
 
 from splash_core import results  # noqa: E402
-from splash_core.layouts import State  # noqa: E402
 from splash_core.runtime import step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch import bench  # noqa: E402
-
-MiB = 1 << 20
-VARIANTS = ("alone", "kernels", "memcpy", "pull")
+from splash_core.runtime.switch.copy_interference import measure  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,104 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _spec(args) -> dict:
     return dict(model=args.model, dtype=args.dtype, kernels="backend", batch=args.batch, page_size=args.page_size,
                 rows=args.rows, seed=0, initial="TP", pulls=False)
-
-
-def _copier(ctx, model, nbytes: int, how: str, peers):
-    """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
-    by the pack and unpack kernels, or by one memcpy per request's run of pages (torch's, or a
-    pull through ``peers``, this rank's own shared pool)."""
-    layer0 = model.paged_layers[0]
-    page_bytes = layer0.kv.format.kv_page_bytes
-    pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 2))
-    per_request = max(1, pages // 16)
-    runs = [(i * per_request, min(per_request, pages - i * per_request)) for i in range(-(-pages // per_request))]
-    src = torch.arange(pages, device=ctx.device, dtype=torch.int32)
-    dst = src + layer0.kv.num_pages - pages  # the last pages: never the history's first ones
-    kernels = model.kernels
-    buffer = torch.empty((pages, *layer0.kv.kv.shape[1:]), dtype=layer0.kv.kv.dtype, device=ctx.device)
-
-    def copy(layer) -> None:
-        cache = layer.kv.kv
-        if how == "kernels":
-            kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
-        elif how == "pull":
-            base, last = layer.kv.offsets[State.KV], layer.kv.num_pages - pages
-            peers.pull(0, [(base + first * page_bytes, base + (last + first) * page_bytes, n * page_bytes)
-                           for first, n in runs])
-        else:
-            for first, n in runs:
-                cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
-                    cache[first: first + n])
-
-    return copy, pages * page_bytes, len(runs)
-
-
-def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int) -> dict:
-    memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant
-    model = bench.build(ctx, spec, layers, context, peer_memory=memory)
-    peers = model.pool.memory.share(model.pool.buffer)
-    batch = bench.synthetic_batch(spec["batch"], context, spec["rows"], 1, spec["page_size"])
-    bench.fill(model, batch)
-    tokens = bench._tokens(ctx, model, batch)
-    streams, side = ctx.streams, ctx.streams.new_stream()
-
-    def step(copy) -> float:
-        def beside(i: int) -> None:
-            if copy is None:
-                return
-            reached = streams.new_event()
-            reached.record()
-            reached.wait(side)
-            with streams.use_stream(side):
-                copy(model.layers[i])
-            done = streams.new_event()
-            done.record(side)
-            done.wait()  # the step ends only once its copies did
-
-        streams.synchronize()
-        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
-        start.record()
-        model.step(batch, tokens, before_layer=beside)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    def alone(copy) -> float:
-        streams.synchronize()
-        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
-        start.record()
-        copy(model.layers[0])
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    copiers = {(how, mib): _copier(ctx, model, int(mib * MiB), how, peers) for mib in sizes for how in VARIANTS[1:]}
-    for _ in range(2):  # warm every kernel and the allocator
-        step(None)
-        for copy, _, _ in copiers.values():
-            step(copy)
-    samples = []
-    for run in range(runs):  # interleaved, so drift (clocks, heat) hits every variant alike
-        samples.append({"variant": "alone", "mib": 0.0, "run": run, "step_ms": step(None), "copy_alone_ms": 0.0,
-                        "bytes_per_layer": 0, "copies_per_layer": 0})
-        for (how, mib), (copy, nbytes, count) in copiers.items():
-            samples.append({"variant": how, "mib": mib, "run": run, "step_ms": step(copy),
-                            "copy_alone_ms": alone(copy), "bytes_per_layer": int(nbytes),
-                            "copies_per_layer": 2 if how == "kernels" else count})
-    return {"samples": samples, "ran": _what_runs(ctx, model, copiers)}
-
-
-def _what_runs(ctx, model, copiers) -> dict:
-    """Per copy kind, the device activities one copy showed in the profiler (accelerators only)."""
-    if ctx.device.type == "cpu":
-        return {}
-    out = {}
-    for (how, _), (copy, _, _) in list(copiers.items())[: len(VARIANTS) - 1]:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            copy(model.layers[0])
-            torch.cuda.synchronize()
-        out[how] = sorted({e.name[:60] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-    return out
 
 
 def summarize(samples: list[dict], layers: int) -> list[dict]:
