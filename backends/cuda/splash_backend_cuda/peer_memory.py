@@ -24,7 +24,8 @@ _LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 
 class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]  # CUipcMemHandle
+    # CUipcMemHandle. Bytes, not c_char: a c_char array reads as a string, cut at its first NUL.
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 class _Driver:
@@ -136,7 +137,7 @@ class CudaPeerMemory:
             raw = _IpcHandle()
             try:
                 _driver().check(_driver().lib.cuIpcGetMemHandle(ctypes.byref(raw), allocation.ptr), "cuIpcGetMemHandle")
-                handle = bytes(raw.reserved)
+                handle = ctypes.string_at(ctypes.addressof(raw), ctypes.sizeof(raw))
             except PeerMemoryError as exc:
                 error = str(exc)
         shared = self.collectives.all_gather_object((handle, buffer.numel(), error))
@@ -150,9 +151,9 @@ class CudaPeerMemory:
                 if r == rank:
                     peers.peers.append(allocation.ptr)
                     continue
-                ptr = ctypes.c_uint64()
-                driver.check(driver.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _IpcHandle(peer_handle),
-                                                              _LAZY_ENABLE_PEER_ACCESS), f"opening rank {r}'s buffer")
+                ptr, raw = ctypes.c_uint64(), _IpcHandle.from_buffer_copy(peer_handle)
+                driver.check(driver.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), raw, _LAZY_ENABLE_PEER_ACCESS),
+                             f"opening rank {r}'s buffer")
                 peers.peers.append(ptr.value)
         except PeerMemoryError:
             peers.close()  # what this rank opened so far
