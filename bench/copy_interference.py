@@ -21,7 +21,9 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
 Side work starts when the compute stream reaches the layer (as the switch executor aligns a
 layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time
 alone is measured too (``copy_alone_ms``), and one profiled copy of each kind names what ran it
-(a kernel, or a copy engine's ``Memcpy DtoD``). Writes
+(a kernel, or a copy engine's ``Memcpy DtoD``). Then the first size's pages are pulled alone in
+runs of each of ``--run-lengths`` pages (``run_lengths``: device and host time), for the
+shortest run a pull is worth (``PeerBuffers.min_run_bytes``). Writes
 ``<out>/<platform>/copy_interference.json`` (command, machine, date, raw samples).
 ``--smoke`` runs the same code on tiny shapes on the CPU.
 """
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from splash_core import results  # noqa: E402
 from splash_core.runtime import step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch.copy_interference import measure  # noqa: E402
+from splash_core.runtime.switch.copy_interference import measure, run_lengths  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,13 +59,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--mib", default="576,1152", help="MiB of pages copied beside each layer (comma-separated)")
     p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--run-lengths", default="1,4,16,64,256",
+                   help="pages per copy for the pulls-alone sweep (comma-separated)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks this script's logic")
     args = p.parse_args(argv)
     if args.smoke:
         args.backend, args.model, args.dtype, args.batch, args.context = "reference", "tiny-mla", "fp32", 4, 256
         args.rows, args.page_size, args.layers, args.mib, args.runs = 4, 16, 2, "0.05", 2
+        args.run_lengths = "1,4"
         args.platform = args.platform or "cpu"
     args.mib = [float(m) for m in str(args.mib).split(",")]
+    args.run_lengths = [int(n) for n in str(args.run_lengths).split(",")]
     return args
 
 
@@ -95,6 +101,7 @@ def main(argv=None) -> int:
         if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
             raise SystemExit("no accelerator backend found: pass --backend reference or --smoke to run on the CPU")
         out = pool.run(measure, _spec(args), args.layers, args.context, args.mib, args.runs)[0]
+        lengths = pool.run(run_lengths, _spec(args), args.context, args.mib[0], args.run_lengths, args.runs)[0]
     rows = summarize(out["samples"], args.layers)
     platform = args.platform or ("cpu" if info["device"] == "cpu" else info["profile"] or "gpu")
     data = results.make_result(
@@ -102,19 +109,24 @@ def main(argv=None) -> int:
         dtype=args.dtype, samples=out["samples"],
         summary={"workload": f"B={args.batch}, {args.context // 1024}K context, {args.layers} layers, prefill chunk "
                              f"of {args.rows} rows per request, T = 1", "rows": rows},
-        extra={"ran": out["ran"]},
+        extra={"ran": out["ran"], "run_lengths": lengths},
         notes="step_ms: device time of one step, copies beside every layer on a side stream started when the "
               "compute stream reached the layer and waited for before the step ends; kernels: the backend's "
               "pack + unpack of the pages (what the collective path does on both ends); memcpy: one "
               "cudaMemcpyAsync per request's run of pages (what a pull does), here within one GPU's memory; "
               "pull: the same runs through the backend's peer memory (the pool shared with itself); "
-              "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs.")
+              "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs. run_lengths: "
+              "the first size's pages pulled alone in copies of run_pages pages each: device and host ms.")
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)")
     print(f"{'variant':8s} {'MiB':>7s} {'step ms':>9s} {'+ms':>8s} {'+%':>6s} {'ms/GiB':>7s} {'copy ms':>8s}")
     for r in rows:
         print(f"{r['variant']:8s} {r['mib_per_layer']:7.0f} {r['step_ms']:9.2f} {r['slowdown_ms']:8.2f} "
               f"{r['slowdown_pct']:6.2f} {r['slowdown_ms_per_gib']:7.3f} {r['copy_alone_ms']:8.3f}")
     print(f"alone: {rows[0]['step_alone_ms']:.2f} ms; ran: {out['ran']}")
+    print(f"{'run pages':>9s} {'run KiB':>8s} {'copies':>7s} {'device ms':>9s} {'GB/s':>7s} {'host ms':>8s}")
+    for r in lengths:
+        print(f"{r['run_pages']:9d} {r['run_bytes'] / 1024:8.0f} {r['copies']:7d} {r['device_ms']:9.3f} "
+              f"{r['bytes'] / max(r['device_ms'], 1e-9) / 1e6:7.1f} {r['host_ms']:8.3f}")
     return 0
 
 

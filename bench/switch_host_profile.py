@@ -107,7 +107,7 @@ def summarise(samples: list[dict], layers: int) -> list[dict]:
                      "prepare_p50_ms": p50["prepare_ms"],
                      "bookkeeping_per_layer_us": 1e3 * p50["bookkeeping_ms"] / layers,
                      "warm_bookkeeping_per_layer_us": 1e3 * p50["warm_bookkeeping_ms"] / layers,
-                     "data_p50_ms": p50["issue_ms"] + p50["wait_ms"] + p50["pack_ms"] + p50["unpack_ms"],
+                     "data_p50_ms": sum(p50[k] for k in ("issue_ms", "wait_ms", "pack_ms", "unpack_ms", "pull_ms")),
                      "runs": len(runs)})
     return rows
 

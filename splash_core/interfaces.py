@@ -89,7 +89,11 @@ class StreamOps(Protocol):
 
 @runtime_checkable
 class PeerBuffers(Protocol):
-    """Every rank's shared buffer as this rank reads it (from :meth:`PeerMemory.share`)."""
+    """Every rank's shared buffer as this rank reads it (from :meth:`PeerMemory.share`).
+
+    ``min_run_bytes`` (optional, default 0): the shortest average copy worth a pull; a switch
+    moves a layer's pages by collectives instead where they lie in shorter runs (each copy
+    costs the host a call and the device a copy's start)."""
 
     def pull(self, peer: int, runs) -> None:
         """Copy bytes of ``peer``'s buffer into this rank's: for each row ``(src, dst, nbytes)`` of

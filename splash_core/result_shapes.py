@@ -374,6 +374,17 @@ SHAPES: dict[str, Shape] = {
         sources=frozenset({"measured"}),
         check_samples=_steps_agree,
     ),
+    "copy_interference": Shape(
+        doc="a step's slowdown beside one layer's page copies per layer, by copy kind (one GPU)",
+        summary={"workload": "text", "rows": "rows"},
+        rows={"rows": {"variant": "text", "mib_per_layer": "nonneg", "step_alone_ms": "nonneg", "step_ms": "nonneg",
+                       "slowdown_ms": "number", "slowdown_pct": "number", "slowdown_ms_per_gib": "number",
+                       "copy_alone_ms": "nonneg", "copies_per_layer": "count"}},
+        row_key={"rows": ("variant", "mib_per_layer")},
+        sample={"variant": "text", "mib": "nonneg", "run": "count", "step_ms": "nonneg", "copy_alone_ms": "nonneg",
+                "bytes_per_layer": "count", "copies_per_layer": "count"},
+        sources=frozenset({"measured"}),
+    ),
     "costmodel_check": Shape(
         doc="the cost model's step times against the runtime's measured ones, host term fitted to a subset",
         summary={"measured_file": "text", "hardware": "text", "layers": "positive", "fit": "text",

@@ -164,6 +164,15 @@ def device_examples() -> dict[str, tuple[dict, list]]:
                         for v, p in (("Eq 10 alone", 5.0), ("host hidden", 9.5))
                         for ph, c, r in (("decode", 1024, "fit"), ("decode", 4096, "check"),
                                          ("prefill", 1024, "check"))]}, []),
+        "copy_interference": (
+            {"workload": "B=4, 1K context, 2 layers", "rows": [
+                {"variant": v, "mib_per_layer": 1.0, "step_alone_ms": 10.0, "step_ms": 10.0 + d, "slowdown_ms": d,
+                 "slowdown_pct": 10.0 * d, "slowdown_ms_per_gib": 512.0 * d, "copy_alone_ms": 0.25,
+                 "copies_per_layer": n} for v, d, n in (("kernels", 1.0, 2), ("memcpy", 0.5, 4))]},
+            [{"variant": v, "mib": m, "run": 0, "step_ms": t, "copy_alone_ms": c, "bytes_per_layer": b,
+              "copies_per_layer": n}
+             for v, m, t, c, b, n in (("alone", 0.0, 10.0, 0.0, 0, 0), ("kernels", 1.0, 11.0, 0.25, 1 << 20, 2),
+                                      ("memcpy", 1.0, 10.5, 0.25, 1 << 20, 4))]),
     }
 
 

@@ -110,6 +110,13 @@ def test_runs_round_trip_and_joint_runs_break_on_either_side():
     assert page_pulls.byte_runs(np.array([[7, 0, 2]]), 100, 8).tolist() == [[156, 100, 16]]
 
 
+def test_pulls_only_where_runs_are_long_enough():
+    shared = [{0: [None, np.array([[10, 4], [20, 2]])]}, {0: [np.array([[0, 6]]), None]}]  # 12 pages, 3 runs
+    assert page_pulls.worth_pulling(shared, 0, 100, 400)  # 400 bytes per run on average
+    assert not page_pulls.worth_pulling(shared, 0, 100, 401)
+    assert page_pulls.worth_pulling([{0: [None, None]}], 0, 100, 1 << 30)  # nothing to pull
+
+
 def test_a_source_listing_the_wrong_pages_is_named():
     batch = ownership.Batch((ownership.Request(0, 64, 1, 1),))
     plan = plan_switch("DP", "TP", batch, PROFILE, 2, PAGE).layers[0].states[State.KV]

@@ -398,6 +398,23 @@ def test_transport_probe_rows_show_times_slowdown_and_device_work():
                     "| ce | alltoall_kv_uneven | - | - | - | RuntimeError: boom |"]
 
 
+def test_copy_interference_rows_show_slowdowns_and_device_work():
+    from splash_core.report import transport
+    from splash_core.results import Result, ResultError
+
+    row = {"variant": "memcpy", "mib_per_layer": 576.0, "step_alone_ms": 100.0, "step_ms": 103.0, "slowdown_ms": 3.0,
+           "slowdown_pct": 3.0, "slowdown_ms_per_gib": 0.5, "copy_alone_ms": 0.5, "copies_per_layer": 16}
+    sample = {"variant": "memcpy", "mib": 576.0, "run": 0, "step_ms": 103.0, "copy_alone_ms": 0.5,
+              "bytes_per_layer": 1, "copies_per_layer": 16}
+    kw = dict(benchmark="copy_interference", platform="h200", backend="hopper", model="deepseek-v3", T=1, dtype="bf16",
+              samples=[sample])
+    data = make_result(summary={"workload": "w", "rows": [row]}, extra={"ran": {"memcpy": ["Memcpy DtoD (Device)"]}}, **kw)
+    rows = [line for line in transport.render_copies(Result("x.json", data), None) if line.startswith("| memcpy")]
+    assert rows == ["| memcpy | 576 | 100.00 | 103.00 | 3.00 | 3.00% | 0.500 | 0.50 | Memcpy DtoD |"]
+    with pytest.raises(ResultError, match="rows"):  # the same row twice
+        make_result(summary={"workload": "w", "rows": [row, row]}, **kw)
+
+
 def test_transport_probe_summary_takes_the_slowest_rank_and_says_what_failed():
     """bench/transport_probe.py's summary (its GPU part cannot run here): per transport and
     collective the slowest rank's medians; a collective one rank did not finish shows that

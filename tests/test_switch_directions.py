@@ -150,11 +150,13 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False):
+def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False, min_run_bytes=0):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
-    (as the cuda backend's copy-engine memory, here plain host memory); the sizes allocated,
-    the roles held at the end, and how many all-gathers, all-to-alls and all-reduces they ran."""
+    (as the cuda backend's copy-engine memory, here plain host memory), and pulls only where
+    pages lie in runs of ``min_run_bytes`` on average; the sizes allocated, the roles held at the
+    end, and how many all-gathers, all-to-alls and all-reduces they ran."""
     from splash_core.collectives import DistCollectives, TransferBuffers
+    from splash_core.reference.peer_memory import HostPeerBuffers
 
     class Counted(DistCollectives):
         def all_reduce(self, *args, **kwargs):
@@ -176,11 +178,13 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
     calls = {"into_buffers": 0, "in_place": 0, "all_to_all": 0, "all_gather": 0, "all_reduce": 0}
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
+    HostPeerBuffers.min_run_bytes = min_run_bytes
     try:
         return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
                 [str(r) for r in buffers._held], calls)
     finally:
         ctx._side = side
+        del HostPeerBuffers.min_run_bytes
 
 
 def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
@@ -226,3 +230,14 @@ def test_pulled_pages_take_no_page_collectives_t3(rank_pools, references):
         assert calls["all_gather"] == calls["all_to_all"] == 0 and not allocated and not roles, (rank, calls)
         # per switch (8) and moving layer (3): one before the pulls, one behind them per state (KV, indexer keys)
         assert calls["all_reduce"] == 8 * 3 * 3, (rank, calls)
+
+
+def test_pages_in_short_runs_move_by_collectives_t2(rank_pools, references):
+    """Shared pools, but the peer memory's copies want runs longer than the pages lie in: every
+    rank agrees to move the pages by collectives (through the transfer buffers), with the
+    reference's tokens."""
+    kv_only = ((Layout.DP, Layout.TP), (Layout.CP, Layout.DOP))
+    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])], None, None, True, 1 << 30)
+    _check([results for results, *_ in out], references[2], 2)
+    for rank, (_, allocated, roles, calls) in enumerate(out):
+        assert calls["into_buffers"] > 0 and allocated, (rank, calls)

@@ -43,6 +43,8 @@ SECTIONS: tuple[Section, ...] = (
             switch_trace.render),
     Section("transport_probe", "Moving state without processors: NCCL kernels vs copy engines",
             "the paper's appendix G (transfers share the device with computation)", transport.render),
+    Section("copy_interference", "Page copies beside a step: kernels vs memcpy (pulls)",
+            "the paper's appendix G (transfers share the device with computation)", transport.render_copies),
     Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
             "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),

@@ -1,6 +1,9 @@
 """Transport probe (``transport_probe``): the side communicator's collectives moving one layer's
 state alone and beside a matmul loop, with NCCL's kernels (``sm``) and with copy engines
-(``ce``: the zero-CTA policy between buffers in symmetric memory); ``bench/transport_probe.py``."""
+(``ce``: the zero-CTA policy between buffers in symmetric memory); ``bench/transport_probe.py``.
+Copy interference (``copy_interference``): a step's slowdown beside one layer's page copies per
+layer, by the kernels of the collective path or by memcpy as pulls make them;
+``bench/copy_interference.py``."""
 
 from __future__ import annotations
 
@@ -23,3 +26,19 @@ def render(result: Result, _ctx: Context) -> list[str]:
                      f"{r['matmul_slowdown_pct']:.1f}%", "; ".join(k.split("(")[0].strip() for k in r["kernels"])])
     return lines + table(["transport", "collective", "alone ms", "beside matmuls ms", "matmul loop slower",
                           "device work"], rows, "llrrrl") + [""]
+
+
+def render_copies(result: Result, _ctx: Context) -> list[str]:
+    s = result["summary"]
+    lines = [f"Workload: {s['workload']}. Per copy kind and MiB of pages per layer (p50 over interleaved runs, "
+             "milliseconds): the step alone and with the copies beside every layer, the slowdown (also per GiB "
+             "of pages moved over the step), and one layer's copies alone on an idle device. kernels: the pack "
+             "and unpack kernels of the collective path (2 reads and 2 writes per byte); memcpy and pull: one "
+             "copy per run of pages (1 read and 1 write), by torch and through the backend's peer memory.", ""]
+    ran = result.data.get("ran") or {}
+    rows = [[r["variant"], f"{r['mib_per_layer']:g}", ms(r["step_alone_ms"]), ms(r["step_ms"]), ms(r["slowdown_ms"]),
+             f"{r['slowdown_pct']:.2f}%", f"{r['slowdown_ms_per_gib']:.3f}", ms(r["copy_alone_ms"]),
+             "; ".join(n.split("(")[0].strip() for n in ran.get(r["variant"], [])) or "-"]
+            for r in s["rows"]]
+    return lines + table(["copies", "MiB per layer", "step alone", "step beside", "slower", "slower %",
+                          "ms per GiB", "copy alone", "device work"], rows, "lrrrrrrrl") + [""]

@@ -108,3 +108,37 @@ def _what_runs(ctx, model, copiers) -> dict:
             torch.cuda.synchronize()
         out[how] = sorted({e.name[:60] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
     return out
+
+
+def run_lengths(ctx, spec: dict, context: int, mib: float, lengths: list[int], runs: int) -> list[dict]:
+    """``mib`` of one layer's pages pulled through the backend's peer memory (the pool shared with
+    itself) in runs of each of ``lengths`` pages, on an idle device: device and host time per
+    layer, p50 over ``runs`` (what decides the shortest run worth a pull)."""
+    import time
+
+    memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)
+    model = bench.build(ctx, spec, 1, context, peer_memory=memory)
+    peers = model.pool.memory.share(model.pool.buffer)
+    layer, streams = model.paged_layers[0], ctx.streams
+    page_bytes, base = layer.kv.format.kv_page_bytes, layer.kv.offsets[State.KV]
+    pages = min(int(mib * (1 << 20) // page_bytes), layer.kv.num_pages // 2)
+    out = []
+    for length in lengths:
+        firsts = range(0, pages, length)
+        copies = [(base + f * page_bytes, base + (layer.kv.num_pages - pages + f) * page_bytes,
+                   min(length, pages - f) * page_bytes) for f in firsts]
+        device, host = [], []
+        for _ in range(runs + 1):
+            streams.synchronize()
+            start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            peers.pull(0, copies)
+            host.append((time.perf_counter() - t0) * 1e3)
+            end.record()
+            end.synchronize()
+            device.append(start.elapsed_time(end))
+        out.append({"run_pages": length, "run_bytes": length * page_bytes, "copies": len(copies),
+                    "bytes": pages * page_bytes, "device_ms": sorted(device[1:])[runs // 2],
+                    "host_ms": sorted(host[1:])[runs // 2]})
+    return out

@@ -10,10 +10,11 @@ the timers below split a SPLASH step's switch work into
 - ``start_ms`` / ``land_ms``: the per-layer calls from the step's ``before_layer`` hook
   (allocation, index tensors, packing and issuing collectives; waiting, unpacking, switching
   the layout and retiring the source copy);
-- ``issue_ms``, ``wait_ms``, ``pack_ms``, ``unpack_ms``: the parts of those that move data
-  (issuing collectives, which gloo partly does on the calling thread, waiting for them, the page
-  pack/unpack kernels), so ``bookkeeping_ms`` = prepare + start + land − issue − wait − pack −
-  unpack is the executor's own host work.
+- ``issue_ms``, ``wait_ms``, ``pack_ms``, ``unpack_ms``, ``pull_ms``: the parts of those that
+  move data (issuing collectives, which gloo partly does on the calling thread, waiting for
+  them, the page pack/unpack kernels, the pulls of pages out of peers' pools, which on the host
+  are the copies themselves), so ``bookkeeping_ms`` = prepare + start + land − issue − wait −
+  pack − unpack − pull is the executor's own host work.
 
 Buckets are CPU time of the rank's main thread (``time.thread_time``): the ranks and gloo's
 threads share the host's cores, so a wall clock would also count waiting for a core.
@@ -39,7 +40,7 @@ from . import bench
 from .executor import SwitchExecutor
 from .modes import Mode
 
-BUCKETS = ("prepare_ms", "start_ms", "land_ms", "issue_ms", "wait_ms", "pack_ms", "unpack_ms")
+BUCKETS = ("prepare_ms", "start_ms", "land_ms", "issue_ms", "wait_ms", "pack_ms", "unpack_ms", "pull_ms")
 
 
 class _Timers:
@@ -68,18 +69,19 @@ class _Timers:
     def take(self) -> dict[str, float]:
         out, self.ms = self.ms, dict.fromkeys(BUCKETS, 0.0)
         out["bookkeeping_ms"] = (out["prepare_ms"] + out["start_ms"] + out["land_ms"] - out["issue_ms"]
-                                 - out["wait_ms"] - out["pack_ms"] - out["unpack_ms"])
+                                 - out["wait_ms"] - out["pack_ms"] - out["unpack_ms"] - out["pull_ms"])
         return out
 
 
 def _instrument(executor: SwitchExecutor, timers: _Timers) -> None:
-    """Shadow the executor's per-layer methods, its transfer waits and the pack/unpack kernels
-    with timed wrappers (instance attributes; the classes are untouched)."""
+    """Shadow the executor's per-layer methods, its transfer waits and pulls and the pack/unpack
+    kernels with timed wrappers (instance attributes; the classes are untouched)."""
     for name, bucket in (("_prepare", "prepare_ms"), ("_start", "start_ms"), ("_land", "land_ms")):
         setattr(executor, name, timers.wrap(bucket, getattr(executor, name), outer=True))
     io_ = executor.io
     io_.wait = timers.wrap("wait_ms", io_.wait)
     io_._issue = timers.wrap("issue_ms", io_._issue)
+    io_.pull = timers.wrap("pull_ms", io_.pull)
     k = io_.kernels
     io_.kernels = dataclasses.replace(k, pack=timers.wrap("pack_ms", k.pack), unpack=timers.wrap("unpack_ms", k.unpack))
 

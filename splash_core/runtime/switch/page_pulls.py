@@ -77,6 +77,19 @@ def where_sent(pool, route: PullRoute) -> list[np.ndarray | None]:
     return [None if keys is None else runs(pool.lookup(keys)) for keys in route.sends]
 
 
+def worth_pulling(shared: list[dict], layer: int, page_bytes: int, min_run_bytes: float) -> bool:
+    """Whether ``layer``'s pages lie in runs long enough to pull them run by run: every source's
+    runs (from every rank's :func:`where_sent` answers, so every rank decides alike) average at
+    least ``min_run_bytes``. Pages scattered over a pool (decode grows histories a page at a
+    time, discards leave every T-th page) would take a copy each."""
+    pages = runs = 0
+    for answers in shared:
+        for listed in answers[layer]:
+            if listed is not None:
+                pages, runs = pages + int(listed[:, 1].sum()), runs + len(listed)
+    return runs == 0 or pages * page_bytes >= min_run_bytes * runs
+
+
 def received_places(shared: list[dict], layer: int, rank: int, route: PullRoute) -> list[np.ndarray | None]:
     """Per source rank, the physical pages (in the source's pool) of the keys this rank fetches
     from it in ``layer``, from every rank's :func:`where_sent` answers ``shared[s][layer]``;

@@ -28,8 +28,8 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
 - discard: nothing moves; retire frees ``freed``.
 
 Where the group shares its KV pools (``io.peers``: the pools live in peer memory, see
-:mod:`.page_pulls`), pages are pulled instead: no route chunks, packs, collectives or
-unpacks; per layer, a one-element collective that every rank's side stream reaches, one copy per
+:mod:`.page_pulls`) and a layer's pages lie in long enough runs, pages are pulled instead: no
+route chunks, packs, collectives or unpacks; per layer, a one-element collective that every rank's side stream reaches, one copy per
 run of consecutive pages from each source, then per state a one-element collective that
 completes once every rank's pulls did. The executor first has
 every rank say where the pages it sends lie (:meth:`PagesMover.agree`, one host collective per
@@ -127,8 +127,11 @@ class PagesMover:
 
     def agree(self, items, io: TransferContext) -> None:
         """Where the pages each rank sends lie in its pool, for every ``(layer, plans)`` of
-        ``items`` that moves by pulls (one host collective; nothing where none does). Every rank
-        calls it with the same layers. Replaces what an earlier switch agreed on."""
+        ``items`` that may move by pulls (one host collective; nothing where none may), and
+        whether each does: where the pages lie in runs averaging at least the peer memory's
+        ``min_run_bytes`` (each copy costs a call and a copy engine's start; shorter runs move
+        by collectives). Every rank calls it with the same layers. Replaces what an earlier
+        switch agreed on."""
         self._places = {}
         self._agree([(layer, plans[KV]) for layer, plans in items
                      if _pulls(layer, io) and plans[KV].primitive is not Primitive.DISCARD], io)
@@ -139,9 +142,11 @@ class PagesMover:
         routes = {layer.index: self._pull_route(plan, io.rank, io.T) for layer, plan in items}
         mine = {layer.index: page_pulls.where_sent(layer.kv, routes[layer.index]) for layer, _ in items}
         shared = io.host.all_gather_object(mine)
-        for layer, plan in items:
+        shortest = getattr(io.peers, "min_run_bytes", 0)
+        for layer, plan in items:  # every rank decides alike: from what every rank said
+            worth = page_pulls.worth_pulling(shared, layer.index, layer.kv.format.kv_page_bytes, shortest)
             self._places[layer.index] = (plan, page_pulls.received_places(shared, layer.index, io.rank,
-                                                                          routes[layer.index]))
+                                                                          routes[layer.index]) if worth else None)
 
     def _pull_route(self, plan: StatePlan, rank: int, T: int) -> PullRoute:
         known = self._routes.setdefault(plan, {})
@@ -167,8 +172,8 @@ class PagesMover:
         if (INDEXER in plans) != (pool.indexer is not None):
             raise ValueError(f"layer {layer.index}: the plan and the pool disagree on indexer keys")
         fmt = pool.format
-        pulls = _pulls(layer, io)
-        route = (self._pull_route(plan, io.rank, io.T) if pulls else
+        places = self._agreed(layer, plan, io)
+        route = (self._pull_route(plan, io.rank, io.T) if places is not None else
                  self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered))
         page = {KV: fmt.kv_page_bytes, INDEXER: fmt.indexer_page_bytes}
         name = plan.primitive.value
@@ -178,8 +183,8 @@ class PagesMover:
         t.data = moving = _Moving(route, [])
         if route.primitive is Primitive.DISCARD:
             return t
-        if pulls:
-            self._start_pulls(t, plan, [s for s, _ in tensors], page, io)
+        if places is not None:
+            self._start_pulls(t, places, [s for s, _ in tensors], page, io)
             return t
         payload = pool.lookup(route.sending)
         if route.send_rows > len(payload):  # all-gather padding: page 0, ignored on arrival
@@ -214,24 +219,32 @@ class PagesMover:
             raise
         return t
 
-    def _start_pulls(self, t: Transfer, plan: StatePlan, states, page: dict, io: TransferContext) -> None:
+    def _agreed(self, layer, plan: StatePlan, io: TransferContext) -> list | None:
+        """Per source rank, where the pages this rank pulls from it lie, or None where ``layer``'s
+        pages move by collectives (no shared pools, a discard, or runs too short to pull); a
+        layer the executor did not agree on (the one moving last) agrees now."""
+        if not _pulls(layer, io) or plan.primitive is Primitive.DISCARD:
+            return None
+        known = self._places.pop(layer.index, None)
+        if known is None or known[0] is not plan:
+            self._agree([(layer, plan)], io)
+            known = self._places.pop(layer.index)
+        return known[1]
+
+    def _start_pulls(self, t: Transfer, places: list, states, page: dict, io: TransferContext) -> None:
         """Allocate the arriving pages; once every rank got here, pull each source's runs into
         them; then issue, per state, the collective that completes once every rank's pulls did."""
         layer, moving = t.layer, t.data
         route: PullRoute = moving.route
-        known = self._places.pop(layer.index, None)
-        if known is None or known[0] is not plan:  # a layer the executor did not agree on (moving last)
-            self._agree([(layer, plan)], io)
-            known = self._places.pop(layer.index)
         arriving = layer.kv.alloc_keys(route.arriving)
         moving.allocated = True
         try:
             io.wait(io.rendezvous(layer=layer.index, state=KV))  # every source wrote its pages (see page_pulls)
             first = 0
-            for source, (count, places) in enumerate(zip(route.from_each.tolist(), known[1])):
+            for source, (count, held) in enumerate(zip(route.from_each.tolist(), places)):
                 if not count:
                     continue
-                pages = page_pulls.pull_runs(places, arriving[first: first + count])
+                pages = page_pulls.pull_runs(held, arriving[first: first + count])
                 first += count
                 for s in states:
                     io.pull(source, page_pulls.byte_runs(pages, layer.kv.offsets[s], page[s]), layer=layer.index, state=s)
