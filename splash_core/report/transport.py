@@ -40,5 +40,14 @@ def render_copies(result: Result, _ctx: Context) -> list[str]:
              f"{r['slowdown_pct']:.2f}%", f"{r['slowdown_ms_per_gib']:.3f}", ms(r["copy_alone_ms"]),
              "; ".join(n.split("(")[0].strip() for n in ran.get(r["variant"], [])) or "-"]
             for r in s["rows"]]
-    return lines + table(["copies", "MiB per layer", "step alone", "step beside", "slower", "slower %",
-                          "ms per GiB", "copy alone", "device work"], rows, "lrrrrrrrl") + [""]
+    lines += table(["copies", "MiB per layer", "step alone", "step beside", "slower", "slower %", "ms per GiB",
+                    "copy alone", "device work"], rows, "lrrrrrrrl") + [""]
+    lengths = result.data.get("run_lengths") or []
+    if not lengths:
+        return lines
+    rows = [[str(r["run_pages"]), f"{r['run_bytes'] / 1024:.0f}", str(r["copies"]), ms(r["device_ms"]),
+             f"{r['bytes'] / max(r['device_ms'], 1e-9) / 1e6:.0f}", ms(r["host_ms"])] for r in lengths]
+    return lines + ["One layer's pages pulled alone through the backend's peer memory, in copies of a given "
+                    "number of pages each (p50, milliseconds): where copies are short the host's calls, not the "
+                    "copy engines, set the time.", ""] + table(
+        ["pages per copy", "KiB per copy", "copies", "device ms", "GB/s", "host ms"], rows, "rrrrrr") + [""]
