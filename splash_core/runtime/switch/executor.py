@@ -29,9 +29,12 @@ arguments, so every decision below is the same everywhere):
    holds throughout.
 
    In ``splash`` the first moving layer has nothing before it to hide its transfer behind, so
-   (``defer_first``, unless it is the last layer or only discards) it computes the step in its source layout,
-   its new tokens reserved there, and moves last: its transfer, planned on the histories
-   *after* the step, starts right before the last layer computes and lands after the step.
+   (``defer_first``, unless it is the last layer or only discards) it computes the step in
+   its source layout, its new tokens reserved there, and moves last: its transfer, planned on
+   the histories *after* the step, starts right before the last layer computes and lands
+   after the step. (Where the source layout computes a layer much slower than the destination
+   and the layer's transfer is short, moving it first would cost less; the executor does not
+   weigh the two.)
 4. On a failure while moving (a collective error or timeout): the layer in transit is rolled
    back (what it allocated is freed, its source state untouched), the pages reserved for the
    step's new tokens are released, and :class:`SwitchFailed` names the layer and state. Earlier
@@ -320,9 +323,9 @@ class SwitchExecutor:
         return sw
 
     def _defers(self, mode: Mode, first: int, plan: LayerPlan) -> bool:
-        """Whether the first moving layer (position ``first``, plan ``plan``) computes the step in its
-        source layout and moves last: in ``splash``, where a later layer exists to hide its
-        transfer and it has one (a discard-only layer is ready at once)."""
+        """Whether the first moving layer (position ``first``, plan ``plan``) computes the step in
+        its source layout and moves last: in ``splash``, where a later layer exists to hide its
+        transfer and it moves something over the network (a discard is ready at once)."""
         return (mode is Mode.SPLASH and self.defer_first and first < len(self.model.layers) - 1
                 and any(p.primitive is not Primitive.DISCARD for p in plan.states.values()))
 
