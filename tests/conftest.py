@@ -22,7 +22,9 @@ def rank_pools():
     def get(world_size: int) -> RankPool:
         pool = pools.get(world_size)
         if pool is None or not pool.alive:
-            pool = pools[world_size] = RankPool(world_size, backend="reference", timeout_s=300)
+            # pages pulled wherever the pools are shared, however short their runs: the tests' pages are tiny
+            pool = pools[world_size] = RankPool(world_size, backend="reference", timeout_s=300,
+                                                env={"SPLASH_PEER_MIN_RUN_BYTES": "0"})
         return pool
 
     yield get

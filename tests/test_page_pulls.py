@@ -117,6 +117,15 @@ def test_pulls_only_where_runs_are_long_enough():
     assert page_pulls.worth_pulling([{0: [None, None]}], 0, 100, 1 << 30)  # nothing to pull
 
 
+def test_the_shortest_run_worth_a_pull_is_the_peer_memorys_unless_set(monkeypatch):
+    from splash_core.runtime.switch.pages_mover import min_run_bytes
+
+    monkeypatch.delenv("SPLASH_PEER_MIN_RUN_BYTES", raising=False)
+    assert min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 64 << 10 and min_run_bytes(object()) == 0
+    monkeypatch.setenv("SPLASH_PEER_MIN_RUN_BYTES", "0")
+    assert min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 0
+
+
 def test_a_source_listing_the_wrong_pages_is_named():
     batch = ownership.Batch((ownership.Request(0, 64, 1, 1),))
     plan = plan_switch("DP", "TP", batch, PROFILE, 2, PAGE).layers[0].states[State.KV]

@@ -155,8 +155,9 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
     (as the cuda backend's copy-engine memory, here plain host memory), and pulls only where
     pages lie in runs of ``min_run_bytes`` on average; the sizes allocated, the roles held at the
     end, and how many all-gathers, all-to-alls and all-reduces they ran."""
+    import os
+
     from splash_core.collectives import DistCollectives, TransferBuffers
-    from splash_core.reference.peer_memory import HostPeerBuffers
 
     class Counted(DistCollectives):
         def all_reduce(self, *args, **kwargs):
@@ -178,13 +179,17 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
     calls = {"into_buffers": 0, "in_place": 0, "all_to_all": 0, "all_gather": 0, "all_reduce": 0}
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
-    HostPeerBuffers.min_run_bytes = min_run_bytes
+    before = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
+    os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = str(min_run_bytes)
     try:
         return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
                 [str(r) for r in buffers._held], calls)
     finally:
         ctx._side = side
-        del HostPeerBuffers.min_run_bytes
+        if before is None:
+            del os.environ["SPLASH_PEER_MIN_RUN_BYTES"]
+        else:
+            os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = before
 
 
 def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):

@@ -42,6 +42,7 @@ computes the step in.
 from __future__ import annotations
 
 import dataclasses
+import os
 import weakref
 from typing import Mapping
 
@@ -142,7 +143,7 @@ class PagesMover:
         routes = {layer.index: self._pull_route(plan, io.rank, io.T) for layer, plan in items}
         mine = {layer.index: page_pulls.where_sent(layer.kv, routes[layer.index]) for layer, _ in items}
         shared = io.host.all_gather_object(mine)
-        shortest = getattr(io.peers, "min_run_bytes", 0)
+        shortest = min_run_bytes(io.peers)
         for layer, plan in items:  # every rank decides alike: from what every rank said
             worth = page_pulls.worth_pulling(shared, layer.index, layer.kv.format.kv_page_bytes, shortest)
             self._places[layer.index] = (plan, page_pulls.received_places(shared, layer.index, io.rank,
@@ -278,6 +279,13 @@ class PagesMover:
             t.layer.kv.free_keys(moving.route.arriving)
             moving.allocated = False
         moving.chunks, moving.done = [], None
+
+
+def min_run_bytes(peers) -> float:
+    """The shortest average copy worth a pull: ``SPLASH_PEER_MIN_RUN_BYTES`` where set (0: pull
+    wherever the pools are shared; an A/B knob), else the peer memory's ``min_run_bytes``."""
+    value = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
+    return float(value) if value else float(getattr(peers, "min_run_bytes", 0))
 
 
 def _pulls(layer, io: TransferContext) -> bool:
