@@ -70,7 +70,7 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
                 continue
             pools = _pools(src, batch, T)
             routes = [page_pulls.build_route(plan, r, T) for r in range(T)]
-            shared = [{0: page_pulls.where_sent(pools[r], routes[r])} for r in range(T)]
+            shared = [page_pulls.where_sent(pools[r], routes[r]) for r in range(T)]
             for r in range(T):  # every rank pulls (sources are only read), then every rank retires
                 route, pool = routes[r], pools[r]
                 places = page_pulls.received_places(shared, 0, r, route)
@@ -111,10 +111,9 @@ def test_runs_round_trip_and_joint_runs_break_on_either_side():
 
 
 def test_pulls_only_where_runs_are_long_enough():
-    shared = [{0: [None, np.array([[10, 4], [20, 2]])]}, {0: [np.array([[0, 6]]), None]}]  # 12 pages, 3 runs
-    assert page_pulls.worth_pulling(shared, 0, 100, 400)  # 400 bytes per run on average
-    assert not page_pulls.worth_pulling(shared, 0, 100, 401)
-    assert page_pulls.worth_pulling([{0: [None, None]}], 0, 100, 1 << 30)  # nothing to pull
+    assert page_pulls.worth_pulling(12, 3, 100, 400)  # 12 pages of 100 bytes in 3 copies: 400 bytes a copy
+    assert not page_pulls.worth_pulling(12, 3, 100, 401)
+    assert page_pulls.worth_pulling(0, 0, 100, 1 << 30)  # nothing to pull
 
 
 def test_the_shortest_run_worth_a_pull_is_the_peer_memorys_unless_set(monkeypatch):
@@ -130,7 +129,7 @@ def test_a_source_listing_the_wrong_pages_is_named():
     batch = ownership.Batch((ownership.Request(0, 64, 1, 1),))
     plan = plan_switch("DP", "TP", batch, PROFILE, 2, PAGE).layers[0].states[State.KV]
     route = page_pulls.build_route(plan, 0, 2)
-    shared = [{3: [None, None]}, {3: [page_pulls.runs(np.arange(2)), None]}]  # rank 1 sends 2 of 4 pages
+    shared = [[None, None], [page_pulls.runs(np.arange(2)), None]]  # rank 1 sends 2 of 4 pages
     with pytest.raises(RuntimeError, match="layer 3: rank 1 lists 2 pages for rank 0, whose plan fetches 4"):
         page_pulls.received_places(shared, 3, 0, route)
 

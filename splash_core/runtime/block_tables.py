@@ -204,6 +204,12 @@ class BlockTables:
         self.version += 1
         return physical
 
+    def free_runs(self, n: int) -> int:
+        """How many runs of consecutive pages the ``n`` pages the next allocation would hand out
+        form (the top of the free list, in the order :meth:`alloc_keys` gives them)."""
+        top = self._stack[max(self._nfree - n, 0): self._nfree][::-1]
+        return int(top.size and 1 + np.count_nonzero(np.diff(top) != 1))
+
     def free_keys(self, keys: PageKeys) -> int:
         """Return the pages of ``keys`` to the free list (keys not held are skipped); returns how many."""
         if len(keys) == 0:

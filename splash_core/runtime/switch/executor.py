@@ -15,8 +15,7 @@ arguments, so every decision below is the same everywhere):
    all-reduce (``ctx.host_collectives()``: it never waits for the device) of every rank's page
    needs (pages arriving + the step's new pages) against its pools' free pages, and of
    requests holding pages outside the batch. A failure raises :class:`SwitchRefused` (or
-   ValueError for stray requests) on every rank. Then movers that need it agree on where
-   the state they pull lies (``agree``: one host collective).
+   ValueError for stray requests) on every rank.
 3. Move, layer by layer, each through the :class:`~.transfer.StateMover` of each of its states
    on a side stream over the side communicator (``ctx.side_collectives()``, async ops):
    ``splash`` starts layer i+1's transfer right before layer i computes (the side stream
@@ -319,7 +318,6 @@ class SwitchExecutor:
         reason = pools.refusal()
         if reason:
             raise self._refused(sw, mode, reason)
-        self._agree(sw)
         return sw
 
     def _defers(self, mode: Mode, first: int, plan: LayerPlan) -> bool:
@@ -328,16 +326,6 @@ class SwitchExecutor:
         transfer and it moves something over the network (a discard is ready at once)."""
         return (mode is Mode.SPLASH and self.defer_first and first < len(self.model.layers) - 1
                 and any(p.primitive is not Primitive.DISCARD for p in plan.states.values()))
-
-    def _agree(self, sw: _Switch) -> None:
-        """Each mover that agrees on something before moving (``agree``) does, for every moving
-        layer but the deferred one (that one agrees when it starts, after the step wrote it)."""
-        layers = self.model.layers
-        for mover in self.movers:
-            agree = getattr(mover, "agree", None)
-            if agree is not None:
-                agree([(layers[pos], plans) for pos in sw.order if pos != sw.deferred
-                       for m, plans in sw.movers[layers[pos].index] if m is mover], self.io)
 
     def _assign(self, lp: LayerPlan) -> tuple[tuple[StateMover, dict], ...]:
         """Each mover that moves some of ``lp``'s states, with their plans."""

@@ -7,10 +7,11 @@ beside the transfer, and every byte crosses memory once on each side).
 A page's physical place in its pool is the holder's own bookkeeping, so before a layer moves
 the ranks agree on it: every rank lists, per peer, the physical pages of the keys that peer
 fetches from it (as runs of consecutive pages, usually one per request), in one host
-all-gather for all the layers of a switch (:func:`where_sent` / :func:`received_places`).
-Then per layer and source rank the pulls are the runs along which both the source's pages and
-the pages allocated here are consecutive (:func:`pull_runs`), one copy each, in bytes of the
-shared buffer (:func:`byte_runs`).
+all-gather per layer (:func:`where_sent` / :func:`received_places`), and the ranks pull only
+where the runs are long enough to be worth a copy each (:func:`worth_pulling`). Then per
+source rank the pulls are the runs along which both the source's pages and the pages
+allocated here are consecutive (:func:`pull_runs`), one copy each, in bytes of the shared
+buffer (:func:`byte_runs`).
 
 No rank may read a page before its holder wrote it, nor after its holder reused it. The pages
 mover pulls a layer only after a collective every rank's side stream reaches once its compute
@@ -77,29 +78,23 @@ def where_sent(pool, route: PullRoute) -> list[np.ndarray | None]:
     return [None if keys is None else runs(pool.lookup(keys)) for keys in route.sends]
 
 
-def worth_pulling(shared: list[dict], layer: int, page_bytes: int, min_run_bytes: float) -> bool:
-    """Whether ``layer``'s pages lie in runs long enough to pull them run by run: every source's
-    runs (from every rank's :func:`where_sent` answers, so every rank decides alike) average at
-    least ``min_run_bytes``. Pages scattered over a pool (decode grows histories a page at a
-    time, discards leave every T-th page) would take a copy each."""
-    pages = runs = 0
-    for answers in shared:
-        for listed in answers[layer]:
-            if listed is not None:
-                pages, runs = pages + int(listed[:, 1].sum()), runs + len(listed)
-    return runs == 0 or pages * page_bytes >= min_run_bytes * runs
+def worth_pulling(pages: int, copies: int, page_bytes: int, min_run_bytes: float) -> bool:
+    """Whether ``pages`` pages in ``copies`` copies (over every rank of the group, so every rank
+    decides alike) average at least ``min_run_bytes`` a copy. Pages scattered over a pool (decode
+    grows histories a page at a time, discards leave every T-th page) would take a copy each."""
+    return copies == 0 or pages * page_bytes >= min_run_bytes * copies
 
 
-def received_places(shared: list[dict], layer: int, rank: int, route: PullRoute) -> list[np.ndarray | None]:
+def received_places(shared: list[list], layer: int, rank: int, route: PullRoute) -> list[np.ndarray | None]:
     """Per source rank, the physical pages (in the source's pool) of the keys this rank fetches
-    from it in ``layer``, from every rank's :func:`where_sent` answers ``shared[s][layer]``;
+    from it in ``layer``, from every rank's :func:`where_sent` answer ``shared[s]``;
     RuntimeError when a source lists a different number of pages than the plan says."""
     out = []
     for s, count in enumerate(route.from_each.tolist()):
         if not count:
             out.append(None)
             continue
-        listed = shared[s][layer][rank]
+        listed = shared[s][rank]
         pages = expand(listed) if listed is not None else np.zeros(0, np.int64)
         if pages.size != count:
             raise RuntimeError(f"layer {layer}: rank {s} lists {pages.size} pages for rank {rank}, "

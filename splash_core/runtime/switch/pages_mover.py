@@ -29,11 +29,12 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
 
 Where the group shares its KV pools (``io.peers``: the pools live in peer memory, see
 :mod:`.page_pulls`) and a layer's pages lie in long enough runs, pages are pulled instead: no
-route chunks, packs, collectives or unpacks; per layer, a one-element collective that every rank's side stream reaches, one copy per
-run of consecutive pages from each source, then per state a one-element collective that
-completes once every rank's pulls did. The executor first has
-every rank say where the pages it sends lie (:meth:`PagesMover.agree`, one host collective per
-switch); a layer it did not include does that itself when it starts.
+route chunks, packs, collectives or unpacks. Per layer: one host collective in which every rank
+says where the pages it sends lie and how its free pages run, from which every rank decides
+alike whether the runs are long enough for the peer memory (``min_run_bytes``,
+:func:`min_run_bytes`; else the layer moves by collectives); a one-element collective that
+every rank's side stream reaches; one copy per run of consecutive pages from each source; then
+per state a one-element collective that completes once every rank's pulls did.
 
 The step's new tokens never move: the executor reserves their pages in the layout the layer
 computes the step in.
@@ -116,7 +117,6 @@ class PagesMover:
 
     def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
-        self._places: dict[int, tuple[StatePlan, list]] = {}  # layer -> (plan, source pages per rank)
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
@@ -125,29 +125,6 @@ class PagesMover:
             self._pull_route(plans[KV], rank, T)
         else:
             self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
-
-    def agree(self, items, io: TransferContext) -> None:
-        """Where the pages each rank sends lie in its pool, for every ``(layer, plans)`` of
-        ``items`` that may move by pulls (one host collective; nothing where none may), and
-        whether each does: where the pages lie in runs averaging at least the peer memory's
-        ``min_run_bytes`` (each copy costs a call and a copy engine's start; shorter runs move
-        by collectives). Every rank calls it with the same layers. Replaces what an earlier
-        switch agreed on."""
-        self._places = {}
-        self._agree([(layer, plans[KV]) for layer, plans in items
-                     if _pulls(layer, io) and plans[KV].primitive is not Primitive.DISCARD], io)
-
-    def _agree(self, items, io: TransferContext) -> None:
-        if not items:
-            return
-        routes = {layer.index: self._pull_route(plan, io.rank, io.T) for layer, plan in items}
-        mine = {layer.index: page_pulls.where_sent(layer.kv, routes[layer.index]) for layer, _ in items}
-        shared = io.host.all_gather_object(mine)
-        shortest = min_run_bytes(io.peers)
-        for layer, plan in items:  # every rank decides alike: from what every rank said
-            worth = page_pulls.worth_pulling(shared, layer.index, layer.kv.format.kv_page_bytes, shortest)
-            self._places[layer.index] = (plan, page_pulls.received_places(shared, layer.index, io.rank,
-                                                                          routes[layer.index]) if worth else None)
 
     def _pull_route(self, plan: StatePlan, rank: int, T: int) -> PullRoute:
         known = self._routes.setdefault(plan, {})
@@ -173,9 +150,7 @@ class PagesMover:
         if (INDEXER in plans) != (pool.indexer is not None):
             raise ValueError(f"layer {layer.index}: the plan and the pool disagree on indexer keys")
         fmt = pool.format
-        places = self._agreed(layer, plan, io)
-        route = (self._pull_route(plan, io.rank, io.T) if places is not None else
-                 self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered))
+        route = self._route(plan, io.rank, io.T, fmt.page_bytes, buffered=io.buffered)
         page = {KV: fmt.kv_page_bytes, INDEXER: fmt.indexer_page_bytes}
         name = plan.primitive.value
         t = Transfer(layer, tuple(s for s, _ in tensors), {s: name for s, _ in tensors},
@@ -184,8 +159,9 @@ class PagesMover:
         t.data = moving = _Moving(route, [])
         if route.primitive is Primitive.DISCARD:
             return t
+        places = self._agreed(layer, plan, io)
         if places is not None:
-            self._start_pulls(t, places, [s for s, _ in tensors], page, io)
+            self._start_pulls(t, plan, places, [s for s, _ in tensors], page, io)
             return t
         payload = pool.lookup(route.sending)
         if route.send_rows > len(payload):  # all-gather padding: page 0, ignored on arrival
@@ -221,21 +197,31 @@ class PagesMover:
         return t
 
     def _agreed(self, layer, plan: StatePlan, io: TransferContext) -> list | None:
-        """Per source rank, where the pages this rank pulls from it lie, or None where ``layer``'s
-        pages move by collectives (no shared pools, a discard, or runs too short to pull); a
-        layer the executor did not agree on (the one moving last) agrees now."""
+        """Per source rank, where the pages this rank pulls from it in ``layer`` lie, or None
+        where they move by collectives: no shared pools, a discard, or runs too short to pull.
+        One host collective, right before the pages are allocated: every rank says where the
+        pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and how
+        many runs its next free pages form, and every rank decides alike from all of it."""
         if not _pulls(layer, io) or plan.primitive is Primitive.DISCARD:
             return None
-        known = self._places.pop(layer.index, None)
-        if known is None or known[0] is not plan:
-            self._agree([(layer, plan)], io)
-            known = self._places.pop(layer.index)
-        return known[1]
+        route = self._pull_route(plan, io.rank, io.T)
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route),
+                                            layer.kv.free_runs(len(route.arriving))))
+        sent = [where for where, _ in shared]
+        listed = [r for where in sent for r in where if r is not None]
+        pages = sum(int(r[:, 1].sum()) for r in listed)
+        copies = sum(len(r) for r in listed) + sum(free for _, free in shared)  # at most: either side breaks a run
+        if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, min_run_bytes(io.peers)):
+            return None
+        return page_pulls.received_places(sent, layer.index, io.rank, route)
 
-    def _start_pulls(self, t: Transfer, places: list, states, page: dict, io: TransferContext) -> None:
+    def _start_pulls(self, t: Transfer, plan: StatePlan, places: list, states, page: dict,
+                     io: TransferContext) -> None:
         """Allocate the arriving pages; once every rank got here, pull each source's runs into
-        them; then issue, per state, the collective that completes once every rank's pulls did."""
-        layer, moving = t.layer, t.data
+        them (the runs along which both its pages and these are consecutive); then issue, per
+        state, the collective that completes once every rank's pulls did."""
+        layer = t.layer
+        t.data = moving = _Moving(self._pull_route(plan, io.rank, io.T), [])
         route: PullRoute = moving.route
         arriving = layer.kv.alloc_keys(route.arriving)
         moving.allocated = True
