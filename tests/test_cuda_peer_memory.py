@@ -1,7 +1,8 @@
-"""The cuda backend's peer memory on a real GPU: two processes (on two GPUs, or sharing the one
+"""The cuda backend's peer memory on a real GPU. Two processes (on two GPUs, or sharing the one
 there is: CUDA IPC works within a device too) allocate their buffers, exchange IPC handles over
 gloo, and pull runs of bytes out of each other's buffers on a side stream, getting exactly the
-peer's bytes (the conformance suite's check, ``splash_core.testing.cases.peer_memory``).
+peer's bytes (the conformance suite's check, ``splash_core.testing.cases.peer_memory``). And a
+model whose KV pool lives in that memory computes the same logits as one whose pool does not.
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -54,3 +55,26 @@ def test_cuda_ipc_pulls_exact_bytes():
     for p in procs:
         p.join(30)
     assert got == ["pulled", "pulled"], got
+
+
+def _same_step(ctx) -> float:
+    """Largest logit difference between a model whose KV pool is the backend's peer memory and one
+    whose pool is ordinary memory (same seeds): the kernels read the shared buffer alike."""
+    from splash_core.runtime.switch import bench
+
+    spec = dict(model="tiny-mla", dtype="bf16", kernels="backend", batch=4, page_size=16, rows=4, seed=0, initial="TP")
+    batch = bench.synthetic_batch(4, 256, 4, 1, 16)
+    out = []
+    for memory in (None, ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)):
+        model = bench.build(ctx, spec, 3, 256, pulls=False, peer_memory=memory)
+        assert (model.pool.buffer is not None) == (memory is not None)
+        bench.fill(model, batch)
+        out.append(model.step(batch, bench._tokens(ctx, model, batch)).float().cpu())
+    return float((out[0] - out[1]).abs().max())
+
+
+def test_pool_in_peer_memory_computes_as_ordinary_memory():
+    from splash_core.runtime.spawn import RankPool
+
+    with RankPool(1, backend="auto", timeout_s=300) as pool:
+        assert pool.run(_same_step) == [0.0]
