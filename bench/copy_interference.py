@@ -16,7 +16,8 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
   pool do (1 read and 1 write per byte; on this one GPU both sides of the copy are local memory);
 - ``pull``: the same runs through the backend's peer memory (the pool is allocated in it and
   shared with the group of one, so the peer is this rank itself): exactly the calls a switch's
-  pulls make (on CUDA, ``cuMemcpyDtoDAsync`` through ctypes).
+  pulls make (on CUDA, ``cuMemcpyDtoDAsync`` through ctypes). Left out where the backend has
+  no peer memory (the reference backend's is opt-in: ``SPLASH_PEER_PULLS=1``).
 
 Side work starts when the compute stream reaches the layer (as the switch executor aligns a
 layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time

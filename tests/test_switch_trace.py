@@ -51,7 +51,7 @@ def test_timeline_without_device_kernels_is_empty():
     assert category("void at::native::elementwise_kernel") == "other"
 
 
-def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
+def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path, monkeypatch):
     script = load_bench("switch_trace")
     args = script.parse_args(["--smoke", "--out", str(tmp_path), "--directions", "TP-CP,DP-DOP"])
     rows = rank_pools(2).run(script.device_trace.trace_switches, script.spec_of(args))[0]
@@ -62,6 +62,7 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
     for row in rows:  # the probed untraced steps: every layer of the smoke model, host always drained
         assert len(row["layers"]["compute_ms"]) == 2 and row["layers"]["drained"] == [3, 3]
     assert rows[1]["layers"]["totals"]["wait_ms"] > rows[0]["layers"]["totals"]["wait_ms"]
+    monkeypatch.setenv("SPLASH_PEER_PULLS", "1")  # the host's peer memory (opt-in) in the script's own ranks
     assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP", "--variants",
                         "base,nodefer,nodefer+collectives"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")

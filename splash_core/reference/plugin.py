@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import __version__
@@ -47,8 +49,11 @@ def splash_make_collectives(group, device):
 def splash_peer_memory(collectives, device):
     from . import peer_memory
 
-    if torch.device(device).type != "cpu" or not peer_memory.available():
-        return None  # host files serve host ranks only (an accelerator's backend brings its own)
+    # Host files serve host ranks only (an accelerator's backend brings its own), and only on
+    # request (SPLASH_PEER_PULLS=1): on the host a pull is a copy like gloo's, plus a host
+    # collective per layer, so it is the executable spec of pulls rather than a speed-up.
+    if torch.device(device).type != "cpu" or not peer_memory.available() or os.environ.get("SPLASH_PEER_PULLS") != "1":
+        return None
     return peer_memory.HostPeerMemory(collectives)
 
 

@@ -54,8 +54,9 @@ class RankContext:
     def peer_memory(self) -> PeerMemory | None:
         """The backend's peer memory, for KV pools that switches pull pages out of rank to rank
         (:class:`~splash_core.interfaces.PeerMemory`); None for a single rank, where the backend
-        has none, or where ``SPLASH_PEER_PULLS=0`` keeps pages on collectives. Every rank must
-        call it at the same point (the first call makes the host collectives)."""
+        has none (or, like the reference backend's, offers it only when ``SPLASH_PEER_PULLS=1``),
+        or where ``SPLASH_PEER_PULLS=0`` keeps pages on collectives. Every rank must call it at
+        the same point (the first call makes the host collectives)."""
         if self.world_size == 1 or os.environ.get("SPLASH_PEER_PULLS", "1") == "0":
             return None
         return self.backend.peer_memory(self.host_collectives(), self.device)

@@ -43,9 +43,9 @@ def _copier(ctx, model, nbytes: int, how: str, peers):
 
 def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int) -> dict:
     """Raw samples of every variant and size, interleaved over ``runs``, and what ran each copy kind."""
-    memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant
+    memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant, if any
     model = bench.build(ctx, spec, layers, context, peer_memory=memory)
-    peers = model.pool.memory.share(model.pool.buffer)
+    peers = memory.share(model.pool.buffer) if memory is not None else None
     batch = bench.synthetic_batch(spec["batch"], context, spec["rows"], 1, spec["page_size"])
     bench.fill(model, batch)
     tokens = bench._tokens(ctx, model, batch)
@@ -81,7 +81,8 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
         end.synchronize()
         return start.elapsed_time(end)
 
-    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers) for mib in sizes for how in VARIANTS[1:]}
+    kinds = [how for how in VARIANTS[1:] if how != "pull" or peers is not None]
+    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers) for mib in sizes for how in kinds}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
         for copy, _, _ in copiers.values():
@@ -102,7 +103,7 @@ def _what_runs(ctx, model, copiers) -> dict:
     if ctx.device.type == "cpu":
         return {}
     out = {}
-    for (how, _), (copy, _, _) in list(copiers.items())[: len(VARIANTS) - 1]:
+    for (how, _), (copy, _, _) in [(k, v) for k, v in copiers.items() if k[1] == next(iter(copiers))[1]]:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             copy(model.layers[0])
             torch.cuda.synchronize()
@@ -117,6 +118,8 @@ def run_lengths(ctx, spec: dict, context: int, mib: float, lengths: list[int], r
     import time
 
     memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)
+    if memory is None:
+        return []
     model = bench.build(ctx, spec, 1, context, peer_memory=memory)
     peers = model.pool.memory.share(model.pool.buffer)
     layer, streams = model.paged_layers[0], ctx.streams
