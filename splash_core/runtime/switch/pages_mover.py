@@ -198,11 +198,11 @@ class PagesMover:
 
     def _agreed(self, layer, plan: StatePlan, io: TransferContext) -> list | None:
         """Per source rank, where the pages this rank pulls from it in ``layer`` lie, or None
-        where they move by collectives: no shared pools, a discard, or runs too short to pull.
+        where they move by collectives: no shared pools, or runs too short to pull.
         One host collective, right before the pages are allocated: every rank says where the
         pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and how
         many runs its next free pages form, and every rank decides alike from all of it."""
-        if not _pulls(layer, io) or plan.primitive is Primitive.DISCARD:
+        if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
         shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route),
