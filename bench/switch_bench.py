@@ -333,7 +333,8 @@ def run(args, pool) -> int:
 
 def _pages_how(args) -> str:
     return ("moved by collectives" if args.collectives else
-            "pulled out of the peers' pools in peer memory where the backend has it (else by collectives)")
+            "pulled out of the peers' pools where the backend has peer memory and a layer's pages lie in runs "
+            "long enough for it (else by collectives)")
 
 
 def _print_primitives(costs, bare) -> None:

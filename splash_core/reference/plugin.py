@@ -52,7 +52,7 @@ def splash_peer_memory(collectives, device):
     # Host files serve host ranks only (an accelerator's backend brings its own), and only on
     # request (SPLASH_PEER_PULLS=1): on the host a pull is a copy like gloo's, plus a host
     # collective per layer, so it is the executable spec of pulls rather than a speed-up.
-    if torch.device(device).type != "cpu" or not peer_memory.available() or os.environ.get("SPLASH_PEER_PULLS") != "1":
+    if os.environ.get("SPLASH_PEER_PULLS") != "1" or torch.device(device).type != "cpu" or not peer_memory.available():
         return None
     return peer_memory.HostPeerMemory(collectives)
 

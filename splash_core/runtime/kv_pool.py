@@ -123,7 +123,8 @@ class LayerKV(BlockTables):
             kv_bytes = num_pages * fmt.kv_page_bytes
             self.offsets = {State.KV: offset, State.INDEXER: offset + _aligned(kv_bytes)}
             self.kv = _view(buffer, offset, kv_shape, fmt.kv_dtype)
-            self.indexer = _view(buffer, self.offsets[State.INDEXER], idx_shape, fmt.indexer_dtype) if fmt.indexer_width else None
+            self.indexer = (_view(buffer, self.offsets[State.INDEXER], idx_shape, fmt.indexer_dtype)
+                            if fmt.indexer_width else None)
         self._cache: tuple[int, dict] | None = None  # (version, {request ids: tables})
 
     def nbytes(self) -> dict[str, int]:

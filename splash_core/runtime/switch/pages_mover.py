@@ -120,11 +120,12 @@ class PagesMover:
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
-        """Build the route of ``plans`` for this rank now (planning time), so no layer pays for it."""
+        """Build the routes of ``plans`` for this rank now (planning time), so no layer pays for
+        them: the collective one (every layer's transfer starts from it) and, where the pools are
+        shared, the pull one."""
+        self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
         if io is not None and _pulls(layer, io):
             self._pull_route(plans[KV], rank, T)
-        else:
-            self._route(plans[KV], rank, T, layer.kv.format.page_bytes, buffered=io is not None and io.buffered)
 
     def _pull_route(self, plan: StatePlan, rank: int, T: int) -> PullRoute:
         known = self._routes.setdefault(plan, {})

@@ -90,16 +90,15 @@ class TransferContext:
     """Rank, side communicator, streams and kernels for the movers of one executor."""
 
     def __init__(self, *, rank: int, T: int, device, collectives: Collectives, streams: StreamOps,
-                 side_stream, kernels, timeout_s: float | None = None, fault: Fault | None = None,
-                 host: Collectives | None = None, peers: PeerBuffers | None = None):
-        """``host``: collectives on host memory, for what ranks agree on before moving (default:
-        ``collectives``); ``peers``: the group's shared KV pools, which pages are pulled out of
-        (None: pages move by collectives)."""
+                 side_stream, kernels, host: Collectives, timeout_s: float | None = None,
+                 fault: Fault | None = None, peers: PeerBuffers | None = None):
+        """``host``: collectives on host memory, for what ranks agree on before moving;
+        ``peers``: the group's shared KV pools, which pages are pulled out of (None: pages move
+        by collectives)."""
         self.rank, self.T, self.device = rank, T, device
         self.collectives, self.streams, self.side_stream = collectives, streams, side_stream
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
-        self.host = collectives if host is None else host
-        self.peers = peers
+        self.host, self.peers = host, peers
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
         self._flags: dict[State, torch.Tensor] = {}  # per state: the tensor of its pulls' collective
 
