@@ -17,13 +17,16 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
 - ``pull``: the same runs through the backend's peer memory (the pool is allocated in it and
   shared with the group of one, so the peer is this rank itself): exactly the calls a switch's
   pulls make (on CUDA, ``cuMemcpyDtoDAsync`` through ctypes). Left out where the backend has
-  no peer memory (the reference backend's is opt-in: ``SPLASH_PEER_PULLS=1``).
+  no peer memory (the reference backend's is opt-in: ``SPLASH_PEER_PULLS=1``);
+- ``pull_pitched``: as ``pull``, but from every other page, one pitched copy per request (rows
+  of a page, two pages apart: what a pull from a CP holder makes; ``cuMemcpy2DAsync``).
 
 Side work starts when the compute stream reaches the layer (as the switch executor aligns a
 layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time
 alone is measured too (``copy_alone_ms``), and one profiled copy of each kind names what ran it
 (a kernel, or a copy engine's ``Memcpy DtoD``). Then the first size's pages are pulled alone in
-runs of each of ``--run-lengths`` pages (``run_lengths``: device and host time), for the
+runs of each of ``--run-lengths`` pages, consecutive and pitched (``run_lengths``: device and
+host time), for the
 shortest run a pull is worth (``PeerBuffers.min_run_bytes``). Writes
 ``<out>/<platform>/copy_interference.json`` (command, machine, date, raw samples).
 ``--smoke`` runs the same code on tiny shapes on the CPU.
@@ -116,17 +119,19 @@ def main(argv=None) -> int:
               "pack + unpack of the pages (what the collective path does on both ends); memcpy: one "
               "cudaMemcpyAsync per request's run of pages (what a pull does), here within one GPU's memory; "
               "pull: the same runs through the backend's peer memory (the pool shared with itself); "
+              "pull_pitched: every other page, one pitched copy per request's pages; "
               "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs. run_lengths: "
-              "the first size's pages pulled alone in copies of run_pages pages each: device and host ms.")
+              "the first size's pages pulled alone in copies of run_pages pages each (pitched: every other "
+              "page, rows of a page): device and host ms.")
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)")
-    print(f"{'variant':8s} {'MiB':>7s} {'step ms':>9s} {'+ms':>8s} {'+%':>6s} {'ms/GiB':>7s} {'copy ms':>8s}")
+    print(f"{'variant':12s} {'MiB':>7s} {'step ms':>9s} {'+ms':>8s} {'+%':>6s} {'ms/GiB':>7s} {'copy ms':>8s}")
     for r in rows:
-        print(f"{r['variant']:8s} {r['mib_per_layer']:7.0f} {r['step_ms']:9.2f} {r['slowdown_ms']:8.2f} "
+        print(f"{r['variant']:12s} {r['mib_per_layer']:7.0f} {r['step_ms']:9.2f} {r['slowdown_ms']:8.2f} "
               f"{r['slowdown_pct']:6.2f} {r['slowdown_ms_per_gib']:7.3f} {r['copy_alone_ms']:8.3f}")
     print(f"alone: {rows[0]['step_alone_ms']:.2f} ms; ran: {out['ran']}")
-    print(f"{'run pages':>9s} {'run KiB':>8s} {'copies':>7s} {'device ms':>9s} {'GB/s':>7s} {'host ms':>8s}")
+    print(f"{'pitched':>7s} {'run pages':>9s} {'run KiB':>8s} {'copies':>7s} {'device ms':>9s} {'GB/s':>7s} {'host ms':>8s}")
     for r in lengths:
-        print(f"{r['run_pages']:9d} {r['run_bytes'] / 1024:8.0f} {r['copies']:7d} {r['device_ms']:9.3f} "
+        print(f"{str(r.get('pitched', False)):>7s} {r['run_pages']:9d} {r['run_bytes'] / 1024:8.0f} {r['copies']:7d} {r['device_ms']:9.3f} "
               f"{r['bytes'] / max(r['device_ms'], 1e-9) / 1e6:7.1f} {r['host_ms']:8.3f}")
     return 0
 

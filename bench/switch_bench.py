@@ -318,7 +318,8 @@ def run(args, pool) -> int:
                f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
                f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
                f"are planned in each pair's warm-up run (plan_ms) and reused. splash_host: per direction, p50 of the "
-               f"host time of SPLASH's switch work (SwitchReport.host_ms) and of the step's waits on transfers. "
+               f"host time of SPLASH's switch work (SwitchReport.host_ms) and of the step's waits on transfers, and "
+               f"the most layers whose pages rank 0 pulled in a run. "
                f"splash_parts: per direction, p50 over timed runs of rank 0's SPLASH-minus-ready step time split "
                f"into before the first layer, the first layer's wait, later waits and computing (interference), "
                f"from compute-stream events at every layer, and the wait after the last layer for the first moving "
@@ -348,15 +349,17 @@ def _print_primitives(costs, bare) -> None:
 
 def splash_host_summary(per_rank: list[dict], warmup: int) -> dict[str, dict]:
     """Per direction, p50 over timed runs of the slowest rank's host time in SPLASH's switch work
-    (``SwitchReport.host_ms``) and of its waits on transfers (``exposed_ms``)."""
-    runs: dict[str, list[tuple[float, float]]] = {}
+    (``SwitchReport.host_ms``) and of its waits on transfers (``exposed_ms``), and the most
+    layers whose pages rank 0 pulled in a run (the rest moved by collectives)."""
+    runs: dict[str, list[tuple[float, float, int]]] = {}
     for i, e in enumerate(per_rank[0]["exposed"]):
         if e["run"] >= warmup:
             worst = [r["exposed"][i] for r in per_rank]
             runs.setdefault(f"{e['src']}->{e['dst']}", []).append(
-                (max(w["host_ms"] for w in worst), max(w["exposed_ms"] for w in worst)))
-    return {k: {"host_p50_ms": percentile([h for h, _ in v], 50), "exposed_p50_ms": percentile([x for _, x in v], 50)}
-            for k, v in runs.items()}
+                (max(w["host_ms"] for w in worst), max(w["exposed_ms"] for w in worst), e.get("pulled_layers", 0)))
+    return {k: {"host_p50_ms": percentile([h for h, _, _ in v], 50),
+                "exposed_p50_ms": percentile([x for _, x, _ in v], 50),
+                "pulled_layers_max": max(n for _, _, n in v)} for k, v in runs.items()}
 
 
 PARTS = ("before_first_ms", "first_wait_ms", "later_waits_ms", "compute_ms", "after_last_ms")
@@ -390,17 +393,17 @@ def _print_parts(parts: dict[str, dict]) -> None:
 def _print_overheads(directions, targets, host) -> None:
     t = {(x["src"], x["dst"]): x for x in targets}
     print(f"{'direction':10s} {'ready':>9s} {'blocking':>9s} {'splash':>9s} {'dBlock p50(p95)':>18s} "
-          f"{'dSPLASH p50(p95)':>18s} {'%ready':>7s} {'vs block':>8s} {'host':>7s} {'waits':>6s}")
+          f"{'dSPLASH p50(p95)':>18s} {'%ready':>7s} {'vs block':>8s} {'host':>7s} {'waits':>6s} {'pulled':>6s}")
     for d in directions:
         x = t[(d["src"], d["dst"])]
-        h = host.get(f"{d['src']}->{d['dst']}", {"host_p50_ms": 0.0, "exposed_p50_ms": 0.0})
+        h = host.get(f"{d['src']}->{d['dst']}", {"host_p50_ms": 0.0, "exposed_p50_ms": 0.0, "pulled_layers_max": 0})
         red = f"{x['reduction_vs_blocking_pct']:7.2f}%" if "reduction_vs_blocking_pct" in x else "       -"
         print(f"{d['src'] + '->' + d['dst']:10s} {d['ready_p50_ms']:9.2f} {d['blocking_p50_ms']:9.2f} "
               f"{d['splash_p50_ms']:9.2f} {d['blocking_overhead_p50_ms']:8.2f}({d['blocking_overhead_p95_ms']:8.2f}) "
               f"{d['splash_overhead_p50_ms']:8.2f}({d['splash_overhead_p95_ms']:8.2f}) {x['splash_pct_of_ready']:6.2f}% "
-              f"{red} {h['host_p50_ms']:7.2f} {h['exposed_p50_ms']:6.2f}")
+              f"{red} {h['host_p50_ms']:7.2f} {h['exposed_p50_ms']:6.2f} {h['pulled_layers_max']:6d}")
     print("host: SPLASH's switch work on the host (checks, issuing and landing every layer), waits: the step's "
-          "waits on transfers; p50 ms, slowest rank")
+          "waits on transfers; p50 ms, slowest rank; pulled: layers whose pages were pulled (rank 0)")
 
 
 def main(argv=None) -> int:

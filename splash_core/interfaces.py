@@ -96,12 +96,14 @@ class PeerBuffers(Protocol):
     costs the host a call and the device a copy's start)."""
 
     def pull(self, peer: int, runs) -> None:
-        """Copy bytes of ``peer``'s buffer into this rank's: for each row ``(src, dst, nbytes)`` of
-        ``runs`` ([k, 3] int64 byte offsets), bytes ``[src, src + nbytes)`` of the peer's buffer
-        to ``[dst, dst + nbytes)`` of this rank's, asynchronously in the order of the current
-        stream, on copy engines where the device has them (a pull takes no processors from the
-        computation beside it). The peer's bytes must stay as they are until the pull is done:
-        work queued on the current stream after the pull (a collective, say) runs after it."""
+        """Copy bytes of ``peer``'s buffer into this rank's. Each row of ``runs`` ([k, 6] int64) is
+        one copy ``(src, dst, row_bytes, rows, src_pitch, dst_pitch)``: for j < ``rows``, bytes
+        ``[src + j src_pitch, + row_bytes)`` of the peer's buffer to ``[dst + j dst_pitch,
+        + row_bytes)`` of this rank's (``rows = 1``: one plain copy; pitches >= ``row_bytes``;
+        a copy of 0 bytes does nothing). Asynchronous, in the order of the current stream, on
+        copy engines where the device has them (a pull takes no processors from the computation
+        beside it). The peer's bytes must stay as they are until the pull is done: work queued
+        on the current stream after the pull (a collective, say) runs after it."""
 
     def close(self) -> None:
         """Unmap the peers' buffers (no pull may be in flight)."""

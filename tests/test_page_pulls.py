@@ -5,11 +5,12 @@ out in one shared buffer, and the reference backend's peer memory (files in shar
   source lists where the pages a peer fetches lie in its pool; the peer pulls them into pages
   it allocated) delivers each rank exactly the keys it fetches, with every page's contents
   from the page that holds it, and the byte runs cover exactly those pages.
-- Runs of consecutive pages round-trip, and a source that lists the wrong number of pages is
-  named.
+- Runs of pages at constant steps (consecutive, or every T-th as CP holds them: one pitched
+  copy) round-trip, are the longest ones left to right, and a source that lists the wrong
+  number of pages is named.
 - A KV pool in peer memory puts every layer's KV and indexer pages in one zeroed buffer at
   aligned offsets that are the same on every rank.
-- Host peer memory: bytes pulled are the peer's, no file is ever left in ``/dev/shm`` (shared
+- Host peer memory: bytes pulled (plain and pitched copies) are the peer's, no file is ever left in ``/dev/shm`` (shared
   or not), a full shared-memory directory is a clear error, and ranks that disagree on the size
   fail alike.
 """
@@ -82,11 +83,15 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
                         assert places[s] is None
                         continue
                     runs = page_pulls.pull_runs(places[s], arriving[first: first + count])
+                    # each request's pages lie at one step in its holder's pool (every T-th where
+                    # CP splits them) and the free pages here break once: a copy per request, +1
+                    assert len(runs) <= len(batch.requests) + 1, (src, dst, runs.tolist())
                     for side, want in ((0, places[s]), (1, arriving[first: first + count])):  # runs cover both, in order
-                        assert page_pulls.expand(runs[:, [side, 2]]).tolist() == want.tolist()
+                        assert page_pulls.expand(runs[:, [side, 2, 3 + side]]).tolist() == want.tolist()
                     source = pools[s].kv.view(-1).view(torch.uint8)
-                    for a, b, n in page_pulls.byte_runs(runs, 0, page_bytes).tolist():
-                        buffer[b: b + n] = source[a: a + n]
+                    for a, b, n, rows, a_pitch, b_pitch in page_pulls.byte_runs(runs, 0, page_bytes).tolist():
+                        for j in range(rows):
+                            buffer[b + j * b_pitch: b + j * b_pitch + n] = source[a + j * a_pitch: a + j * a_pitch + n]
                     first += count
             for r in range(T):
                 pool = pools[r]
@@ -102,12 +107,47 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
 def test_runs_round_trip_and_joint_runs_break_on_either_side():
     pages = np.array([4, 5, 6, 9, 10, 2, 3, 3 + 1, 11])
     runs = page_pulls.runs(pages)
-    assert runs.tolist() == [[4, 3], [9, 2], [2, 3], [11, 1]]
+    assert runs.tolist() == [[4, 3, 1], [9, 2, 1], [2, 3, 1], [11, 1, 1]]
     assert page_pulls.expand(runs).tolist() == pages.tolist()
     assert page_pulls.expand(page_pulls.runs(np.zeros(0))).size == 0
     src, dst = np.array([7, 8, 9, 10, 20]), np.array([0, 1, 5, 6, 7])
-    assert page_pulls.pull_runs(src, dst).tolist() == [[7, 0, 2], [9, 5, 2], [20, 7, 1]]
-    assert page_pulls.byte_runs(np.array([[7, 0, 2]]), 100, 8).tolist() == [[156, 100, 16]]
+    assert page_pulls.pull_runs(src, dst).tolist() == [[7, 0, 2, 1, 1], [9, 5, 2, 1, 1], [20, 7, 1, 1, 1]]
+    assert page_pulls.byte_runs(np.array([[7, 0, 2, 1, 1]]), 100, 8).tolist() == [[156, 100, 16, 1, 16, 16]]
+
+
+def test_every_t_th_page_is_one_run_and_one_pitched_copy():
+    cp_pages = np.concatenate([np.arange(0, 20, 2), np.arange(41, 50, 2)])  # two requests, every other page
+    assert page_pulls.runs(cp_pages).tolist() == [[0, 10, 2], [41, 5, 2]]
+    assert page_pulls.expand(page_pulls.runs(cp_pages)).tolist() == cp_pages.tolist()
+    pulled = page_pulls.pull_runs(cp_pages, np.arange(100, 115))
+    assert pulled.tolist() == [[0, 100, 10, 2, 1], [41, 110, 5, 2, 1]]
+    assert page_pulls.byte_runs(pulled, 1000, 8).tolist() == [[1000, 1800, 8, 10, 16, 8], [1328, 1880, 8, 5, 16, 8]]
+    assert page_pulls.pull_runs(np.array([5, 3, 1]), np.array([0, 1, 2])).tolist() == [  # no negative pitches
+        [5, 0, 1, 1, 1], [3, 1, 1, 1, 1], [1, 2, 1, 1, 1]]
+
+
+def _greedy_runs(x: np.ndarray) -> list[list[int]]:
+    """The cut :func:`page_pulls.progressions` makes, one row at a time."""
+    out, i = [], 0
+    while i < len(x):
+        j = i + 1
+        if j < len(x) and (x[j] > x[i]).all():
+            while j + 1 < len(x) and (x[j + 1] - x[j] == x[i + 1] - x[i]).all():
+                j += 1
+            out.append([i, j - i + 1])
+            i = j + 1
+        else:
+            out.append([i, 1])
+            i += 1
+    return out
+
+
+def test_progressions_are_the_longest_runs_left_to_right():
+    rng = np.random.default_rng(3)
+    for _ in range(3000):
+        m, c = int(rng.integers(0, 16)), int(rng.integers(1, 3))
+        x = rng.integers(0, 20, (m, c)) if rng.random() < 0.3 else rng.integers(-1, 4, (m, c)).cumsum(axis=0)
+        assert page_pulls.progressions(x).tolist() == _greedy_runs(x), x.tolist()
 
 
 def test_pulls_only_where_runs_are_long_enough():
@@ -175,8 +215,13 @@ def _host_pulls(ctx, nbytes):
     expected = torch.arange(nbytes, dtype=torch.int64).mul(peer + 1).remainder(256).to(torch.uint8)
     region, me = nbytes // ctx.world_size, ctx.rank  # region r of a buffer: rank r pulls into it, reads it of peers
     got = buffer.clone()
-    peers.pull(peer, [(me * region, me * region, region)])
-    got[me * region: (me + 1) * region] = expected[me * region: (me + 1) * region]
+    half = region // 2  # a plain copy of the first half, a pitched one of every other 8 bytes of the second
+    peers.pull(peer, [(me * region, me * region, half, 1, half, half),
+                      (me * region + half, me * region + half, 8, half // 16, 16, 16)])
+    got[me * region: me * region + half] = expected[me * region: me * region + half]
+    for j in range(half // 16):
+        at = me * region + half + 16 * j
+        got[at: at + 8] = expected[at: at + 8]
     ctx.host_collectives().barrier()
     ok = torch.equal(buffer, got)
     try:

@@ -408,13 +408,16 @@ def test_copy_interference_rows_show_slowdowns_and_device_work():
               "bytes_per_layer": 1, "copies_per_layer": 16}
     kw = dict(benchmark="copy_interference", platform="h200", backend="hopper", model="deepseek-v3", T=1, dtype="bf16",
               samples=[sample])
-    lengths = [{"run_pages": 4, "run_bytes": 4096, "copies": 10, "bytes": 40960, "device_ms": 0.5, "host_ms": 0.25}]
+    lengths = [{"run_pages": 4, "run_bytes": 4096, "copies": 10, "bytes": 40960, "device_ms": 0.5, "host_ms": 0.25},
+               {"run_pages": 4, "run_bytes": 4096, "copies": 10, "bytes": 40960, "device_ms": 0.5, "host_ms": 0.25,
+                "pitched": True}]
     data = make_result(summary={"workload": "w", "rows": [row]},
                        extra={"ran": {"memcpy": ["Memcpy DtoD (Device)"]}, "run_lengths": lengths}, **kw)
     lines = transport.render_copies(Result("x.json", data), None)
     assert [line for line in lines if line.startswith("| memcpy")] == [
         "| memcpy | 576 | 100.00 | 103.00 | 3.00 | 3.00% | 0.500 | 0.50 | Memcpy DtoD |"]
-    assert "| 4 | 4 | 10 | 0.50 | 0 | 0.25 |" in lines  # 40960 bytes in 0.5 ms
+    assert "| consecutive | 4 | 4 | 10 | 0.50 | 0 | 0.25 |" in lines  # 40960 bytes in 0.5 ms
+    assert "| pitched | 4 | 4 | 10 | 0.50 | 0 | 0.25 |" in lines
     with pytest.raises(ResultError, match="rows"):  # the same row twice
         make_result(summary={"workload": "w", "rows": [row, row]}, **kw)
 

@@ -167,10 +167,11 @@ def _holders(layout, rid, page, batch, T):
     return {r for r in range(T) if held_pages(layout, rid, owner, [page], r, T).size}
 
 
-def test_free_runs_counts_the_runs_the_next_allocation_takes():
+def test_next_free_lists_the_pages_the_next_allocation_takes():
     kv = _pool(16)
-    assert kv.free_runs(5) == 1  # a fresh pool hands out 0, 1, 2, ...
+    assert kv.next_free(5).tolist() == [0, 1, 2, 3, 4]  # a fresh pool hands out 0, 1, 2, ...
     kv.alloc(1, np.arange(8))
     kv.free(1, [1, 3, 5])  # back on top: 5, 3, 1, then 8, 9, ...
-    taken = kv.free_runs(6)
-    assert taken == 4 and kv.alloc(2, np.arange(6)).tolist() == [1, 3, 5, 8, 9, 10]
+    taken = kv.next_free(6)
+    assert kv.alloc(2, np.arange(6)).tolist() == taken.tolist() == [1, 3, 5, 8, 9, 10]
+    assert kv.next_free(99).size == kv.free_pages

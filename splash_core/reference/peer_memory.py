@@ -42,8 +42,11 @@ class HostPeerBuffers:
 
     def pull(self, peer: int, runs) -> None:
         source = self.peers[peer]
-        for src, dst, n in np.asarray(runs, dtype=np.int64).reshape(-1, 3).tolist():
-            self.mine[dst: dst + n].copy_(source[src: src + n])
+        for src, dst, width, rows, src_pitch, dst_pitch in np.asarray(runs, dtype=np.int64).reshape(-1, 6).tolist():
+            if rows == 1:
+                self.mine[dst: dst + width].copy_(source[src: src + width])
+            elif rows and width:
+                _rows(self.mine, dst, rows, width, dst_pitch).copy_(_rows(source, src, rows, width, src_pitch))
 
     def close(self) -> None:
         self.peers = []
@@ -89,6 +92,11 @@ class HostPeerMemory:
             self.collectives.barrier()  # every rank has mapped every file (or failed trying)
             os.close(fd)
         return HostPeerBuffers(buffer, peers)
+
+
+def _rows(buffer: torch.Tensor, first: int, rows: int, width: int, pitch: int) -> torch.Tensor:
+    """[rows, width] view of ``buffer`` (1-D bytes) starting at byte ``first``, rows ``pitch`` apart."""
+    return buffer.as_strided((rows, width), (pitch, 1), buffer.storage_offset() + first)
 
 
 def _path(pid: int, fd: int) -> str:

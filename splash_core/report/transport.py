@@ -34,7 +34,8 @@ def render_copies(result: Result, _ctx: Context) -> list[str]:
              "milliseconds): the step alone and with the copies beside every layer, the slowdown (also per GiB "
              "of pages moved over the step), and one layer's copies alone on an idle device. kernels: the pack "
              "and unpack kernels of the collective path (2 reads and 2 writes per byte); memcpy and pull: one "
-             "copy per run of pages (1 read and 1 write), by torch and through the backend's peer memory.", ""]
+             "copy per run of pages (1 read and 1 write), by torch and through the backend's peer memory; "
+             "pull_pitched: every other page, one pitched copy per request.", ""]
     ran = result.data.get("ran") or {}
     rows = [[r["variant"], f"{r['mib_per_layer']:g}", ms(r["step_alone_ms"]), ms(r["step_ms"]), ms(r["slowdown_ms"]),
              f"{r['slowdown_pct']:.2f}%", f"{r['slowdown_ms_per_gib']:.3f}", ms(r["copy_alone_ms"]),
@@ -45,9 +46,10 @@ def render_copies(result: Result, _ctx: Context) -> list[str]:
     lengths = result.data.get("run_lengths") or []
     if not lengths:
         return lines
-    rows = [[str(r["run_pages"]), f"{r['run_bytes'] / 1024:.0f}", str(r["copies"]), ms(r["device_ms"]),
+    rows = [["pitched" if r.get("pitched") else "consecutive", str(r["run_pages"]), f"{r['run_bytes'] / 1024:.0f}", str(r["copies"]), ms(r["device_ms"]),
              f"{r['bytes'] / max(r['device_ms'], 1e-9) / 1e6:.0f}", ms(r["host_ms"])] for r in lengths]
     return lines + ["One layer's pages pulled alone through the backend's peer memory, in copies of a given "
-                    "number of pages each (p50, milliseconds): where copies are short the host's calls, not the "
-                    "copy engines, set the time.", ""] + table(
-        ["pages per copy", "KiB per copy", "copies", "device ms", "GB/s", "host ms"], rows, "rrrrrr") + [""]
+                    "number of pages each, consecutive pages or every other page in pitched copies (p50, "
+                    "milliseconds): where copies are short the host's calls, not the copy engines, set the time.",
+                    ""] + table(["source pages", "pages per copy", "KiB per copy", "copies", "device ms", "GB/s",
+                                 "host ms"], rows, "lrrrrrr") + [""]

@@ -204,11 +204,10 @@ class BlockTables:
         self.version += 1
         return physical
 
-    def free_runs(self, n: int) -> int:
-        """How many runs of consecutive pages the ``n`` pages the next allocation would hand out
-        form (the top of the free list, in the order :meth:`alloc_keys` gives them)."""
-        top = self._stack[max(self._nfree - n, 0): self._nfree][::-1]
-        return int(top.size and 1 + np.count_nonzero(np.diff(top) != 1))
+    def next_free(self, n: int) -> np.ndarray:
+        """The physical pages the next allocation of ``n`` pages would hand out (the top of the
+        free list, in the order :meth:`alloc_keys` gives them; fewer where fewer are free)."""
+        return self._stack[max(self._nfree - n, 0): self._nfree][::-1].copy()
 
     def free_keys(self, keys: PageKeys) -> int:
         """Return the pages of ``keys`` to the free list (keys not held are skipped); returns how many."""

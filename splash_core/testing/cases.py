@@ -83,8 +83,8 @@ def side_communicator(ctx):
 
 def peer_memory(ctx) -> str:
     """The backend's peer memory (if it has one): every rank pulls runs of bytes out of every
-    peer's shared buffer on a side stream, uneven and empty runs included, and gets exactly
-    those bytes; its own buffer is untouched where nothing was pulled into it."""
+    peer's shared buffer on a side stream, uneven, empty and pitched (many-row) ones included,
+    and gets exactly those bytes; its own buffer is untouched where nothing was pulled into it."""
     memory = ctx.peer_memory()
     if memory is None:
         return "none"
@@ -96,11 +96,15 @@ def peer_memory(ctx) -> str:
     buffer.copy_(pattern(me).to(torch.uint8))
     ctx.streams.synchronize()
     peers = memory.share(buffer)  # every rank's buffer is written before any is shared
-    # from each peer s: three runs (one empty) out of region s of its buffer, which no rank pulls
-    # into, into region s of this one, which only s fills
+    # from each peer s: out of region s of its buffer, which no rank pulls into, into region s of
+    # this one, which only s fills: three plain copies (one empty) and two pitched ones (one
+    # spreading rows out, one gathering every third 40-byte row)
     region = nbytes // size
-    runs = {s: [(s * region + s * 97 % 1024, s * region, 300 + s), (s * region + 4000, s * region + 512, 0),
-                ((s + 1) * region - 1000, s * region + 1024, 1000)] for s in range(size) if s != me}
+    runs = {s: [(s * region + s * 97 % 1024, s * region, 300 + s, 1, 300 + s, 300 + s),
+                (s * region + 4000, s * region + 512, 0, 1, 0, 0),
+                ((s + 1) * region - 1000, s * region + 1024, 1000, 1, 1000, 1000),
+                (s * region + 2100 + s, s * region + 2048, 24, 7, 24, 64),
+                (s * region + 3000, s * region + 2600, 40, 9, 120, 40)] for s in range(size) if s != me}
     side, done = ctx.streams.new_stream(), ctx.streams.new_event()
     with ctx.streams.use_stream(side):
         for s, rows in runs.items():
@@ -110,8 +114,10 @@ def peer_memory(ctx) -> str:
     ctx.host_collectives().barrier()  # no rank changes its buffer while a peer may still pull
     want = pattern(me).to(torch.uint8)
     for s, rows in runs.items():
-        for src, dst, n in rows:
-            want[dst: dst + n] = pattern(s).to(torch.uint8)[src: src + n]
+        for src, dst, n, count, src_pitch, dst_pitch in rows:
+            for j in range(count):
+                a, b = src + j * src_pitch, dst + j * dst_pitch
+                want[b: b + n] = pattern(s).to(torch.uint8)[a: a + n]
     got = buffer.cpu()
     assert torch.equal(got, want.cpu()), f"rank {me}: pulled bytes differ at {int((got != want.cpu()).nonzero()[0])}"
     peers.close()

@@ -1,7 +1,8 @@
 """Peer memory over CUDA IPC (``splash_peer_memory``): a rank's KV pool is one ``cuMemAlloc``
 allocation, whose IPC handle the group exchanges over host collectives; every rank opens its
 peers' handles in its own context (peer access enabled lazily, as NCCL's P2P transport does),
-and a pull is one ``cuMemcpyDtoDAsync`` per run of pages on the current stream. A copy between
+and a pull is one ``cuMemcpyDtoDAsync`` per run of pages on the current stream (one
+``cuMemcpy2DAsync`` per run of every T-th page). A copy between
 two GPUs' memories is carried by a copy engine, so a switch's page traffic takes none of the
 processors the step computes on.
 
@@ -28,6 +29,19 @@ class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
+class _Memcpy2D(ctypes.Structure):
+    # CUDA_MEMCPY2D (cuda.h): source then destination, each (x, y, memory type, host, device,
+    # array, pitch), then the copy's width in bytes and height in rows.
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", ctypes.c_size_t), ("Y", ctypes.c_size_t), ("MemoryType", ctypes.c_int),
+        ("Host", ctypes.c_void_p), ("Device", ctypes.c_uint64), ("Array", ctypes.c_void_p),
+        ("Pitch", ctypes.c_size_t))] + [("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+
+_MEMORYTYPE_DEVICE = 2  # CU_MEMORYTYPE_DEVICE
+_MAX_PITCH = 11  # CU_DEVICE_ATTRIBUTE_MAX_PITCH
+
+
 class _Driver:
     """The few driver calls peer memory makes, each checked."""
 
@@ -44,6 +58,9 @@ class _Driver:
         self._sig(lib, "cuIpcOpenMemHandle_v2", [ctypes.POINTER(ptr), _IpcHandle, ctypes.c_uint])
         self._sig(lib, "cuIpcCloseMemHandle", [ptr])
         self._sig(lib, "cuMemcpyDtoDAsync_v2", [ptr, ptr, size, ctypes.c_void_p])
+        self._sig(lib, "cuMemcpy2DAsync_v2", [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p])
+        self._sig(lib, "cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int])
+        self._sig(lib, "cuDeviceGetAttribute", [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int])
         self._sig(lib, "cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
         self.lib = lib
 
@@ -100,14 +117,28 @@ class CudaPeerBuffers:
 
     def __init__(self, device: torch.device, mine: int, peers: list[int], keep):
         self.device, self.mine, self.peers, self._keep = device, mine, peers, keep
+        self._max_pitch = _max_pitch(self.device)
+        self._copy2d = _Memcpy2D(srcMemoryType=_MEMORYTYPE_DEVICE, dstMemoryType=_MEMORYTYPE_DEVICE)
 
     def pull(self, peer: int, runs) -> None:
+        """One ``cuMemcpyDtoDAsync`` per one-row copy, one ``cuMemcpy2DAsync`` per pitched one (row
+        by row where a pitch exceeds the device's largest)."""
         driver, base = _driver(), self.peers[peer]
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-        for src, dst, n in np.asarray(runs, dtype=np.int64).reshape(-1, 3).tolist():
-            if n:
-                driver.check(driver.lib.cuMemcpyDtoDAsync_v2(self.mine + dst, base + src, n, stream),
-                             f"copy of {n} bytes from rank {peer}")
+        for src, dst, width, rows, src_pitch, dst_pitch in np.asarray(runs, dtype=np.int64).reshape(-1, 6).tolist():
+            if not width or not rows:
+                continue
+            if rows == 1 or max(src_pitch, dst_pitch) > self._max_pitch:
+                for j in range(rows):
+                    driver.check(driver.lib.cuMemcpyDtoDAsync_v2(self.mine + dst + j * dst_pitch,
+                                                                 base + src + j * src_pitch, width, stream),
+                                 f"copy of {width} bytes from rank {peer}")
+                continue
+            c = self._copy2d
+            c.srcDevice, c.srcPitch, c.dstDevice, c.dstPitch = base + src, src_pitch, self.mine + dst, dst_pitch
+            c.WidthInBytes, c.Height = width, rows
+            driver.check(driver.lib.cuMemcpy2DAsync_v2(ctypes.byref(c), stream),
+                         f"pitched copy of {rows} x {width} bytes from rank {peer}")
 
     def close(self) -> None:
         driver = _driver()
@@ -119,6 +150,14 @@ class CudaPeerBuffers:
     def __del__(self):
         if self.peers:
             self.close()
+
+
+def _max_pitch(device: torch.device) -> int:
+    driver, handle, value = _driver(), ctypes.c_int(), ctypes.c_int()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    driver.check(driver.lib.cuDeviceGet(ctypes.byref(handle), index), "cuDeviceGet")
+    driver.check(driver.lib.cuDeviceGetAttribute(ctypes.byref(value), _MAX_PITCH, handle), "max pitch")
+    return int(value.value)
 
 
 class CudaPeerMemory:

@@ -342,7 +342,8 @@ def switch_overhead(ctx, spec: dict) -> dict:
                         exposed.append({"src": str(src), "dst": str(dst), "exposed_ms": report.exposed_ms,
                                         "first_layer_wait_ms": next((r.wait_ms for r in report.layers
                                                                      if r.index != report.deferred_layer), 0.0),
-                                        "host_ms": report.host_ms, "run": run})
+                                        "host_ms": report.host_ms, "run": run,
+                                        "pulled_layers": sum("pull" in r.primitives.values() for r in report.layers)})
             if run >= spec["warmup"]:
                 done += 1
                 for src, dst in ((a, b), (b, a)):

@@ -8,16 +8,35 @@ import torch
 from ...layouts import State
 from . import bench
 
-VARIANTS = ("alone", "kernels", "memcpy", "pull")
+VARIANTS = ("alone", "kernels", "memcpy", "pull", "pull_pitched")
+PULLS = ("pull", "pull_pitched")
+
+
+def pull_copies(base: int, page_bytes: int, src_first: int, dst_first: int, pages: int, per_copy: int,
+                pitched: bool) -> list[tuple[int, ...]]:
+    """Copies (:meth:`PeerBuffers.pull` rows) of ``pages`` pages, ``per_copy`` a copy, to
+    consecutive pages from ``dst_first``: from consecutive pages from ``src_first``, or
+    (``pitched``) from every other page from there, one pitched copy each (what a pull from a
+    CP holder does)."""
+    out = []
+    for first in range(0, pages, per_copy):
+        n = min(per_copy, pages - first)
+        dst = base + (dst_first + first) * page_bytes
+        if pitched:
+            out.append((base + (src_first + 2 * first) * page_bytes, dst, page_bytes, n, 2 * page_bytes, page_bytes))
+        else:
+            out.append((base + (src_first + first) * page_bytes, dst, n * page_bytes, 1, n * page_bytes, n * page_bytes))
+    return out
 
 
 def _copier(ctx, model, nbytes: int, how: str, peers):
     """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
     by the pack and unpack kernels, or by one memcpy per request's run of pages (torch's, or a
-    pull through ``peers``, this rank's own shared pool)."""
+    pull through ``peers``, this rank's own shared pool; ``pull_pitched``: every other page, one
+    pitched copy per request)."""
     layer0 = model.paged_layers[0]
     page_bytes = layer0.kv.format.kv_page_bytes
-    pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 2))
+    pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 3))  # sources span 2x, apart from the last
     per_request = max(1, pages // 16)
     runs = [(i * per_request, min(per_request, pages - i * per_request)) for i in range(-(-pages // per_request))]
     src = torch.arange(pages, device=ctx.device, dtype=torch.int32)
@@ -29,10 +48,9 @@ def _copier(ctx, model, nbytes: int, how: str, peers):
         cache = layer.kv.kv
         if how == "kernels":
             kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
-        elif how == "pull":
-            base, last = layer.kv.offsets[State.KV], layer.kv.num_pages - pages
-            peers.pull(0, [(base + first * page_bytes, base + (last + first) * page_bytes, n * page_bytes)
-                           for first, n in runs])
+        elif how in PULLS:
+            peers.pull(0, pull_copies(layer.kv.offsets[State.KV], page_bytes, 0, layer.kv.num_pages - pages, pages,
+                                      per_request, how == "pull_pitched"))
         else:
             for first, n in runs:
                 cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
@@ -81,7 +99,7 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
         end.synchronize()
         return start.elapsed_time(end)
 
-    kinds = [how for how in VARIANTS[1:] if how != "pull" or peers is not None]
+    kinds = [how for how in VARIANTS[1:] if how not in PULLS or peers is not None]
     copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers) for mib in sizes for how in kinds}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
@@ -113,8 +131,9 @@ def _what_runs(ctx, model, copiers) -> dict:
 
 def run_lengths(ctx, spec: dict, context: int, mib: float, lengths: list[int], runs: int) -> list[dict]:
     """``mib`` of one layer's pages pulled through the backend's peer memory (the pool shared with
-    itself) in runs of each of ``lengths`` pages, on an idle device: device and host time per
-    layer, p50 over ``runs`` (what decides the shortest run worth a pull)."""
+    itself) in runs of each of ``lengths`` pages, consecutive and (``pitched``) every other page
+    in pitched copies, on an idle device: device and host time per layer, p50 over ``runs``
+    (what decides the shortest run worth a pull)."""
     import time
 
     memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)
@@ -124,24 +143,23 @@ def run_lengths(ctx, spec: dict, context: int, mib: float, lengths: list[int], r
     peers = model.pool.memory.share(model.pool.buffer)
     layer, streams = model.paged_layers[0], ctx.streams
     page_bytes, base = layer.kv.format.kv_page_bytes, layer.kv.offsets[State.KV]
-    pages = min(int(mib * (1 << 20) // page_bytes), layer.kv.num_pages // 2)
+    pages = min(int(mib * (1 << 20) // page_bytes), layer.kv.num_pages // 3)
     out = []
-    for length in lengths:
-        firsts = range(0, pages, length)
-        copies = [(base + f * page_bytes, base + (layer.kv.num_pages - pages + f) * page_bytes,
-                   min(length, pages - f) * page_bytes) for f in firsts]
-        device, host = [], []
-        for _ in range(runs + 1):
-            streams.synchronize()
-            start, end = streams.new_event(timing=True), streams.new_event(timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            peers.pull(0, copies)
-            host.append((time.perf_counter() - t0) * 1e3)
-            end.record()
-            end.synchronize()
-            device.append(start.elapsed_time(end))
-        out.append({"run_pages": length, "run_bytes": length * page_bytes, "copies": len(copies),
-                    "bytes": pages * page_bytes, "device_ms": sorted(device[1:])[runs // 2],
-                    "host_ms": sorted(host[1:])[runs // 2]})
+    for pitched in (False, True):
+        for length in lengths:
+            copies = pull_copies(base, page_bytes, 0, layer.kv.num_pages - pages, pages, length, pitched)
+            device, host = [], []
+            for _ in range(runs + 1):
+                streams.synchronize()
+                start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+                start.record()
+                t0 = time.perf_counter()
+                peers.pull(0, copies)
+                host.append((time.perf_counter() - t0) * 1e3)
+                end.record()
+                end.synchronize()
+                device.append(start.elapsed_time(end))
+            out.append({"run_pages": length, "run_bytes": length * page_bytes, "copies": len(copies),
+                        "pitched": pitched, "bytes": pages * page_bytes, "device_ms": sorted(device[1:])[runs // 2],
+                        "host_ms": sorted(host[1:])[runs // 2]})
     return out

@@ -6,11 +6,13 @@ beside the transfer, and every byte crosses memory once on each side).
 
 A page's physical place in its pool is the holder's own bookkeeping, so before a layer moves
 the ranks agree on it: every rank lists, per peer, the physical pages of the keys that peer
-fetches from it (as runs of consecutive pages, usually one per request), in one host
-all-gather per layer (:func:`where_sent` / :func:`received_places`), and the ranks pull only
-where the runs are long enough to be worth a copy each (:func:`worth_pulling`). Then per
-source rank the pulls are the runs along which both the source's pages and the pages
-allocated here are consecutive (:func:`pull_runs`), one copy each, in bytes of the shared
+fetches from it (as runs of pages at a constant step, usually one per request: consecutive
+pages, or every T-th where CP split a history by position), in one host all-gather per layer
+(:func:`where_sent` / :func:`received_places`), and the ranks pull only where the runs are
+long enough to be worth a copy each (:func:`worth_pulling`). Then per source rank the pulls
+are the runs along which both the source's pages and the pages allocated here advance by
+constant steps (:func:`pull_runs`), one copy each: a plain one where both sides are
+consecutive, else a pitched one (rows of a page, a pitch per side), in bytes of the shared
 buffer (:func:`byte_runs`).
 
 No rank may read a page before its holder wrote it, nor after its holder reused it. The pages
@@ -54,22 +56,66 @@ def build_route(plan: StatePlan, rank: int, T: int) -> PullRoute:
                      sends, PageKeys.of(blocks.freed), int(plan.diff.recv[0].sum()))
 
 
+def progressions(columns: np.ndarray) -> np.ndarray:
+    """[k, 2] (first row, rows) cutting the rows of ``columns`` ([m, c] int64) left to right into
+    runs along which every column advances by one positive step: greedily, each run as long as
+    it can be (a run of one row has any step). Vectorized: runs are cut from the segments of
+    constant row-to-row differences, of which a run after another takes all but the first row."""
+    x = np.asarray(columns, dtype=np.int64)
+    m = len(x)
+    if m < 2:
+        return np.array([[0, m]] * m, dtype=np.int64).reshape(-1, 2)
+    d = np.diff(x.reshape(m, -1), axis=0)  # [m - 1, c]
+    bad = (d <= 0).any(axis=1)  # a step no run can take: a run of its own (of one row)
+    change = np.ones(m - 1, dtype=bool)
+    change[1:] = (d[1:] != d[:-1]).any(axis=1) | bad[1:] | bad[:-1]
+    first = np.flatnonzero(change)  # segments of equal differences: differences [first, first + length)
+    length = np.diff(np.append(first, m - 1))
+    seg_bad = bad[first]
+    single = ~seg_bad & (length == 1)
+    # taken[k]: segment k's first row already ends the run before it. That holds after a good
+    # segment of two or more differences, not after a bad one, and flips along single ones.
+    k = np.arange(len(first))
+    anchor = np.maximum.accumulate(np.where(single, -1, k))
+    prev = np.concatenate([[-1], anchor[:-1]])
+    taken_after = np.where(prev >= 0, ~seg_bad[np.maximum(prev, 0)] & (length[np.maximum(prev, 0)] >= 2), False)
+    taken = taken_after ^ ((k - prev - 1) % 2 == 1)
+    good = ~seg_bad & (length - taken >= 1)
+    starts = [first[good] + taken[good], (first[seg_bad & ~taken])]
+    counts = [length[good] + 1 - taken[good], np.ones(int((seg_bad & ~taken).sum()), dtype=np.int64)]
+    last = len(first) - 1  # the last row is left over after a bad segment or a single one that lost its row
+    if seg_bad[last] or (single[last] and taken[last]):
+        starts.append(np.array([m - 1]))
+        counts.append(np.array([1]))
+    starts, counts = np.concatenate(starts), np.concatenate(counts)
+    order = np.argsort(starts, kind="stable")
+    return np.stack([starts[order], counts[order]], axis=1).astype(np.int64)
+
+
 def runs(pages: np.ndarray) -> np.ndarray:
-    """[k, 2] int64: (first page, length) of each run of consecutive ``pages``."""
+    """[k, 3] int64: (first page, length, step) of each run of ``pages`` in arithmetic
+    progression with a positive step (consecutive pages: step 1; CP's pages: every T-th)."""
     pages = np.asarray(pages, dtype=np.int64)
-    if pages.size == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(pages) != 1) + 1])
-    return np.stack([pages[starts], np.diff(np.append(starts, pages.size))], axis=1)
+    cut = progressions(pages[:, None])
+    return np.stack([pages[cut[:, 0]], cut[:, 1], _steps(pages[:, None], cut)[:, 0]], axis=1).reshape(-1, 3)
 
 
 def expand(page_runs: np.ndarray) -> np.ndarray:
     """The pages of :func:`runs`' answer, in order."""
-    page_runs = np.asarray(page_runs, dtype=np.int64).reshape(-1, 2)
+    page_runs = np.asarray(page_runs, dtype=np.int64).reshape(-1, 3)
     if not len(page_runs):
         return np.zeros(0, dtype=np.int64)
-    first, length = page_runs[:, 0], page_runs[:, 1]
-    return np.repeat(first - np.cumsum(length) + length, length) + np.arange(int(length.sum()))
+    first, length, step = page_runs.T
+    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    return np.repeat(first, length) + within * np.repeat(step, length)
+
+
+def _steps(x: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """[k, c] each run's step per column (1 for a run of one row)."""
+    if not len(cut):
+        return np.zeros((0, x.shape[1]), dtype=np.int64)
+    ahead = np.minimum(cut[:, 0] + 1, len(x) - 1)
+    return np.where(cut[:, 1:2] > 1, x[ahead] - x[cut[:, 0]], 1)
 
 
 def where_sent(pool, route: PullRoute) -> list[np.ndarray | None]:
@@ -104,18 +150,24 @@ def received_places(shared: list[list], layer: int, rank: int, route: PullRoute)
 
 
 def pull_runs(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """[k, 3] int64 (source page, destination page, pages) of the runs along which both ``src``
-    and ``dst`` (the same length) are consecutive."""
-    if src.size == 0:
-        return np.zeros((0, 3), dtype=np.int64)
-    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-    starts = np.concatenate([[0], breaks])
-    return np.stack([src[starts], dst[starts], np.diff(np.append(starts, src.size))], axis=1).astype(np.int64)
+    """[k, 5] int64 (source page, destination page, pages, source step, destination step) of the
+    runs along which both ``src`` and ``dst`` (the same length) advance by constant steps: one
+    copy each (a pitched one where a step is not 1)."""
+    both = np.stack([np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)], axis=1)
+    cut = progressions(both)
+    steps = _steps(both, cut)
+    return np.concatenate([both[cut[:, 0]], cut[:, 1:2], steps], axis=1).reshape(-1, 5)
 
 
 def byte_runs(page_runs: np.ndarray, offset: int, page_bytes: int) -> np.ndarray:
-    """``page_runs`` as (source byte, destination byte, bytes) in a buffer whose pages of this
-    tensor start at byte ``offset`` on every rank, ``page_bytes`` each."""
-    out = page_runs * page_bytes
-    out[:, :2] += offset
-    return out
+    """``page_runs`` (:func:`pull_runs`) as the copies of :meth:`PeerBuffers.pull`: [k, 6]
+    (source byte, destination byte, row bytes, rows, source pitch, destination pitch) in a
+    buffer whose pages of this tensor start at byte ``offset`` on every rank, ``page_bytes``
+    each. A run of consecutive pages on both sides is one row."""
+    page_runs = np.asarray(page_runs, dtype=np.int64).reshape(-1, 5)
+    src, dst, n, src_step, dst_step = page_runs.T
+    flat = (src_step == 1) & (dst_step == 1) | (n == 1)
+    width = np.where(flat, n, 1) * page_bytes
+    return np.stack([src * page_bytes + offset, dst * page_bytes + offset, width, np.where(flat, 1, n),
+                     np.where(flat, width, src_step * page_bytes), np.where(flat, width, dst_step * page_bytes)],
+                    axis=1).astype(np.int64)

@@ -33,7 +33,8 @@ route chunks, packs, collectives or unpacks. Per layer: one host collective in w
 says where the pages it sends lie and how its free pages run, from which every rank decides
 alike whether the runs are long enough for the peer memory (``min_run_bytes``,
 :func:`min_run_bytes`; else the layer moves by collectives); a one-element collective that
-every rank's side stream reaches; one copy per run of consecutive pages from each source; then
+every rank's side stream reaches; one copy per run of pages at constant steps from each source
+(consecutive pages; or every T-th, as CP holds them, in one pitched copy); then
 per state a one-element collective that completes once every rank's pulls did.
 
 The step's new tokens never move: the executor reserves their pages in the layout the layer
@@ -202,16 +203,17 @@ class PagesMover:
         where they move by collectives: no shared pools, or runs too short to pull.
         One host collective, right before the pages are allocated: every rank says where the
         pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and how
-        many runs its next free pages form, and every rank decides alike from all of it."""
+        many runs its next free pages form (runs of pages at a constant step, which one pitched copy
+        takes), and every rank decides alike from all of it."""
         if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
-        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route),
-                                            layer.kv.free_runs(len(route.arriving))))
+        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving))))
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route), free_runs))
         sent = [where for where, _ in shared]
         listed = [r for where in sent for r in where if r is not None]
         pages = sum(int(r[:, 1].sum()) for r in listed)
-        copies = sum(len(r) for r in listed) + sum(free for _, free in shared)  # at most: either side breaks a run
+        copies = sum(len(r) for r in listed) + sum(free for _, free in shared)  # about: either side breaks a run
         if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, min_run_bytes(io.peers)):
             return None
         return page_pulls.received_places(sent, layer.index, io.rank, route)
@@ -223,6 +225,7 @@ class PagesMover:
         state, the collective that completes once every rank's pulls did."""
         layer = t.layer
         t.data = moving = _Moving(self._pull_route(plan, io.rank, io.T), [])
+        t.primitives.update({s: "pull" for s in states})  # what the layer's report says moved the pages
         route: PullRoute = moving.route
         arriving = layer.kv.alloc_keys(route.arriving)
         moving.allocated = True

@@ -16,7 +16,8 @@ class LayerReport:
     streams, from launch to landing, so it includes time the transfer sat behind computation);
     ``wait_ms`` is how long the step's compute stream waited for it; ``host_ms`` is the host's
     time issuing and landing it (wall clock); ``primitives`` maps each state to the primitive
-    that moved it."""
+    that moved it (``"pull"`` for pages pulled out of peers' pools instead of the plan's
+    collective)."""
 
     index: int
     primitives: dict[str, str]

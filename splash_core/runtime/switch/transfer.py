@@ -153,8 +153,8 @@ class TransferContext:
             out, inp, [int(s) for s in out_splits], [int(s) for s in in_splits], async_op=True))
 
     def pull(self, source: int, runs: np.ndarray, *, layer: int, state: State) -> None:
-        """Pull byte ``runs`` ([k, 3]: source offset, offset here, bytes) out of ``source``'s shared
-        buffer into this rank's, on the current stream (:meth:`PeerBuffers.pull`); a pull that
+        """Pull byte ``runs`` ([k, 6] copies, as :meth:`PeerBuffers.pull` takes them) out of
+        ``source``'s shared buffer into this rank's, on the current stream (:meth:`PeerBuffers.pull`); a pull that
         cannot be issued raises :class:`TransferError` naming ``layer`` and ``state``. A hung rank
         issues nothing."""
         if self.hung:
