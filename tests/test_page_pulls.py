@@ -122,6 +122,8 @@ def test_every_t_th_page_is_one_run_and_one_pitched_copy():
     pulled = page_pulls.pull_runs(cp_pages, np.arange(100, 115))
     assert pulled.tolist() == [[0, 100, 10, 2, 1], [41, 110, 5, 2, 1]]
     assert page_pulls.byte_runs(pulled, 1000, 8).tolist() == [[1000, 1800, 8, 10, 16, 8], [1328, 1880, 8, 5, 16, 8]]
+    assert page_pulls.runs(cp_pages, pitched=False).tolist() == [[p, 1, 1] for p in cp_pages]  # SPLASH_PEER_PITCHED=0
+    assert len(page_pulls.pull_runs(cp_pages, np.arange(100, 115), pitched=False)) == 15
     assert page_pulls.pull_runs(np.array([5, 3, 1]), np.array([0, 1, 2])).tolist() == [  # no negative pitches
         [5, 0, 1, 1, 1], [3, 1, 1, 1, 1], [1, 2, 1, 1, 1]]
 

@@ -108,10 +108,12 @@ class _Allocation:
 class CudaPeerBuffers:
     """The group's buffers as this rank sees them: its own and every peer's, opened through IPC.
 
-    ``min_run_bytes``: each copy costs the host about 10 us (ctypes and the driver), so on an H200
-    576 MiB of pages took 87 ms in 72 KiB copies, 5.6 ms in 1.1 MiB ones, 1.4 ms in 4.5 MiB ones
-    and 0.41 ms in 18 MiB ones (bench/results/h200/copy_interference.json, ``run_lengths``);
-    in shorter runs than 4 MiB, a layer's pages move faster by the collective path."""
+    ``min_run_bytes``: each copy costs the host 7-10 us (ctypes and the driver), so on an H200
+    576 MiB of pages took 60-87 ms in 72 KiB copies, 3.6-5.6 ms in 1.1 MiB ones, 0.9-1.4 ms in
+    4.5 MiB ones and 0.40 ms in 18 MiB ones (bench/results/h200/copy_interference.json and
+    copy_interference-a573e0b.json, ``run_lengths``; pitched copies of 72 KiB rows took about as
+    long up to 4.5 MiB, and 0.83 ms in 18 MiB); in shorter runs than 4 MiB, a layer's pages move
+    faster by the collective path."""
 
     min_run_bytes = 4 << 20
 

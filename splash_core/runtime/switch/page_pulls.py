@@ -56,17 +56,17 @@ def build_route(plan: StatePlan, rank: int, T: int) -> PullRoute:
                      sends, PageKeys.of(blocks.freed), int(plan.diff.recv[0].sum()))
 
 
-def progressions(columns: np.ndarray) -> np.ndarray:
+def progressions(columns: np.ndarray, pitched: bool = True) -> np.ndarray:
     """[k, 2] (first row, rows) cutting the rows of ``columns`` ([m, c] int64) left to right into
-    runs along which every column advances by one positive step: greedily, each run as long as
-    it can be (a run of one row has any step). Vectorized: runs are cut from the segments of
+    runs along which every column advances by one positive step (by 1 where not ``pitched``):
+    greedily, each run as long as it can be (a run of one row has any step). Vectorized: runs are cut from the segments of
     constant row-to-row differences, of which a run after another takes all but the first row."""
     x = np.asarray(columns, dtype=np.int64)
     m = len(x)
     if m < 2:
         return np.array([[0, m]] * m, dtype=np.int64).reshape(-1, 2)
     d = np.diff(x.reshape(m, -1), axis=0)  # [m - 1, c]
-    bad = (d <= 0).any(axis=1)  # a step no run can take: a run of its own (of one row)
+    bad = (d <= 0).any(axis=1) if pitched else (d != 1).any(axis=1)  # a step no run takes: rows of their own
     change = np.ones(m - 1, dtype=bool)
     change[1:] = (d[1:] != d[:-1]).any(axis=1) | bad[1:] | bad[:-1]
     first = np.flatnonzero(change)  # segments of equal differences: differences [first, first + length)
@@ -92,11 +92,12 @@ def progressions(columns: np.ndarray) -> np.ndarray:
     return np.stack([starts[order], counts[order]], axis=1).astype(np.int64)
 
 
-def runs(pages: np.ndarray) -> np.ndarray:
+def runs(pages: np.ndarray, pitched: bool = True) -> np.ndarray:
     """[k, 3] int64: (first page, length, step) of each run of ``pages`` in arithmetic
-    progression with a positive step (consecutive pages: step 1; CP's pages: every T-th)."""
+    progression with a positive step (consecutive pages: step 1; CP's pages: every T-th; only
+    step 1 where not ``pitched``)."""
     pages = np.asarray(pages, dtype=np.int64)
-    cut = progressions(pages[:, None])
+    cut = progressions(pages[:, None], pitched)
     return np.stack([pages[cut[:, 0]], cut[:, 1], _steps(pages[:, None], cut)[:, 0]], axis=1).reshape(-1, 3)
 
 
@@ -118,10 +119,10 @@ def _steps(x: np.ndarray, cut: np.ndarray) -> np.ndarray:
     return np.where(cut[:, 1:2] > 1, x[ahead] - x[cut[:, 0]], 1)
 
 
-def where_sent(pool, route: PullRoute) -> list[np.ndarray | None]:
+def where_sent(pool, route: PullRoute, pitched: bool = True) -> list[np.ndarray | None]:
     """This rank's part of the agreement for one layer: per peer, the runs of the physical pages
     (in ``pool``) of the keys that peer fetches from here, or None."""
-    return [None if keys is None else runs(pool.lookup(keys)) for keys in route.sends]
+    return [None if keys is None else runs(pool.lookup(keys), pitched) for keys in route.sends]
 
 
 def worth_pulling(pages: int, copies: int, page_bytes: int, min_run_bytes: float) -> bool:
@@ -149,12 +150,12 @@ def received_places(shared: list[list], layer: int, rank: int, route: PullRoute)
     return out
 
 
-def pull_runs(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def pull_runs(src: np.ndarray, dst: np.ndarray, pitched: bool = True) -> np.ndarray:
     """[k, 5] int64 (source page, destination page, pages, source step, destination step) of the
     runs along which both ``src`` and ``dst`` (the same length) advance by constant steps: one
-    copy each (a pitched one where a step is not 1)."""
+    copy each (a pitched one where a step is not 1; none such where not ``pitched``)."""
     both = np.stack([np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)], axis=1)
-    cut = progressions(both)
+    cut = progressions(both, pitched)
     steps = _steps(both, cut)
     return np.concatenate([both[cut[:, 0]], cut[:, 1:2], steps], axis=1).reshape(-1, 5)
 

@@ -208,8 +208,9 @@ class PagesMover:
         if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
-        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving))))
-        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route), free_runs))
+        pitched = pitched_pulls()
+        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving)), pitched))
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, pitched), free_runs))
         sent = [where for where, _ in shared]
         listed = [r for where in sent for r in where if r is not None]
         pages = sum(int(r[:, 1].sum()) for r in listed)
@@ -231,11 +232,11 @@ class PagesMover:
         moving.allocated = True
         try:
             io.wait(io.rendezvous(layer=layer.index, state=KV))  # every source wrote its pages (see page_pulls)
-            first = 0
+            first, pitched = 0, pitched_pulls()
             for source, (count, held) in enumerate(zip(route.from_each.tolist(), places)):
                 if not count:
                     continue
-                pages = page_pulls.pull_runs(held, arriving[first: first + count])
+                pages = page_pulls.pull_runs(held, arriving[first: first + count], pitched)
                 first += count
                 for s in states:
                     io.pull(source, page_pulls.byte_runs(pages, layer.kv.offsets[s], page[s]), layer=layer.index, state=s)
@@ -276,6 +277,15 @@ def min_run_bytes(peers) -> float:
     wherever the pools are shared; an A/B knob), else the peer memory's ``min_run_bytes``."""
     value = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
     return float(value) if value else float(getattr(peers, "min_run_bytes", 0))
+
+
+def pitched_pulls() -> bool:
+    """Whether runs of every T-th page are pulled in pitched copies (else only consecutive pages
+    are runs): ``SPLASH_PEER_PITCHED=0`` turns them off, an A/B knob. On one H200 a pitched copy of
+    72 KiB rows ran at about half a plain copy's rate within the GPU and slowed a step beside it
+    about twice as much (bench/results/h200/copy_interference.json); between GPUs the link, not
+    the copy engine, should bound both."""
+    return os.environ.get("SPLASH_PEER_PITCHED", "1") != "0"
 
 
 def _pulls(layer, io: TransferContext) -> bool:
