@@ -8,8 +8,24 @@ import torch
 from ...layouts import State
 from . import bench
 
-VARIANTS = ("alone", "kernels", "memcpy", "pull", "pull_pitched")
-PULLS = ("pull", "pull_pitched")
+VARIANTS = ("alone", "kernels", "memcpy", "pull", "pull_pitched", "pull_paced")
+PULLS = ("pull", "pull_pitched", "pull_paced")
+PACE_CHUNKS = 8  # pull_paced: the layer's copies in this many groups, a device-side gap after each
+
+
+def device_gap(ctx, gap_ms: float):
+    """``gap()``: on the current stream, about ``gap_ms`` of idle device time (a one-thread spin
+    kernel on CUDA, so copies queued behind it start later); on other devices nothing."""
+    if ctx.device.type != "cuda" or gap_ms <= 0:
+        return lambda: None
+    streams = ctx.streams
+    start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(1_000_000 * gap_ms / max(start.elapsed_time(end), 1e-6))
+    return lambda: torch.cuda._sleep(cycles)
 
 
 def pull_copies(base: int, page_bytes: int, src_first: int, dst_first: int, pages: int, per_copy: int,
@@ -29,11 +45,12 @@ def pull_copies(base: int, page_bytes: int, src_first: int, dst_first: int, page
     return out
 
 
-def _copier(ctx, model, nbytes: int, how: str, peers):
+def _copier(ctx, model, nbytes: int, how: str, peers, gap=lambda: None):
     """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
     by the pack and unpack kernels, or by one memcpy per request's run of pages (torch's, or a
     pull through ``peers``, this rank's own shared pool; ``pull_pitched``: every other page, one
-    pitched copy per request)."""
+    pitched copy per request; ``pull_paced``: as ``pull``, in ``PACE_CHUNKS`` groups with a
+    ``gap()`` after each, so the same bytes move at a lower rate)."""
     layer0 = model.paged_layers[0]
     page_bytes = layer0.kv.format.kv_page_bytes
     pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 3))  # sources span 2x, apart from the last
@@ -49,18 +66,26 @@ def _copier(ctx, model, nbytes: int, how: str, peers):
         if how == "kernels":
             kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
         elif how in PULLS:
-            peers.pull(0, pull_copies(layer.kv.offsets[State.KV], page_bytes, 0, layer.kv.num_pages - pages, pages,
-                                      per_request, how == "pull_pitched"))
+            copies = pull_copies(layer.kv.offsets[State.KV], page_bytes, 0, layer.kv.num_pages - pages, pages,
+                                 per_request if how != "pull_paced" else max(1, -(-pages // PACE_CHUNKS)),
+                                 how == "pull_pitched")
+            if how != "pull_paced":
+                peers.pull(0, copies)
+                return
+            for group in copies:
+                peers.pull(0, [group])
+                gap()
         else:
             for first, n in runs:
                 cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
                     cache[first: first + n])
 
-    return copy, pages * page_bytes, len(runs)
+    return copy, pages * page_bytes, PACE_CHUNKS if how == "pull_paced" else len(runs)
 
 
-def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int) -> dict:
-    """Raw samples of every variant and size, interleaved over ``runs``, and what ran each copy kind."""
+def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int, gap_ms: float = 1.0) -> dict:
+    """Raw samples of every variant and size, interleaved over ``runs``, and what ran each copy
+    kind; ``pull_paced`` leaves ``gap_ms`` between its groups of copies."""
     memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant, if any
     model = bench.build(ctx, spec, layers, context, peer_memory=memory)
     peers = memory.share(model.pool.buffer) if memory is not None else None
@@ -100,7 +125,8 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
         return start.elapsed_time(end)
 
     kinds = [how for how in VARIANTS[1:] if how not in PULLS or peers is not None]
-    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers) for mib in sizes for how in kinds}
+    gap = device_gap(ctx, gap_ms)
+    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers, gap) for mib in sizes for how in kinds}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
         for copy, _, _ in copiers.values():
