@@ -20,9 +20,9 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
   no peer memory (the reference backend's is opt-in: ``SPLASH_PEER_PULLS=1``);
 - ``pull_pitched``: as ``pull``, but from every other page, one pitched copy per request (rows
   of a page, two pages apart: what a pull from a CP holder makes; ``cuMemcpy2DAsync``);
-- ``pull_paced``: as ``pull``, in 8 copies with ``--gap-ms`` of idle side stream after each
-  (on CUDA), so the same bytes move at a lower rate: whether the step loses time to the copies'
-  bandwidth (then pacing helps) or to their mere presence.
+- ``spin``: no copies, but 8 one-thread kernels of ``--spin-ms`` each (on CUDA): what side
+  work costs that holds a processor while doing nothing, as a collective's kernel waiting for
+  a peer does.
 
 Side work starts when the compute stream reaches the layer (as the switch executor aligns a
 layer's transfer), so each layer computes beside one layer's worth of copies. Each copy's time
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--mib", default="576,1152", help="MiB of pages copied beside each layer (comma-separated)")
-    p.add_argument("--gap-ms", type=float, default=1.0, help="pull_paced: idle side-stream time after each copy")
+    p.add_argument("--spin-ms", type=float, default=0.25, help="spin: each kernel's time")
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--run-lengths", default="1,4,16,64,256",
                    help="pages per copy for the pulls-alone sweep (comma-separated)")
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         info = pool.run(step_bench.describe_rank)[0]
         if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
             raise SystemExit("no accelerator backend found: pass --backend reference or --smoke to run on the CPU")
-        out = pool.run(measure, _spec(args), args.layers, args.context, args.mib, args.runs, args.gap_ms)[0]
+        out = pool.run(measure, _spec(args), args.layers, args.context, args.mib, args.runs, args.spin_ms)[0]
         lengths = pool.run(run_lengths, _spec(args), args.context, args.mib[0], args.run_lengths, args.runs)[0]
     rows = summarize(out["samples"], args.layers)
     platform = args.platform or ("cpu" if info["device"] == "cpu" else info["profile"] or "gpu")
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
               "cudaMemcpyAsync per request's run of pages (what a pull does), here within one GPU's memory; "
               "pull: the same runs through the backend's peer memory (the pool shared with itself); "
               "pull_pitched: every other page, one pitched copy per request's pages; "
-              f"pull_paced: pull's bytes in 8 copies, {args.gap_ms:g} ms of idle side stream after each; "
+              f"spin: no copies, 8 one-thread kernels of {args.spin_ms:g} ms each beside each layer; "
               "copy_alone_ms: one layer's copies on an idle device. p50 over interleaved runs. run_lengths: "
               "the first size's pages pulled alone in copies of run_pages pages each (pitched: every other "
               "page, rows of a page): device and host ms.")

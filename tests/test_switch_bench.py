@@ -107,9 +107,9 @@ def test_copy_interference_smoke_writes_every_variant(tmp_path, monkeypatch):
     assert script.main(["--smoke", "--out", str(tmp_path)]) == 0
     data = results.read_result(tmp_path / "cpu" / "copy_interference.json")
     rows = data["summary"]["rows"]
-    assert [r["variant"] for r in rows] == ["kernels", "memcpy", "pull", "pull_paced", "pull_pitched"]
+    assert [r["variant"] for r in rows] == ["kernels", "memcpy", "pull", "pull_pitched", "spin"]
     assert len({r["step_alone_ms"] for r in rows}) == 1 and all(r["copy_alone_ms"] > 0 for r in rows)
-    assert {s["variant"] for s in data["samples"]} == {"alone", "kernels", "memcpy", "pull", "pull_pitched", "pull_paced"}
+    assert {s["variant"] for s in data["samples"]} == {"alone", "kernels", "memcpy", "pull", "pull_pitched", "spin"}
     lengths = data.data["run_lengths"]
     assert [(r["pitched"], r["run_pages"]) for r in lengths] == [(False, 1), (False, 4), (True, 1), (True, 4)]
     assert lengths[-1]["copies"] < lengths[-2]["copies"]  # 4 rows in a pitched copy

@@ -35,8 +35,9 @@ def render_copies(result: Result, _ctx: Context) -> list[str]:
              "of pages moved over the step), and one layer's copies alone on an idle device. kernels: the pack "
              "and unpack kernels of the collective path (2 reads and 2 writes per byte); memcpy and pull: one "
              "copy per run of pages (1 read and 1 write), by torch and through the backend's peer memory; "
-             "pull_pitched: every other page, one pitched copy per request; pull_paced: pull's bytes in 8 "
-             "copies with idle time after each (the same bytes at a lower rate).", ""]
+             "pull_pitched: every other page, one pitched copy per request; spin: no copies, one-thread "
+             "kernels that spin beside each layer (a processor held doing nothing, as by a collective "
+             "waiting for a peer).", ""]
     ran = result.data.get("ran") or {}
     rows = [[r["variant"], f"{r['mib_per_layer']:g}", ms(r["step_alone_ms"]), ms(r["step_ms"]), ms(r["slowdown_ms"]),
              f"{r['slowdown_pct']:.2f}%", f"{r['slowdown_ms_per_gib']:.3f}", ms(r["copy_alone_ms"]),

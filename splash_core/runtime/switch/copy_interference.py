@@ -8,23 +8,26 @@ import torch
 from ...layouts import State
 from . import bench
 
-VARIANTS = ("alone", "kernels", "memcpy", "pull", "pull_pitched", "pull_paced")
-PULLS = ("pull", "pull_pitched", "pull_paced")
-PACE_CHUNKS = 8  # pull_paced: the layer's copies in this many groups, a device-side gap after each
+VARIANTS = ("alone", "kernels", "memcpy", "pull", "pull_pitched", "spin")
+PULLS = ("pull", "pull_pitched")
+SPINS = 8  # spin: kernels per layer
 
 
-def device_gap(ctx, gap_ms: float):
-    """``gap()``: on the current stream, about ``gap_ms`` of idle device time (a one-thread spin
-    kernel on CUDA, so copies queued behind it start later); on other devices nothing."""
-    if ctx.device.type != "cuda" or gap_ms <= 0:
+def spinner(ctx, spin_ms: float):
+    """``spin()``: on the current stream, a one-thread kernel that spins about ``spin_ms`` (as a
+    collective's kernel waiting for a peer holds a processor while doing nothing); on other
+    devices nothing."""
+    if ctx.device.type != "cuda" or spin_ms <= 0:
         return lambda: None
-    streams = ctx.streams
-    start, end = streams.new_event(timing=True), streams.new_event(timing=True)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    cycles = int(1_000_000 * gap_ms / max(start.elapsed_time(end), 1e-6))
+    streams, took = ctx.streams, []
+    for _ in range(3):  # the first call loads the kernel
+        start, end = streams.new_event(timing=True), streams.new_event(timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        took.append(start.elapsed_time(end))
+    cycles = int(1_000_000 * spin_ms / max(min(took), 1e-6))
     return lambda: torch.cuda._sleep(cycles)
 
 
@@ -45,12 +48,11 @@ def pull_copies(base: int, page_bytes: int, src_first: int, dst_first: int, page
     return out
 
 
-def _copier(ctx, model, nbytes: int, how: str, peers, gap=lambda: None):
+def _copier(ctx, model, nbytes: int, how: str, peers, spin=lambda: None):
     """``copy(layer)``: on the current stream, ``nbytes`` of ``layer``'s pages into other pages,
     by the pack and unpack kernels, or by one memcpy per request's run of pages (torch's, or a
     pull through ``peers``, this rank's own shared pool; ``pull_pitched``: every other page, one
-    pitched copy per request; ``pull_paced``: as ``pull``, in ``PACE_CHUNKS`` groups with a
-    ``gap()`` after each, so the same bytes move at a lower rate)."""
+    pitched copy per request); ``spin``: no copies, ``SPINS`` calls of ``spin()``."""
     layer0 = model.paged_layers[0]
     page_bytes = layer0.kv.format.kv_page_bytes
     pages = max(1, min(int(nbytes // page_bytes), layer0.kv.num_pages // 3))  # sources span 2x, apart from the last
@@ -66,26 +68,22 @@ def _copier(ctx, model, nbytes: int, how: str, peers, gap=lambda: None):
         if how == "kernels":
             kernels.unpack(cache, dst, kernels.pack(cache, src, out=buffer))
         elif how in PULLS:
-            copies = pull_copies(layer.kv.offsets[State.KV], page_bytes, 0, layer.kv.num_pages - pages, pages,
-                                 per_request if how != "pull_paced" else max(1, -(-pages // PACE_CHUNKS)),
-                                 how == "pull_pitched")
-            if how != "pull_paced":
-                peers.pull(0, copies)
-                return
-            for group in copies:
-                peers.pull(0, [group])
-                gap()
+            peers.pull(0, pull_copies(layer.kv.offsets[State.KV], page_bytes, 0, layer.kv.num_pages - pages, pages,
+                                      per_request, how == "pull_pitched"))
+        elif how == "spin":
+            for _ in range(SPINS):
+                spin()
         else:
             for first, n in runs:
                 cache[layer.kv.num_pages - pages + first: layer.kv.num_pages - pages + first + n].copy_(
                     cache[first: first + n])
 
-    return copy, pages * page_bytes, PACE_CHUNKS if how == "pull_paced" else len(runs)
+    return copy, (0 if how == "spin" else pages * page_bytes), (SPINS if how == "spin" else len(runs))
 
 
-def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int, gap_ms: float = 1.0) -> dict:
-    """Raw samples of every variant and size, interleaved over ``runs``, and what ran each copy
-    kind; ``pull_paced`` leaves ``gap_ms`` between its groups of copies."""
+def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs: int, spin_ms: float = 0.25) -> dict:
+    """Raw samples of every variant and size (``spin``: once, ``SPINS`` kernels of ``spin_ms``
+    per layer), interleaved over ``runs``, and what ran each copy kind."""
     memory = ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)  # for the pull variant, if any
     model = bench.build(ctx, spec, layers, context, peer_memory=memory)
     peers = memory.share(model.pool.buffer) if memory is not None else None
@@ -125,8 +123,9 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
         return start.elapsed_time(end)
 
     kinds = [how for how in VARIANTS[1:] if how not in PULLS or peers is not None]
-    gap = device_gap(ctx, gap_ms)
-    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers, gap) for mib in sizes for how in kinds}
+    spin = spinner(ctx, spin_ms)
+    copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers, spin)
+               for mib in sizes for how in kinds if how != "spin" or mib == sizes[0]}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
         for copy, _, _ in copiers.values():
