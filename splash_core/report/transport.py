@@ -39,7 +39,7 @@ def render_copies(result: Result, _ctx: Context) -> list[str]:
              "kernels that spin beside each layer (a processor held doing nothing, as by a collective "
              "waiting for a peer).", ""]
     ran = result.data.get("ran") or {}
-    rows = [[r["variant"], f"{r['mib_per_layer']:g}", ms(r["step_alone_ms"]), ms(r["step_ms"]), ms(r["slowdown_ms"]),
+    rows = [[r["variant"], "-" if r["variant"] == "spin" else f"{r['mib_per_layer']:g}", ms(r["step_alone_ms"]), ms(r["step_ms"]), ms(r["slowdown_ms"]),
              f"{r['slowdown_pct']:.2f}%", f"{r['slowdown_ms_per_gib']:.3f}", ms(r["copy_alone_ms"]),
              "; ".join(n.split("(")[0].strip() for n in ran.get(r["variant"], [])) or "-"]
             for r in s["rows"]]

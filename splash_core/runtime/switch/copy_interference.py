@@ -125,7 +125,7 @@ def measure(ctx, spec: dict, layers: int, context: int, sizes: list[float], runs
     kinds = [how for how in VARIANTS[1:] if how not in PULLS or peers is not None]
     spin = spinner(ctx, spin_ms)
     copiers = {(how, mib): _copier(ctx, model, int(mib * (1 << 20)), how, peers, spin)
-               for mib in sizes for how in kinds if how != "spin" or mib == sizes[0]}
+               for mib in sizes for how in kinds if how != "spin"} | {("spin", 0.0): _copier(ctx, model, 0, "spin", peers, spin)}
     for _ in range(2):  # warm every kernel and the allocator
         step(None)
         for copy, _, _ in copiers.values():
@@ -146,7 +146,8 @@ def _what_runs(ctx, model, copiers) -> dict:
     if ctx.device.type == "cpu":
         return {}
     out = {}
-    for (how, _), (copy, _, _) in [(k, v) for k, v in copiers.items() if k[1] == next(iter(copiers))[1]]:
+    first = next(iter(copiers))[1]
+    for (how, _), (copy, _, _) in [(k, v) for k, v in copiers.items() if k[1] in (first, 0.0)]:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             copy(model.layers[0])
             torch.cuda.synchronize()
