@@ -93,7 +93,19 @@ class PeerBuffers(Protocol):
 
     ``min_run_bytes`` (optional, default 0): the shortest average copy worth a pull; a switch
     moves a layer's pages by collectives instead where they lie in shorter runs (each copy
-    costs the host a call and the device a copy's start)."""
+    costs the host a call and the device a copy's start).
+
+    ``barrier(epoch, timeout_s)`` (optional): a barrier of the group in the order of the current
+    stream, through the shared memory itself: once the work queued before it is done, tell
+    every rank this one reached ``epoch`` (a write to each rank's memory, fenced behind this
+    rank's earlier writes and pulls); then hold the stream until every rank told this one.
+    Every rank calls it with the same epochs, rising by one. It takes no processors (on GPUs,
+    stream memory operations; a collective's kernel instead holds processors while it waits
+    for peers, and the step's kernels beside it lose about that long). Host backends wait on
+    the host and raise :class:`PeerMemoryError` naming the late ranks after ``timeout_s``;
+    device backends, whose streams cannot be interrupted, end the process with that message
+    (as NCCL's watchdog does for a hung collective). Without it, pulls are fenced by one-element
+    collectives on the side communicator."""
 
     def pull(self, peer: int, runs) -> None:
         """Copy bytes of ``peer``'s buffer into this rank's. Each row of ``runs`` ([k, 6] int64) is

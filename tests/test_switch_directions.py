@@ -175,17 +175,25 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
             calls["all_to_all"] += 1
             return super().all_to_all(*args, **kwargs)
 
+    from splash_core.reference.peer_memory import HostPeerBuffers
+
     side, allocated = ctx.side_collectives(), []
-    calls = {"into_buffers": 0, "in_place": 0, "all_to_all": 0, "all_gather": 0, "all_reduce": 0}
+    calls = {"into_buffers": 0, "in_place": 0, "all_to_all": 0, "all_gather": 0, "all_reduce": 0, "barrier": 0}
+    barrier = HostPeerBuffers.barrier
+
+    def counted_barrier(self, epoch, timeout_s):
+        calls["barrier"] += 1
+        return barrier(self, epoch, timeout_s)
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     before = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
     os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = str(min_run_bytes)
+    HostPeerBuffers.barrier = counted_barrier
     try:
         return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
                 [str(r) for r in buffers._held], calls)
     finally:
-        ctx._side = side
+        ctx._side, HostPeerBuffers.barrier = side, barrier
         if before is None:
             del os.environ["SPLASH_PEER_MIN_RUN_BYTES"]
         else:
@@ -226,15 +234,16 @@ def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
 
 def test_pulled_pages_take_no_page_collectives_t3(rank_pools, references):
     """With pages pulled, the directions that move only KV (weights replicated, or cut from
-    replicas) run no all-gather or all-to-all on the side communicator and make no transfer
-    buffer: per layer, only the one-element collectives around the pulls."""
+    replicas) run no collective at all on the side communicator and make no transfer buffer:
+    per layer, only the peer memory's barriers around the pulls."""
     kv_only = ((Layout.DP, Layout.TP), (Layout.CP, Layout.TP), (Layout.CP, Layout.DOP), (Layout.DP, Layout.CP))
     out = rank_pools(3).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH, Mode.BLOCKING])], None, None, True)
     _check([results for results, *_ in out], references[3], 3)
     for rank, (_, allocated, roles, calls) in enumerate(out):
-        assert calls["all_gather"] == calls["all_to_all"] == 0 and not allocated and not roles, (rank, calls)
+        assert calls["all_gather"] == calls["all_to_all"] == calls["all_reduce"] == 0, (rank, calls)
+        assert not allocated and not roles, (rank, allocated, roles)
         # per switch (8) and moving layer (3): one before the pulls, one behind them per state (KV, indexer keys)
-        assert calls["all_reduce"] == 8 * 3 * 3, (rank, calls)
+        assert calls["barrier"] == 8 * 3 * 3, (rank, calls)
 
 
 def test_pages_in_short_runs_move_by_collectives_t2(rank_pools, references):

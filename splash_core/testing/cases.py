@@ -84,7 +84,9 @@ def side_communicator(ctx):
 def peer_memory(ctx) -> str:
     """The backend's peer memory (if it has one): every rank pulls runs of bytes out of every
     peer's shared buffer on a side stream, uneven, empty and pitched (many-row) ones included,
-    and gets exactly those bytes; its own buffer is untouched where nothing was pulled into it."""
+    and gets exactly those bytes; its own buffer is untouched where nothing was pulled into it.
+    Where the peer memory has a barrier (``PeerBuffers.barrier``), bytes a peer wrote before it
+    are what a pull after it gets."""
     memory = ctx.peer_memory()
     if memory is None:
         return "none"
@@ -120,5 +122,31 @@ def peer_memory(ctx) -> str:
                 want[b: b + n] = pattern(s).to(torch.uint8)[a: a + n]
     got = buffer.cpu()
     assert torch.equal(got, want.cpu()), f"rank {me}: pulled bytes differ at {int((got != want.cpu()).nonzero()[0])}"
+    barrier = getattr(peers, "barrier", None)
+    if barrier is not None:
+        _barrier_orders_pulls(ctx, peers, barrier, buffer, region, side)
     peers.close()
-    return "pulled"
+    return "pulled" if barrier is None else "pulled, barrier"
+
+
+def _barrier_orders_pulls(ctx, peers, barrier, buffer, region: int, side) -> None:
+    """The peer memory's barrier: each rank rewrites its own region (which only peers read) on
+    a side stream right before the barrier; after it, every rank pulls each peer's region and
+    gets the new bytes, every time."""
+    me, size = ctx.rank, ctx.world_size
+    mark = lambda r, k: (37 * r + 11 * k + 5) % 251  # noqa: E731
+    for k in range(3):
+        done = ctx.streams.new_event()
+        with ctx.streams.use_stream(side):
+            buffer[me * region: (me + 1) * region].fill_(mark(me, k))
+            barrier(2 * k + 1, 60.0)
+            for s in range(size):
+                if s != me:
+                    peers.pull(s, [(s * region, s * region, region, 1, region, region)])
+            barrier(2 * k + 2, 60.0)  # no rank rewrites its region while a peer still pulls it
+            done.record(side)
+        done.synchronize()
+        for s in range(size):
+            if s != me:
+                got = buffer[s * region: (s + 1) * region].cpu()
+                assert bool((got == mark(s, k)).all()), f"rank {me}: round {k}: rank {s}'s region pulled before it was written"

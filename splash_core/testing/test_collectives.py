@@ -40,4 +40,4 @@ def test_peer_memory_pulls_exact_bytes(conformance_pool):
     outcome = conformance_pool().run(cases.peer_memory)
     if outcome[0] == "none":
         pytest.skip("the backend has no peer memory on this device (switches move pages by collectives)")
-    assert outcome == ["pulled"] * len(outcome)
+    assert len(set(outcome)) == 1 and outcome[0] in ("pulled", "pulled, barrier"), outcome

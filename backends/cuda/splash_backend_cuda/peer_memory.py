@@ -2,7 +2,8 @@
 allocation, whose IPC handle the group exchanges over host collectives; every rank opens its
 peers' handles in its own context (peer access enabled lazily, as NCCL's P2P transport does),
 and a pull is one ``cuMemcpyDtoDAsync`` per run of pages on the current stream (one
-``cuMemcpy2DAsync`` per run of every T-th page). A copy between
+``cuMemcpy2DAsync`` per run of every T-th page). Behind each buffer lie the slots of the
+group's barrier (:mod:`.stream_barrier`), so pulls are fenced without any collective. A copy between
 two GPUs' memories is carried by a copy engine, so a switch's page traffic takes none of the
 processors the step computes on.
 
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 
 from splash_core.interfaces import PeerMemoryError
+
+from . import stream_barrier
 
 _LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
@@ -62,7 +65,7 @@ class _Driver:
         self._sig(lib, "cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int])
         self._sig(lib, "cuDeviceGetAttribute", [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int])
         self._sig(lib, "cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
-        self.lib = lib
+        self.lib, self.stream_memops = lib, stream_barrier.bind(lib)
 
     @staticmethod
     def _sig(lib, name, argtypes) -> None:
@@ -90,19 +93,26 @@ class _Allocation:
     """Device memory of ``cuMemAlloc``, seen by torch through the CUDA array interface and freed
     when the last tensor on it goes."""
 
-    def __init__(self, nbytes: int, device: torch.device):
-        driver = _driver()
+    def __init__(self, nbytes: int, device: torch.device, tail: int = 0):
+        """``nbytes`` seen by torch, then ``tail`` more (the barrier's slots) from
+        :func:`signal_offset`; all zeroed."""
+        driver, total = _driver(), signal_offset(nbytes) + tail
         torch.zeros(1, device=device)  # the device's primary context, current on this thread
         ptr = ctypes.c_uint64()
-        driver.check(driver.lib.cuMemAlloc_v2(ctypes.byref(ptr), max(nbytes, 1)), f"cuMemAlloc of {nbytes} bytes")
+        driver.check(driver.lib.cuMemAlloc_v2(ctypes.byref(ptr), total), f"cuMemAlloc of {total} bytes")
         self.ptr, self.nbytes, self._driver = ptr.value, nbytes, driver
-        driver.check(driver.lib.cuMemsetD8_v2(self.ptr, 0, max(nbytes, 1)), "cuMemsetD8")
+        driver.check(driver.lib.cuMemsetD8_v2(self.ptr, 0, total), "cuMemsetD8")
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                          "version": 3, "strides": None}
 
     def __del__(self):
         if getattr(self, "ptr", None):
             self._driver.lib.cuMemFree_v2(self.ptr)
+
+
+def signal_offset(nbytes: int) -> int:
+    """Where the barrier's slots start behind a buffer of ``nbytes``."""
+    return -(-max(int(nbytes), 1) // 256) * 256
 
 
 class CudaPeerBuffers:
@@ -117,9 +127,12 @@ class CudaPeerBuffers:
 
     min_run_bytes = 4 << 20
 
-    def __init__(self, device: torch.device, mine: int, peers: list[int], keep):
-        self.device, self.mine, self.peers, self._keep = device, mine, peers, keep
+    def __init__(self, device: torch.device, mine: int, peers: list[int], keep, rank: int = 0):
+        self.device, self.mine, self.peers, self._keep, self.rank = device, mine, peers, keep, rank
         self._max_pitch = _max_pitch(self.device)
+        # the group's barrier (PeerBuffers.barrier) where the driver has stream memory operations
+        self.barrier = (stream_barrier.StreamBarrier(_driver(), device, peers, rank, signal_offset(keep.nbytes))
+                        if _driver().stream_memops else None)
         self._copy2d = _Memcpy2D(srcMemoryType=_MEMORYTYPE_DEVICE, dstMemoryType=_MEMORYTYPE_DEVICE)
 
     def pull(self, peer: int, runs) -> None:
@@ -170,7 +183,7 @@ class CudaPeerMemory:
         self._allocations: dict[int, _Allocation] = {}
 
     def allocate(self, nbytes: int) -> torch.Tensor:
-        allocation = _Allocation(int(nbytes), self.device)
+        allocation = _Allocation(int(nbytes), self.device, stream_barrier.SLOT_BYTES * self.collectives.size)
         tensor = torch.as_tensor(allocation, device=self.device)
         self._allocations[tensor.data_ptr()] = allocation
         return tensor
@@ -193,7 +206,7 @@ class CudaPeerMemory:
         sizes = {n for _, n, _ in shared}
         if failed or len(sizes) != 1:
             raise PeerMemoryError("; ".join(failed) or f"the ranks' buffers differ in size ({sorted(sizes)})")
-        driver, peers = _driver(), CudaPeerBuffers(self.device, allocation.ptr, [], allocation)
+        driver, peers = _driver(), CudaPeerBuffers(self.device, allocation.ptr, [], allocation, rank)
         try:
             for r, (peer_handle, _, _) in enumerate(shared):
                 if r == rank:

@@ -75,6 +75,19 @@ class Fault:
                 and (self.ranks is None or rank in self.ranks))
 
 
+BARRIER_TIMEOUT_S = 600.0  # a peer barrier's wait where the executor sets none (NCCL's default timeout)
+
+
+class _Ordered:
+    """The work of a peer barrier: already in the stream's order, nothing more to wait for."""
+
+    def __init__(self, _result=None):
+        pass
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
 @dataclasses.dataclass
 class Pending:
     """An issued (or, under a hang fault, withheld) collective."""
@@ -101,6 +114,7 @@ class TransferContext:
         self.host, self.peers = host, peers
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
         self._flags: dict[State, torch.Tensor] = {}  # per state: the tensor of its pulls' collective
+        self._epoch = 0  # the last peer barrier's (every rank counts alike)
 
     def gather_buffer(self, role, out_shape, dtype: torch.dtype, *, layer: int, state: State) -> torch.Tensor | None:
         """The receive tensor of an all-gather in place (rank r's slot, rows ``[r n, (r+1) n)`` of
@@ -165,10 +179,17 @@ class TransferContext:
             raise TransferError(layer, state, "pull", f"from rank {source}: {type(exc).__name__}: {exc}") from exc
 
     def rendezvous(self, *, layer: int, state: State) -> Pending:
-        """A one-element collective on the side communicator: it completes once every rank's side
+        """A barrier of the group on the current stream: it completes once every rank's side
         stream got to it. Before pulls, so no rank reads a peer's pages before the peer's writes to
         them (the step's, for a layer that moves after it); behind them, so no rank frees pages a
-        peer still reads. Failures, timeouts and injected faults surface in :meth:`wait`."""
+        peer still reads. Through the peer memory's own barrier where it has one (no processor
+        held while waiting), else a one-element collective on the side communicator. Failures,
+        timeouts and injected faults surface here or in :meth:`wait`."""
+        barrier = getattr(self.peers, "barrier", None)
+        if barrier is not None:
+            self._epoch += 1
+            epoch, timeout = self._epoch, self.timeout_s or BARRIER_TIMEOUT_S
+            return self._issue(layer, state, "pull", lambda: _Ordered(barrier(epoch, timeout)))
         if state not in self._flags:
             self._flags[state] = torch.zeros(1, device=self.device)
         flag = self._flags[state]
