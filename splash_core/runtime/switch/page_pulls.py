@@ -16,13 +16,14 @@ consecutive, else a pitched one (rows of a page, a pitch per side), in bytes of 
 buffer (:func:`byte_runs`).
 
 No rank may read a page before its holder wrote it, nor after its holder reused it. The pages
-mover pulls a layer only after a collective every rank's side stream reaches once its compute
+mover pulls a layer only after a barrier (:meth:`TransferContext.rendezvous`: the peer memory's
+own, or a one-element collective) every rank's side stream reaches once its compute
 stream got to the layer the transfer overlaps: a layer that moves after the step wrote the
 step's tokens into the pages it sends by then, and every other layer's history was written
 before the step. (Rows a rank writes beside a pull into a page it holds go to slots past the
 history, which the receiver writes itself before it reads them.) A holder frees its source
-pages only when its layer lands, after a collective that completes once every rank's pulls of
-the layer did; and a freed page is written again only after a later allocation, behind a later
+pages only when its layer lands, after a barrier that completes once every rank's pulls of the
+layer did; and a freed page is written again only after a later allocation, behind a later
 collective every rank joins.
 """
 

@@ -32,10 +32,12 @@ Where the group shares its KV pools (``io.peers``: the pools live in peer memory
 route chunks, packs, collectives or unpacks. Per layer: one host collective in which every rank
 says where the pages it sends lie and how its free pages run, from which every rank decides
 alike whether the runs are long enough for the peer memory (``min_run_bytes``,
-:func:`min_run_bytes`; else the layer moves by collectives); a one-element collective that
-every rank's side stream reaches; one copy per run of pages at constant steps from each source
-(consecutive pages; or every T-th, as CP holds them, in one pitched copy); then
-per state a one-element collective that completes once every rank's pulls did.
+:func:`min_run_bytes`; else the layer moves by collectives); a barrier every rank's side
+stream reaches; one copy per run of pages at constant steps from each source (consecutive
+pages; or every T-th, as CP holds them, in one pitched copy); then per state a barrier that
+completes once every rank's pulls did. The barriers are the peer memory's own where it has one
+(``PeerBuffers.barrier``: then a pulled layer runs no collective on the side communicator),
+else one-element collectives (:meth:`TransferContext.rendezvous`).
 
 The step's new tokens never move: the executor reserves their pages in the layout the layer
 computes the step in.
