@@ -66,10 +66,14 @@ def progressions(columns: np.ndarray, pitched: bool = True) -> np.ndarray:
     m = len(x)
     if m < 2:
         return np.array([[0, m]] * m, dtype=np.int64).reshape(-1, 2)
-    d = np.diff(x.reshape(m, -1), axis=0)  # [m - 1, c]
-    bad = (d <= 0).any(axis=1) if pitched else (d != 1).any(axis=1)  # a step no run takes: rows of their own
-    change = np.ones(m - 1, dtype=bool)
-    change[1:] = (d[1:] != d[:-1]).any(axis=1) | bad[1:] | bad[:-1]
+    x = x.reshape(m, -1)
+    bad, change = np.zeros(m - 1, dtype=bool), np.zeros(m - 1, dtype=bool)
+    change[0] = True
+    for column in x.T:  # column by column: 1-D operations are several times faster than [m, c] ones
+        d = np.diff(column)
+        bad |= (d <= 0) if pitched else (d != 1)  # a step no run takes: rows of their own
+        change[1:] |= d[1:] != d[:-1]
+    change[1:] |= bad[1:] | bad[:-1]
     first = np.flatnonzero(change)  # segments of equal differences: differences [first, first + length)
     length = np.diff(np.append(first, m - 1))
     seg_bad = bad[first]
