@@ -141,7 +141,8 @@ def run(args, pool) -> int:
     _print(rows)
     if args.no_write:
         return 0
-    extra = {"pages_per_layer": pages, "profile": per_rank[0]["profile"]}
+    pulls = per_rank[0]["kv_pulls"]
+    extra = {"pages_per_layer": pages, "profile": per_rank[0]["profile"], "kv_pulls": pulls}
     if args.baseline:
         base = results.read_result(args.baseline)
         extra["baseline"] = {"label": args.baseline_label or base["git_commit"], "date": base["date"],
@@ -154,7 +155,9 @@ def run(args, pool) -> int:
                "per sample): overhead = SPLASH step - target-ready step (wall clock; noisy on a shared CPU); "
                "switch_host = CPU time of the "
                "executor's prepare + per-layer start/land calls; bookkeeping = switch_host less issuing and "
-               "waiting for collectives and page pack/unpack (data movement)"))
+               "waiting for collectives and page pack/unpack (data movement); KV pages "
+               + ("pulled out of shared pools where their runs allow (SPLASH_PEER_PULLS=1), fenced by the peer "
+                  "memory's barrier" if pulls else "moved by collectives")))
     print("wrote", results.write_result(data, args.out))
     return 0
 

@@ -139,4 +139,4 @@ def host_profile(ctx, spec: dict) -> dict:
     executor.step(batch, tokens, dst, Mode.SPLASH)
     timers.profiler = None
     return {"samples": samples, "profile": _profile_text(profiler, spec.get("profile_top", 30)),
-            "pages_per_layer": int(model.paged_layers[0].kv.num_pages)}
+            "pages_per_layer": int(model.paged_layers[0].kv.num_pages), "kv_pulls": executor.io.peers is not None}
