@@ -6,7 +6,9 @@
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
 # (the last two need one GPU only: the cuda backend's peer memory between two processes, and how
 # much page copies by kernels or by memcpy slow a step beside them) ($SWITCH_BUDGET and
-# $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options). Each runs under its own
+# $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options and
+# $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-coll SWITCH_ARGS=--collectives,
+# or SWITCH_TAG=-flat with SPLASH_PEER_PITCHED=0 in the environment). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
 # Unpack with `tar xzf <section>.tgz` and copy the JSON into bench/results/<platform>/.
@@ -48,7 +50,8 @@ for s in "${sections[@]}"; do
              # later sections use the tiles this run just chose
              cp "$RES/kernels/hopper-tuned-h200.json" backends/hopper/splash_backend_hopper/tuned/h200.json 2>/dev/null ;;
     runtime) section runtime 150 python3 bench/runtime_step.py --out "$RES/runtime" --budget-s 70 ;;
-    switch) section switch $((SWITCH_BUDGET + 80)) python3 bench/switch_bench.py --out "$RES/switch" --budget-s "$SWITCH_BUDGET" ${SWITCH_ARGS:-} ;;
+    switch) section "switch${SWITCH_TAG:-}" $((SWITCH_BUDGET + 80)) python3 bench/switch_bench.py \
+              --out "$RES/switch${SWITCH_TAG:-}" --budget-s "$SWITCH_BUDGET" ${SWITCH_ARGS:-} ;;
     engine) section engine $((ENGINE_BUDGET + 110)) python3 bench/engine_bench.py --out "$RES/engine" --budget-s "$ENGINE_BUDGET" ;;
     kda) section kda 240 python3 bench/kda_runtime.py --out "$RES/kda" ;;
     conformance) section conformance 200 python3 bench/gpu_kernels.py --out "$RES/conformance" --sections conformance ;;
