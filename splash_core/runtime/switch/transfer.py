@@ -81,11 +81,11 @@ BARRIER_TIMEOUT_S = 600.0  # a peer barrier's wait where the executor sets none 
 class _Ordered:
     """The work of a peer barrier: already in the stream's order, nothing more to wait for."""
 
-    def __init__(self, _result=None):
-        pass
-
     def wait(self, timeout=None) -> bool:
         return True
+
+
+_ORDERED = _Ordered()
 
 
 @dataclasses.dataclass
@@ -189,7 +189,12 @@ class TransferContext:
         if barrier is not None:
             self._epoch += 1
             epoch, timeout = self._epoch, self.timeout_s or BARRIER_TIMEOUT_S
-            return self._issue(layer, state, "pull", lambda: _Ordered(barrier(epoch, timeout)))
+
+            def launch():
+                barrier(epoch, timeout)
+                return _ORDERED
+
+            return self._issue(layer, state, "pull", launch)
         if state not in self._flags:
             self._flags[state] = torch.zeros(1, device=self.device)
         flag = self._flags[state]
