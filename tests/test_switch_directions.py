@@ -150,11 +150,14 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False, min_run_bytes=0):
+def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False, min_run_bytes=0,
+                           peer_barrier=True):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
     (as the cuda backend's copy-engine memory, here plain host memory), and pulls only where
-    pages lie in runs of ``min_run_bytes`` on average; the sizes allocated, the roles held at the
-    end, and how many all-gathers, all-to-alls and all-reduces they ran."""
+    pages lie in runs of ``min_run_bytes`` on average (fenced by the peer memory's barrier, or
+    where not ``peer_barrier`` by collectives, as for a peer memory that has none); the sizes
+    allocated, the roles held at the end, and how many all-gathers, all-to-alls, all-reduces
+    and peer barriers they ran."""
     import os
 
     from splash_core.collectives import DistCollectives, TransferBuffers
@@ -188,7 +191,7 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
     before = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
     os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = str(min_run_bytes)
-    HostPeerBuffers.barrier = counted_barrier
+    HostPeerBuffers.barrier = counted_barrier if peer_barrier else None
     try:
         return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
                 [str(r) for r in buffers._held], calls)
@@ -244,6 +247,18 @@ def test_pulled_pages_take_no_page_collectives_t3(rank_pools, references):
         assert not allocated and not roles, (rank, allocated, roles)
         # per switch (8) and moving layer (3): one before the pulls, one behind them per state (KV, indexer keys)
         assert calls["barrier"] == 8 * 3 * 3, (rank, calls)
+
+
+def test_pulls_without_a_peer_barrier_are_fenced_by_collectives_t2(rank_pools, references):
+    """A peer memory without ``barrier``: the same pulls, fenced by one-element collectives on
+    the side communicator (one before a layer's pulls, one behind them per state), with the
+    reference's tokens."""
+    kv_only = ((Layout.DP, Layout.TP), (Layout.DP, Layout.CP))
+    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])], None, None, True, 0, False)
+    _check([results for results, *_ in out], references[2], 2)
+    for rank, (_, allocated, roles, calls) in enumerate(out):
+        assert calls["all_gather"] == calls["all_to_all"] == calls["barrier"] == 0 and not allocated, (rank, calls)
+        assert calls["all_reduce"] == 2 * 3 * 3, (rank, calls)  # 2 switches, 3 moving layers, 3 per layer
 
 
 def test_pages_in_short_runs_move_by_collectives_t2(rank_pools, references):

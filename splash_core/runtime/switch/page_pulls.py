@@ -60,8 +60,9 @@ def build_route(plan: StatePlan, rank: int, T: int) -> PullRoute:
 def progressions(columns: np.ndarray, pitched: bool = True) -> np.ndarray:
     """[k, 2] (first row, rows) cutting the rows of ``columns`` ([m, c] int64) left to right into
     runs along which every column advances by one positive step (by 1 where not ``pitched``):
-    greedily, each run as long as it can be (a run of one row has any step). Vectorized: runs are cut from the segments of
-    constant row-to-row differences, of which a run after another takes all but the first row."""
+    greedily, each run as long as it can be (a run of one row has any step). Vectorized: runs
+    are cut from the segments of constant row-to-row differences, of which a run right after
+    another takes all but the first row."""
     x = np.asarray(columns, dtype=np.int64)
     m = len(x)
     if m < 2:

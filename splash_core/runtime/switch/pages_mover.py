@@ -120,6 +120,7 @@ class PagesMover:
 
     def __init__(self):
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
+        self.pitched = pitched_pulls()  # read once: every layer's agreement and pulls cut runs alike
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
@@ -210,9 +211,8 @@ class PagesMover:
         if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
-        pitched = pitched_pulls()
-        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving)), pitched))
-        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, pitched), free_runs))
+        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving)), self.pitched))
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, self.pitched), free_runs))
         sent = [where for where, _ in shared]
         listed = [r for where in sent for r in where if r is not None]
         pages = sum(int(r[:, 1].sum()) for r in listed)
@@ -234,11 +234,11 @@ class PagesMover:
         moving.allocated = True
         try:
             io.wait(io.rendezvous(layer=layer.index, state=KV))  # every source wrote its pages (see page_pulls)
-            first, pitched = 0, pitched_pulls()
+            first = 0
             for source, (count, held) in enumerate(zip(route.from_each.tolist(), places)):
                 if not count:
                     continue
-                pages = page_pulls.pull_runs(held, arriving[first: first + count], pitched)
+                pages = page_pulls.pull_runs(held, arriving[first: first + count], self.pitched)
                 first += count
                 for s in states:
                     io.pull(source, page_pulls.byte_runs(pages, layer.kv.offsets[s], page[s]), layer=layer.index, state=s)
@@ -283,7 +283,8 @@ def min_run_bytes(peers) -> float:
 
 def pitched_pulls() -> bool:
     """Whether runs of every T-th page are pulled in pitched copies (else only consecutive pages
-    are runs): ``SPLASH_PEER_PITCHED=0`` turns them off, an A/B knob. On one H200 a pitched copy of
+    are runs): ``SPLASH_PEER_PITCHED=0`` (read when the executor's movers are made) turns them
+    off, an A/B knob. On one H200 a pitched copy of
     72 KiB rows ran at about half a plain copy's rate within the GPU and slowed a step beside it
     about twice as much (bench/results/h200/copy_interference.json); between GPUs the link, not
     the copy engine, should bound both."""
