@@ -385,6 +385,17 @@ SHAPES: dict[str, Shape] = {
                 "bytes_per_layer": "count", "copies_per_layer": "count"},
         sources=frozenset({"measured"}),
     ),
+    "page_runs": Shape(
+        doc="the runs of consecutive pages a simulated serving run leaves KV histories in (what pulls need)",
+        summary={"page_bytes": "positive", "min_run_bytes": "nonneg", "rows": "rows"},
+        rows={"rows": {"scenario": "text", "pool": "text", "pool_pages": "positive", "peak_used_pages": "count",
+                       "step": "count", "requests": "count", "pages": "count", "runs": "count", "plain_runs": "count",
+                       "pages_per_run": "nonneg", "median_request_pages_per_run": "nonneg",
+                       "worst_request_pages_per_run": "nonneg", "pulled": "flag"}},
+        row_key={"rows": ("scenario", "pool", "step")},
+        sample={"scenario": "text", "pool": "text", "step": "count"},
+        sources=frozenset({"measured"}),
+    ),
     "costmodel_check": Shape(
         doc="the cost model's step times against the runtime's measured ones, host term fitted to a subset",
         summary={"measured_file": "text", "hardware": "text", "layers": "positive", "fit": "text",

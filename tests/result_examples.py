@@ -173,6 +173,14 @@ def device_examples() -> dict[str, tuple[dict, list]]:
               "copies_per_layer": n}
              for v, m, t, c, b, n in (("alone", 0.0, 10.0, 0.0, 0, 0), ("kernels", 1.0, 11.0, 0.25, 1 << 20, 2),
                                       ("memcpy", 1.0, 10.5, 0.25, 1 << 20, 4))]),
+        "page_runs": (
+            {"page_bytes": 73728, "min_run_bytes": 4194304.0, "rows": [
+                {"scenario": "rollout", "pool": "roomy", "pool_pages": 512, "peak_used_pages": 300, "step": s,
+                 "requests": n, "pages": p, "runs": n, "plain_runs": n, "pages_per_run": p / n,
+                 "median_request_pages_per_run": p / n, "worst_request_pages_per_run": p / n - 1, "pulled": True}
+                for s, n, p in ((100, 4, 240), (200, 2, 180))]},
+            [{"scenario": "rollout", "pool": "roomy", "step": s, "per_request": [[60, 1, 1]] * n}
+             for s, n in ((100, 4), (200, 2))]),
     }
 
 

@@ -35,13 +35,13 @@ def _pool(pages=64) -> LayerKV:
 
 def _state(kv: LayerKV):
     return (kv.free_pages, kv.version, {r: tuple(map(tuple, kv.pages_of(r))) for r in kv.requests},
-            kv._stack[: kv.free_pages].tolist())
+            kv._free.tolist())
 
 
 def _logical(kv: LayerKV) -> dict:
     """Logical pages per request, after checking every physical page is held once or free once."""
     held = [p for r in kv.requests for p in kv.pages_of(r)[1].tolist()]
-    assert sorted(held + kv._stack[: kv.free_pages].tolist()) == list(range(kv.num_pages))
+    assert sorted(held + np.flatnonzero(kv._free).tolist()) == list(range(kv.num_pages))
     return {r: kv.pages_of(r)[0].tolist() for r in kv.requests}
 
 
@@ -167,11 +167,16 @@ def _holders(layout, rid, page, batch, T):
     return {r for r in range(T) if held_pages(layout, rid, owner, [page], r, T).size}
 
 
-def test_next_free_lists_the_pages_the_next_allocation_takes():
+def test_placement_lists_the_pages_the_next_allocation_takes():
     kv = _pool(16)
-    assert kv.next_free(5).tolist() == [0, 1, 2, 3, 4]  # a fresh pool hands out 0, 1, 2, ...
+    assert kv.placement(PageKeys.one(1, np.arange(5))).tolist() == [0, 1, 2, 3, 4]  # a fresh pool starts at 0
     kv.alloc(1, np.arange(8))
-    kv.free(1, [1, 3, 5])  # back on top: 5, 3, 1, then 8, 9, ...
-    taken = kv.next_free(6)
-    assert kv.alloc(2, np.arange(6)).tolist() == taken.tolist() == [1, 3, 5, 8, 9, 10]
-    assert kv.next_free(99).size == kv.free_pages
+    kv.free(1, [1, 3, 5])  # free: 1, 3, 5 and 8..15
+    keys = PageKeys.of([[2, p] for p in range(6)])
+    taken = kv.placement(keys)
+    assert kv.alloc_keys(keys).tolist() == taken.tolist() == [9, 10, 11, 12, 13, 14]  # mid-gap: room on both sides
+    assert kv.placement(PageKeys.one(3, np.arange(99))).size == kv.free_pages
+    grown = PageKeys.one(2, [6, 7])
+    assert kv.placement(grown).tolist() == [15, 1]  # on from its last page, then the first largest gap
+    kv.free(2, [0])  # the pool changed (page 9 is free again): the allocation places afresh
+    assert kv.alloc_keys(grown).tolist() == [15, 8]

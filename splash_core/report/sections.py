@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import (capacity, costmodel_check, crossovers, device_checks, host_time, primitives, roofline, rollout, steps,
-               sweeps, switch_trace, switching, timings, transport, tuning)
+from . import (capacity, costmodel_check, crossovers, device_checks, host_time, page_runs, primitives, roofline,
+               rollout, steps, sweeps, switch_trace, switching, timings, transport, tuning)
 from .context import Context
 
 
@@ -45,6 +45,7 @@ SECTIONS: tuple[Section, ...] = (
             "the paper's appendix G (transfers share the device with computation)", transport.render),
     Section("copy_interference", "Page copies beside a step: kernels vs memcpy (pulls)",
             "the paper's appendix G (transfers share the device with computation)", transport.render_copies),
+    Section("page_runs", "Page runs serving leaves histories in (what pulls need)", "", page_runs.render),
     Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
             "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),

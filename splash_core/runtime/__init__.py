@@ -7,8 +7,9 @@ Modules, one concept each:
 - ``step_batch``: :class:`StepBatch`, a step's requests (id, owner, start, rows) in owner-major
   row order, computed identically on every rank; ``step_context`` its device-side view.
 - ``kv_pool``: the paged latent KV (+ indexer keys) of each MLA layer on one rank, with the
-  placement rule :func:`held_pages`; ``block_tables``: its block tables and free list, with
-  array operations over many requests' pages (:class:`PageKeys`) for live switches.
+  placement rule :func:`held_pages`; ``block_tables``: its block tables and free pages, with
+  array operations over many requests' pages (:class:`PageKeys`) for live switches; ``page_placement``: where new pages go (each
+  history in long runs, so switches pull it in few copies).
 - ``weights``: seeded or safetensors weights in DeepSeek's naming; ``mla``: the layout-free MLA
   math and :class:`MLAWeights` (all heads or a head shard).
 - ``mla_layer``: :class:`MLALayer`, one layer in its own layout; ``exchange``: the activation

@@ -1,11 +1,12 @@
-"""Block tables and free list of one layer's pages on one rank: the host bookkeeping of the
+"""Block tables and free pages of one layer's pool on one rank: the host bookkeeping of the
 paged KV pool (numpy only; :class:`~splash_core.runtime.kv_pool.LayerKV` adds the page tensors).
 
 A request's block table maps its *logical* pages (position // page_size) to physical pages;
 -1 marks a logical page held elsewhere (CP) or not at all. The tables of a layer are the rows
-of one dense array (a request holding pages has a row; rows are reused) and the free list is an
-array used as a stack, so work on many pages of many requests, as a live switch does in every
-layer, is a few array operations: :class:`PageKeys` prepares a set of (request, page) keys once
+of one dense array (a request holding pages has a row; rows are reused) and the free pages a
+mask; new pages go where they keep each history in long runs (:mod:`.page_placement`), so a
+switch pulls it in few copies. Work on many pages of many requests, as a live switch does in
+every layer, is a few array operations: :class:`PageKeys` prepares a set of (request, page) keys once
 (per switch plan) and :meth:`BlockTables.lookup`, :meth:`~BlockTables.alloc_keys` and
 :meth:`~BlockTables.free_keys` apply it to any layer. Allocation checks everything before it
 changes anything (:class:`PoolFullError`, ValueError), so a refused call leaves the tables as
@@ -17,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from .page_placement import place
 
 
 class PoolFullError(RuntimeError):
@@ -68,6 +71,15 @@ class PageKeys:
     def __len__(self) -> int:
         return self.pages.size
 
+    def by_request(self) -> np.ndarray | None:
+        """The order that sorts the keys by request (as ``requests`` lists them), then page; None
+        where they are in it already (as plans list them). Computed once."""
+        if "_by_request" not in self.__dict__:
+            rank = self.slot * (self.max_page + 1) + self.pages
+            ordered = rank.size < 2 or bool((rank[1:] > rank[:-1]).all())
+            object.__setattr__(self, "_by_request", None if ordered else np.argsort(rank, kind="stable"))
+        return self.__dict__["_by_request"]
+
     def flat(self, rows: np.ndarray, width: int) -> np.ndarray:
         """Each key's index into a C-ordered table [*, width] whose row for ``requests[j]`` is
         ``rows[j]``. The last answer is kept: the layers of a model usually give their requests
@@ -81,23 +93,24 @@ class PageKeys:
 
 
 class BlockTables:
-    """Block tables and free list of ``num_pages`` pages of layer ``layer`` on this rank."""
+    """Block tables and free pages of ``num_pages`` pages of layer ``layer`` on this rank."""
 
     def __init__(self, layer: int, num_pages: int):
         if num_pages < 1:
             raise ValueError(f"layer {layer}: a pool needs at least one page (got {num_pages})")
         self.layer = layer
-        self._stack = np.arange(num_pages - 1, -1, -1, dtype=np.int64)  # [: _nfree] free; the top goes first
+        self._free = np.ones(num_pages, dtype=bool)  # which physical pages are free
         self._nfree = num_pages
         self._row: dict[int, int] = {}  # request -> row of _table, for requests holding pages
         self._spare: list[int] = []  # rows no request uses
         self._table = np.full((0, 0), -1, dtype=np.int32)  # [row, logical page] -> physical page, -1: none
         self._held = np.zeros(0, dtype=np.int64)  # pages held per row
         self.version = 0  # bumped on every change of a table
+        self._planned: tuple | None = None  # (version, keys, pages) of the last placement()
 
     @property
     def num_pages(self) -> int:
-        return self._stack.size
+        return self._free.size
 
     @property
     def free_pages(self) -> int:
@@ -197,20 +210,49 @@ class BlockTables:
             held = keys.pages[np.take(self._table, flat) >= 0]
             who = f"request {keys.requests[0]}" if len(keys.requests) == 1 else f"requests {list(keys.requests)}"
             raise ValueError(f"layer {self.layer}: {who} already holds some of pages {held.tolist()[:16]}")
-        physical = self._stack[self._nfree - n: self._nfree][::-1].copy()  # low page numbers first
+        planned = self._planned
+        if planned is not None and planned[0] == self.version and planned[1] is keys and planned[2].size == n:
+            physical = planned[2]  # what placement() just answered: nothing changed since
+            self._free[physical] = False
+        else:
+            physical = self._place(keys, self._free)
         np.put(self._table, flat, physical)
         self._nfree -= n
         self._held[rows] += keys.counts
         self.version += 1
         return physical
 
-    def next_free(self, n: int) -> np.ndarray:
-        """The physical pages the next allocation of ``n`` pages would hand out (the top of the
-        free list, in the order :meth:`alloc_keys` gives them; fewer where fewer are free)."""
-        return self._stack[max(self._nfree - n, 0): self._nfree][::-1].copy()
+    def placement(self, keys: PageKeys) -> np.ndarray:
+        """The physical pages :meth:`alloc_keys` would give ``keys`` now, in order, changing
+        nothing (fewer where fewer pages are free)."""
+        physical = self._place(keys, self._free.copy())
+        self._planned = (self.version, keys, physical)
+        return physical.copy()
+
+    def _place(self, keys: PageKeys, free: np.ndarray) -> np.ndarray:
+        """Physical pages for ``keys`` by :func:`~splash_core.runtime.page_placement.place`
+        (each request's in logical order, from the page after its last one below them), in the
+        keys' order; marks them taken in ``free``."""
+        order = keys.by_request()
+        pages = keys.pages if order is None else keys.pages[order]
+        firsts = pages[np.concatenate([[0], np.cumsum(keys.counts)[:-1]])] if len(keys) else pages
+        anchors = np.full(len(keys.requests), -1, dtype=np.int64)
+        for j, (rid, first) in enumerate(zip(keys.requests, firsts.tolist())):
+            row = self._row.get(rid)
+            if row is not None:
+                below = self._table[row, :first]
+                held = np.flatnonzero(below >= 0)
+                if held.size:
+                    anchors[j] = int(below[held[-1]]) + 1
+        physical = place(free, anchors, keys.counts)
+        if order is None or physical.size < len(keys):
+            return physical
+        out = np.empty(len(keys), dtype=np.int64)
+        out[order] = physical
+        return out
 
     def free_keys(self, keys: PageKeys) -> int:
-        """Return the pages of ``keys`` to the free list (keys not held are skipped); returns how many."""
+        """Return the pages of ``keys`` to the free pages (keys not held are skipped); returns how many."""
         if len(keys) == 0:
             return 0
         found = self._flat(keys)
@@ -228,7 +270,7 @@ class BlockTables:
             flat, physical, counts = flat[held], physical[held], np.bincount(keys.slot[held], minlength=len(rows))
         np.put(self._table, flat, -1)
         k = physical.size
-        self._stack[self._nfree: self._nfree + k] = physical[::-1]
+        self._free[physical] = True
         self._nfree += k
         self._held[rows] -= counts
         self._drop_empty(keys.requests)
@@ -253,7 +295,7 @@ class BlockTables:
         return self.alloc_keys(PageKeys.one(request, logical_pages))
 
     def free(self, request: int, logical_pages=None) -> int:
-        """Return pages of ``request`` (all it holds by default) to the free list; returns how many."""
+        """Return pages of ``request`` (all it holds by default) to the free pages; returns how many."""
         if logical_pages is None:
             logical_pages = self.pages_of(request)[0]
         return self.free_keys(PageKeys.one(request, np.unique(np.asarray(logical_pages, dtype=np.int64))))

@@ -5,9 +5,9 @@ Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, 
 :class:`~splash_core.interfaces.MLAKernels` reads), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
-for switches), and the block tables and free list of those pages
+for switches), and the block tables and free pages of those pages
 (:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
-free lists and tables because during a live switch layer i may already hold the destination
+free pages and tables because during a live switch layer i may already hold the destination
 layout's pages while layer i+1 still holds the source's.
 
 Switch API (used by the switch executor, and by :class:`~splash_core.runtime.model.Model`):
@@ -101,7 +101,7 @@ def to_device(array: np.ndarray, device, dtype: torch.dtype = torch.int32) -> to
 
 class LayerKV(BlockTables):
     """Pages of one MLA layer on this rank: the page tensors, and (inherited) their block tables
-    and free list."""
+    and free pages."""
 
     def __init__(self, layer: int, num_pages: int, fmt: PageFormat, device, buffer: torch.Tensor | None = None,
                  offset: int = 0):

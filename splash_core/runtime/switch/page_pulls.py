@@ -133,8 +133,9 @@ def where_sent(pool, route: PullRoute, pitched: bool = True) -> list[np.ndarray 
 
 def worth_pulling(pages: int, copies: int, page_bytes: int, min_run_bytes: float) -> bool:
     """Whether ``pages`` pages in ``copies`` copies (over every rank of the group, so every rank
-    decides alike) average at least ``min_run_bytes`` a copy. Pages scattered over a pool (decode
-    grows histories a page at a time, discards leave every T-th page) would take a copy each."""
+    decides alike) average at least ``min_run_bytes`` a copy. Pages scattered over a pool would
+    take a copy each; the pool's placement (:mod:`splash_core.runtime.page_placement`) keeps histories that decode
+    grows a page at a time in long runs, but a discard still leaves every T-th page."""
     return copies == 0 or pages * page_bytes >= min_run_bytes * copies
 
 

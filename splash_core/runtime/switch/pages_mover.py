@@ -23,14 +23,14 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
 - land (``finish``): per chunk, wait for its collectives, then one ``unpack`` per source slot
   (one for an all-to-all) writes the pages. They are the destination's new pages, which nothing
   reads before the layer lands, so a later chunk's failure only needs them freed.
-- retire: the ``freed`` pages go back to the free list (one array operation); rollback frees
+- retire: the ``freed`` pages are free again (one array operation); rollback frees
   the allocated ones.
 - discard: nothing moves; retire frees ``freed``.
 
 Where the group shares its KV pools (``io.peers``: the pools live in peer memory, see
 :mod:`.page_pulls`) and a layer's pages lie in long enough runs, pages are pulled instead: no
 route chunks, packs, collectives or unpacks. Per layer: one host collective in which every rank
-says where the pages it sends lie and how its free pages run, from which every rank decides
+says where the pages it sends lie and how the pages it allocates for the arriving ones run, from which every rank decides
 alike whether the runs are long enough for the peer memory (``min_run_bytes``,
 :func:`min_run_bytes`; else the layer moves by collectives); a barrier every rank's side
 stream reaches; one copy per run of pages at constant steps from each source (consecutive
@@ -206,17 +206,17 @@ class PagesMover:
         where they move by collectives: no shared pools, or runs too short to pull.
         One host collective, right before the pages are allocated: every rank says where the
         pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and how
-        many runs its next free pages form (runs of pages at a constant step, which one pitched copy
-        takes), and every rank decides alike from all of it."""
+        many runs the pages it will allocate for the arriving ones form (runs of pages at a
+        constant step, which one pitched copy takes), and every rank decides alike from all of it."""
         if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
-        free_runs = len(page_pulls.runs(layer.kv.next_free(len(route.arriving)), self.pitched))
-        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, self.pitched), free_runs))
+        arriving_runs = len(page_pulls.runs(layer.kv.placement(route.arriving), self.pitched))
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, self.pitched), arriving_runs))
         sent = [where for where, _ in shared]
         listed = [r for where in sent for r in where if r is not None]
         pages = sum(int(r[:, 1].sum()) for r in listed)
-        copies = sum(len(r) for r in listed) + sum(free for _, free in shared)  # about: either side breaks a run
+        copies = sum(len(r) for r in listed) + sum(n for _, n in shared)  # about: either side breaks a run
         if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, min_run_bytes(io.peers)):
             return None
         return page_pulls.received_places(sent, layer.index, io.rank, route)
