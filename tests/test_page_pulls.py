@@ -72,6 +72,9 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
             pools = _pools(src, batch, T)
             routes = [page_pulls.build_route(plan, r, T) for r in range(T)]
             shared = [page_pulls.where_sent(pools[r], routes[r]) for r in range(T)]
+            breaks = [page_pulls.arriving_breaks(pools[r].placement(routes[r].arriving), routes[r].from_each)
+                      for r in range(T)]
+            counted, copies = page_pulls.copies(list(zip(shared, breaks))), 0
             for r in range(T):  # every rank pulls (sources are only read), then every rank retires
                 route, pool = routes[r], pools[r]
                 places = page_pulls.received_places(shared, 0, r, route)
@@ -83,6 +86,7 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
                         assert places[s] is None
                         continue
                     runs = page_pulls.pull_runs(places[s], arriving[first: first + count])
+                    copies += len(runs)
                     # each request's pages lie at one step in its holder's pool (every T-th where
                     # CP splits them) and the free pages here break once: a copy per request, +1
                     assert len(runs) <= len(batch.requests) + 1, (src, dst, runs.tolist())
@@ -93,6 +97,8 @@ def test_pull_routes_deliver_each_page_from_its_holder(T):
                         for j in range(rows):
                             buffer[b + j * b_pitch: b + j * b_pitch + n] = source[a + j * a_pitch: a + j * a_pitch + n]
                     first += count
+            # the agreement's count, from each side's runs alone, bounds the copies made
+            assert copies <= counted <= 2 * copies, (src, dst, copies, counted)
             for r in range(T):
                 pool = pools[r]
                 pool.free_keys(routes[r].freed)

@@ -19,7 +19,11 @@ import dataclasses
 
 import numpy as np
 
-from .page_placement import place
+from .page_placement import continue_runs, place
+
+
+MEMO_KEYS = 256  # key sets at least this large are placed once for every layer in the same state
+FEW_KEYS = 64  # key sets up to this large are placed key by key
 
 
 class PoolFullError(RuntimeError):
@@ -71,6 +75,18 @@ class PageKeys:
     def __len__(self) -> int:
         return self.pages.size
 
+    def placed(self, state: tuple) -> np.ndarray | None:
+        """The physical pages last placed for these keys (-1: none was free), if that was in a
+        pool in ``state`` (free pages, which requests hold rows, their rows): the layers of a
+        model are usually in the same state, so a switch or a step places each key set once."""
+        memo = self.__dict__.get("_placed")
+        if memo is None or not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(memo[0], state)):
+            return None
+        return memo[1]
+
+    def remember_placed(self, state: tuple, physical: np.ndarray) -> None:
+        object.__setattr__(self, "_placed", (state, physical.copy()))
+
     def by_request(self) -> np.ndarray | None:
         """The order that sorts the keys by request (as ``requests`` lists them), then page; None
         where they are in it already (as plans list them). Computed once."""
@@ -106,7 +122,6 @@ class BlockTables:
         self._table = np.full((0, 0), -1, dtype=np.int32)  # [row, logical page] -> physical page, -1: none
         self._held = np.zeros(0, dtype=np.int64)  # pages held per row
         self.version = 0  # bumped on every change of a table
-        self._planned: tuple | None = None  # (version, keys, pages) of the last placement()
 
     @property
     def num_pages(self) -> int:
@@ -210,12 +225,11 @@ class BlockTables:
             held = keys.pages[np.take(self._table, flat) >= 0]
             who = f"request {keys.requests[0]}" if len(keys.requests) == 1 else f"requests {list(keys.requests)}"
             raise ValueError(f"layer {self.layer}: {who} already holds some of pages {held.tolist()[:16]}")
-        planned = self._planned
-        if planned is not None and planned[0] == self.version and planned[1] is keys and planned[2].size == n:
-            physical = planned[2]  # what placement() just answered: nothing changed since
-            self._free[physical] = False
-        else:
-            physical = self._place(keys, self._free)
+        physical = self._place(keys, self._free)
+        if physical.size != n:  # cannot happen with n pages free; never write a short answer
+            self._free[physical] = True
+            self._drop_empty(keys.requests)
+            raise RuntimeError(f"layer {self.layer}: placed {physical.size} of {n} pages with {self._nfree} free")
         np.put(self._table, flat, physical)
         self._nfree -= n
         self._held[rows] += keys.counts
@@ -225,31 +239,110 @@ class BlockTables:
     def placement(self, keys: PageKeys) -> np.ndarray:
         """The physical pages :meth:`alloc_keys` would give ``keys`` now, in order, changing
         nothing (fewer where fewer pages are free)."""
-        physical = self._place(keys, self._free.copy())
-        self._planned = (self.version, keys, physical)
-        return physical.copy()
+        return self._place(keys, self._free.copy())
 
     def _place(self, keys: PageKeys, free: np.ndarray) -> np.ndarray:
-        """Physical pages for ``keys`` by :func:`~splash_core.runtime.page_placement.place`
-        (each request's in logical order, from the page after its last one below them), in the
-        keys' order; marks them taken in ``free``."""
+        """Physical pages for ``keys``, in the keys' order (fewer where fewer are free); marks
+        them taken in ``free``. A large key set is placed afresh only where it was last placed in
+        a pool in another state (:meth:`PageKeys.placed`)."""
+        if len(keys) == 0:
+            return np.zeros(0, np.int64)
+        rows = self._rows(keys.requests)
+        if len(keys) < MEMO_KEYS:  # a step's few new pages: cheaper placed than looked up
+            physical = self._place_afresh(keys, free, rows)
+            return physical[physical >= 0]
+        holding = rows[rows >= 0]
+        holding = holding[self._held[holding] > 0]
+        state = (free.copy(), np.isin(rows, holding), self._table[holding])
+        physical = keys.placed(state)
+        if physical is None:
+            physical = self._place_afresh(keys, free.copy(), rows)
+            keys.remember_placed(state, physical)
+        physical = physical[physical >= 0]
+        free[physical] = False
+        return physical.copy()
+
+    def _place_afresh(self, keys: PageKeys, free: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Physical pages for ``keys`` in their order (-1 where none was free), marked taken in
+        ``free``. Two passes over each request's new pages in logical order:
+
+        1. a run of consecutive new pages that follows a page the request holds continues right
+           after that page's physical page, as far as pages there are free
+           (:func:`~splash_core.runtime.page_placement.continue_runs`): a decode step's or a
+           prefill chunk's pages, and pages coming back into the holes a discard left (where a
+           request's new pages lie in several runs, only if every one of them finds its hole);
+        2. the rest of each request's pages by :func:`~splash_core.runtime.page_placement.place`,
+           from the page after the last one it holds or just got below them."""
+        n = len(keys)
         order = keys.by_request()
         pages = keys.pages if order is None else keys.pages[order]
-        firsts = pages[np.concatenate([[0], np.cumsum(keys.counts)[:-1]])] if len(keys) else pages
-        anchors = np.full(len(keys.requests), -1, dtype=np.int64)
-        for j, (rid, first) in enumerate(zip(keys.requests, firsts.tolist())):
-            row = self._row.get(rid)
-            if row is not None:
-                below = self._table[row, :first]
-                held = np.flatnonzero(below >= 0)
-                if held.size:
-                    anchors[j] = int(below[held[-1]]) + 1
-        physical = place(free, anchors, keys.counts)
-        if order is None or physical.size < len(keys):
-            return physical
-        out = np.empty(len(keys), dtype=np.int64)
-        out[order] = physical
-        return out
+        slot = keys.slot if order is None else keys.slot[order]
+        rows = rows[slot]
+        physical = self._continue_few(free, pages, slot, rows) if n <= FEW_KEYS else \
+            self._continue(free, pages, slot, rows)
+        # a request whose new pages lie in several runs keeps pass 1's pages only if all of them
+        # got one (holes refilled); else single pages after its held ones would cut its new
+        # pages into many runs: pass 2 places them all together
+        got = physical >= 0
+        runs = np.concatenate([[True], (slot[1:] != slot[:-1]) | (pages[1:] != pages[:-1] + 1)])
+        per = len(keys.requests)
+        undo = (np.bincount(slot[runs], minlength=per) > 1) & (np.bincount(slot[~got], minlength=per) > 0)
+        back = got & undo[slot]
+        if back.any():
+            free[physical[back]] = True
+            physical[back] = -1
+        left = np.flatnonzero(physical < 0)
+        if left.size:
+            heads = np.flatnonzero(np.concatenate([[True], slot[left][1:] != slot[left][:-1]]))
+            anchors = np.array([self._anchor(int(rows[i]), int(pages[i]), physical[i - 1] + 1
+                                             if i and slot[i - 1] == slot[i] and pages[i - 1] == pages[i] - 1
+                                             and physical[i - 1] >= 0 else -1)
+                                for i in left[heads].tolist()], dtype=np.int64)
+            got = place(free, anchors, np.diff(np.append(heads, left.size)))
+            physical[left[: got.size]] = got
+        if order is not None:
+            out = np.empty(n, dtype=np.int64)
+            out[order] = physical
+            physical = out
+        return physical  # -1 where the pool ran out
+
+    def _continue(self, free, pages, slot, rows) -> np.ndarray:
+        """Pass 1 of :meth:`_place_afresh` over keys sorted by request and page (their ``rows``):
+        each key's page, or -1."""
+        n, width = pages.size, self._table.shape[1]
+        starts = np.flatnonzero(np.concatenate([[True], (slot[1:] != slot[:-1]) | (pages[1:] != pages[:-1] + 1)]))
+        first, row = pages[starts], rows[starts]
+        follows = (row >= 0) & (first > 0) & (first <= width)
+        before = np.full(starts.size, -1, dtype=np.int64)
+        before[follows] = self._table[row[follows], first[follows] - 1]
+        return continue_runs(free, np.where(before >= 0, before + 1, -1), np.diff(np.append(starts, n)))
+
+    def _continue_few(self, free, pages, slot, rows) -> np.ndarray:
+        """:meth:`_continue` key by key, for a few keys (a step's new pages), where array
+        operations cost more than they save."""
+        width, num_pages, table = self._table.shape[1], free.size, self._table
+        out, last = [], (-1, -1, -1)  # (slot, page, physical) of the key before
+        for s, p, r in zip(slot.tolist(), pages.tolist(), rows.tolist()):
+            if last[0] == s and last[1] == p - 1:
+                before = last[2]
+            else:
+                before = int(table[r, p - 1]) if r >= 0 and 0 < p <= width else -1
+            page = before + 1 if 0 <= before < num_pages - 1 and free[before + 1] else -1
+            if page >= 0:
+                free[page] = False
+            out.append(page)
+            last = (s, p, page)
+        return np.array(out, dtype=np.int64)
+
+    def _anchor(self, row: int, page: int, after_new: int) -> int:
+        """Where a request's new pages from logical ``page`` on should start: ``after_new`` (the
+        page after one it just got) where given, else the page after the last one it holds below
+        ``page``, else -1."""
+        if after_new >= 0 or row < 0:
+            return after_new
+        below = self._table[row, : min(page, self._table.shape[1])]
+        held = np.flatnonzero(below >= 0)
+        return int(below[held[-1]]) + 1 if held.size else -1
 
     def free_keys(self, keys: PageKeys) -> int:
         """Return the pages of ``keys`` to the free pages (keys not held are skipped); returns how many."""

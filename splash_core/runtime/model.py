@@ -32,6 +32,7 @@ from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
+from .block_tables import PageKeys
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights, rms_norm
 from .mla_layer import MLALayer
@@ -47,9 +48,13 @@ class Model:
     def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
                  profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
                  pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
-                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None):
+                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None,
+                 host_collectives: Collectives | None = None):
         """``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
-        from, so switches pull pages rank to rank (None: pages move by collectives)."""
+        from, so switches pull pages rank to rank (None: pages move by collectives).
+        ``host_collectives``: collectives on host memory for what the ranks agree on before a step
+        (whether every pool has room, :meth:`reserve`), so that never waits for the device
+        (None: ``collectives``, a round trip to the device when a batch opens a page)."""
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
         mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
@@ -61,6 +66,7 @@ class Model:
             raise ValueError(f"{len(layouts)} layouts given for {count} layers")
         self.rank, self.T, self.device = rank, T, device
         self.collectives, self.kernels = collectives, kernels
+        self.host_collectives = host_collectives
         self.profile, self.dtype, self.page_size = profile, dtype, page_size
         self.math = MLAMath(profile) if mla_layers else None
         shapes = tensor_shapes(profile, count)
@@ -117,7 +123,7 @@ class Model:
                    kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
                    kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda,
-                   peer_memory=ctx.peer_memory() if peer_pulls else None)
+                   peer_memory=ctx.peer_memory() if peer_pulls else None, host_collectives=ctx.host_collectives())
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
@@ -202,7 +208,7 @@ class Model:
     def reserve(self, batch: StepBatch, layouts: Sequence[Layout] | None = None) -> None:
         """Allocate the pages this step's new tokens need in every layer (placed by ``layouts``, as
         in :meth:`new_pages`), or raise :class:`PoolFullError` on every rank with nothing allocated
-        (a collective when the batch opens a page)."""
+        (a collective when the batch opens a page: on the host collectives where the model has them)."""
         if not batch.opens_pages:
             return
         plan = self.new_pages(batch, layouts)
@@ -211,17 +217,26 @@ class Model:
         free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
         table = np.zeros((2, self.T, len(paged)), dtype=np.int64)
         table[0, self.rank], table[1, self.rank] = need, free
-        table = to_device(table, self.device, torch.int64)
-        self.collectives.all_reduce(table)
-        need_all, free_all = table.cpu().numpy()  # the step's one wait for the device, when it opens a page
+        if self.host_collectives is not None:
+            table = torch.from_numpy(table)
+            self.host_collectives.all_reduce(table)
+        else:
+            table = to_device(table, self.device, torch.int64)
+            self.collectives.all_reduce(table)  # then read back: a wait for the device
+        need_all, free_all = table.cpu().numpy()
         short = np.argwhere(need_all > free_all)
         if short.size:
             r, i = short[0]
             raise PoolFullError(f"KV pool full: rank {r} layer {paged[i].index} needs {need_all[r, i]} "
                                 f"new pages, {free_all[r, i]} free ({len(short)} rank-layer pairs short); nothing was written")
+        keys: dict[int, PageKeys] = {}  # layers of one layout place the new pages alike: one key set each
         for layer in paged:
-            for rid, pages in plan[layer.index]:
-                layer.kv.alloc(rid, pages)
+            new = plan[layer.index]
+            if id(new) not in keys:
+                keys[id(new)] = PageKeys.of(np.concatenate(
+                    [np.stack([np.full(p.size, rid, dtype=np.int64), p], axis=1) for rid, p in new]
+                    or [np.zeros((0, 2), np.int64)]))
+            layer.kv.alloc_keys(keys[id(new)])
 
     @property
     def paged_layers(self) -> list[MLALayer]:

@@ -131,6 +131,32 @@ def where_sent(pool, route: PullRoute, pitched: bool = True) -> list[np.ndarray 
     return [None if keys is None else runs(pool.lookup(keys), pitched) for keys in route.sends]
 
 
+def arriving_breaks(pages: np.ndarray, from_each: np.ndarray, pitched: bool = True) -> list[np.ndarray | None]:
+    """This rank's other part of the agreement: per source rank, where the runs of ``pages``
+    (the pages it will allocate for the keys it fetches, grouped by source as
+    :attr:`PullRoute.arriving` lists them) end, as offsets into that source's keys; or None."""
+    out, first = [], 0
+    for count in np.asarray(from_each).tolist():
+        if not count:
+            out.append(None)
+            continue
+        out.append(np.cumsum(runs(pages[first: first + count], pitched)[:, 1]))
+        first += count
+    return out
+
+
+def copies(shared: list) -> int:
+    """How many copies the pulls of one layer take over the group, from every rank's
+    ``(where_sent, arriving_breaks)``: per source and receiver one per stretch of keys between
+    the ends of runs on either side (the same on every rank)."""
+    total = 0
+    for receiver, (_, breaks) in enumerate(shared):
+        for source, ends in enumerate(breaks):
+            if ends is not None:
+                total += np.union1d(np.cumsum(shared[source][0][receiver][:, 1]), ends).size
+    return total
+
+
 def worth_pulling(pages: int, copies: int, page_bytes: int, min_run_bytes: float) -> bool:
     """Whether ``pages`` pages in ``copies`` copies (over every rank of the group, so every rank
     decides alike) average at least ``min_run_bytes`` a copy. Pages scattered over a pool would

@@ -30,9 +30,10 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
 Where the group shares its KV pools (``io.peers``: the pools live in peer memory, see
 :mod:`.page_pulls`) and a layer's pages lie in long enough runs, pages are pulled instead: no
 route chunks, packs, collectives or unpacks. Per layer: one host collective in which every rank
-says where the pages it sends lie and how the pages it allocates for the arriving ones run, from which every rank decides
-alike whether the runs are long enough for the peer memory (``min_run_bytes``,
-:func:`min_run_bytes`; else the layer moves by collectives); a barrier every rank's side
+says where the pages it sends lie and where the runs of the pages it allocates for the arriving
+ones end, from which every rank counts the copies and decides alike whether they are long
+enough for the peer memory (``min_run_bytes``, :func:`min_run_bytes`; else the layer moves by
+collectives); a barrier every rank's side
 stream reaches; one copy per run of pages at constant steps from each source (consecutive
 pages; or every T-th, as CP holds them, in one pitched copy); then per state a barrier that
 completes once every rank's pulls did. The barriers are the peer memory's own where it has one
@@ -205,18 +206,18 @@ class PagesMover:
         """Per source rank, where the pages this rank pulls from it in ``layer`` lie, or None
         where they move by collectives: no shared pools, or runs too short to pull.
         One host collective, right before the pages are allocated: every rank says where the
-        pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and how
-        many runs the pages it will allocate for the arriving ones form (runs of pages at a
-        constant step, which one pitched copy takes), and every rank decides alike from all of it."""
+        pages it sends lie (a page's place in its pool is its holder's own bookkeeping) and where
+        the runs of the pages it will allocate for the arriving ones end (runs of pages at a
+        constant step, which one pitched copy takes), so every rank counts the copies alike and
+        decides alike from them."""
         if not _pulls(layer, io):
             return None
         route = self._pull_route(plan, io.rank, io.T)
-        arriving_runs = len(page_pulls.runs(layer.kv.placement(route.arriving), self.pitched))
-        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, self.pitched), arriving_runs))
+        arriving = page_pulls.arriving_breaks(layer.kv.placement(route.arriving), route.from_each, self.pitched)
+        shared = io.host.all_gather_object((page_pulls.where_sent(layer.kv, route, self.pitched), arriving))
         sent = [where for where, _ in shared]
-        listed = [r for where in sent for r in where if r is not None]
-        pages = sum(int(r[:, 1].sum()) for r in listed)
-        copies = sum(len(r) for r in listed) + sum(n for _, n in shared)  # about: either side breaks a run
+        pages = sum(int(r[:, 1].sum()) for where in sent for r in where if r is not None)
+        copies = page_pulls.copies(shared)
         if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, min_run_bytes(io.peers)):
             return None
         return page_pulls.received_places(sent, layer.index, io.rank, route)
