@@ -278,15 +278,15 @@ class BlockTables:
         pages = keys.pages if order is None else keys.pages[order]
         slot = keys.slot if order is None else keys.slot[order]
         rows = rows[slot]
+        starts = np.flatnonzero(np.concatenate([[True], (slot[1:] != slot[:-1]) | (pages[1:] != pages[:-1] + 1)]))
         physical = self._continue_few(free, pages, slot, rows) if n <= FEW_KEYS else \
-            self._continue(free, pages, slot, rows)
+            self._continue(free, pages, rows, starts)
         # a request whose new pages lie in several runs keeps pass 1's pages only if all of them
         # got one (holes refilled); else single pages after its held ones would cut its new
         # pages into many runs: pass 2 places them all together
         got = physical >= 0
-        runs = np.concatenate([[True], (slot[1:] != slot[:-1]) | (pages[1:] != pages[:-1] + 1)])
         per = len(keys.requests)
-        undo = (np.bincount(slot[runs], minlength=per) > 1) & (np.bincount(slot[~got], minlength=per) > 0)
+        undo = (np.bincount(slot[starts], minlength=per) > 1) & (np.bincount(slot[~got], minlength=per) > 0)
         back = got & undo[slot]
         if back.any():
             free[physical[back]] = True
@@ -306,11 +306,10 @@ class BlockTables:
             physical = out
         return physical  # -1 where the pool ran out
 
-    def _continue(self, free, pages, slot, rows) -> np.ndarray:
-        """Pass 1 of :meth:`_place_afresh` over keys sorted by request and page (their ``rows``):
-        each key's page, or -1."""
+    def _continue(self, free, pages, rows, starts) -> np.ndarray:
+        """Pass 1 of :meth:`_place_afresh` over keys sorted by request and page (their ``rows``;
+        runs of consecutive pages of a request begin at ``starts``): each key's page, or -1."""
         n, width = pages.size, self._table.shape[1]
-        starts = np.flatnonzero(np.concatenate([[True], (slot[1:] != slot[:-1]) | (pages[1:] != pages[:-1] + 1)]))
         first, row = pages[starts], rows[starts]
         follows = (row >= 0) & (first > 0) & (first <= width)
         before = np.full(starts.size, -1, dtype=np.int64)

@@ -30,9 +30,9 @@ from ..dtypes import torch_dtype
 from ..interfaces import Collectives, KDAKernels
 from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
+from .block_tables import PageKeys
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
-from .block_tables import PageKeys
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights, rms_norm
 from .mla_layer import MLALayer

@@ -33,9 +33,9 @@ route chunks, packs, collectives or unpacks. Per layer: one host collective in w
 says where the pages it sends lie and where the runs of the pages it allocates for the arriving
 ones end, from which every rank counts the copies and decides alike whether they are long
 enough for the peer memory (``min_run_bytes``, :func:`min_run_bytes`; else the layer moves by
-collectives); a barrier every rank's side
-stream reaches; one copy per run of pages at constant steps from each source (consecutive
-pages; or every T-th, as CP holds them, in one pitched copy); then per state a barrier that
+collectives); a barrier every rank's side stream reaches; one copy per run of pages at
+constant steps from each source (consecutive pages; or every T-th, as CP holds them, in one
+pitched copy); then per state a barrier that
 completes once every rank's pulls did. The barriers are the peer memory's own where it has one
 (``PeerBuffers.barrier``: then a pulled layer runs no collective on the side communicator),
 else one-element collectives (:meth:`TransferContext.rendezvous`).
