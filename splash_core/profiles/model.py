@@ -56,6 +56,36 @@ class KDAConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts of the feed-forward blocks (DeepSeek-V2/V3 naming): the first
+    ``first_k_dense_replace`` layers keep a dense MLP of ``intermediate_size``; every later one
+    routes each token to ``num_experts_per_tok`` of ``n_routed_experts`` experts and adds
+    ``n_shared_experts`` always-on experts, all of width ``moe_intermediate_size``."""
+
+    n_routed_experts: int = field("routed experts per MoE layer", checks=[positive])
+    num_experts_per_tok: int = field("routed experts each token uses (top-k)", checks=[positive])
+    moe_intermediate_size: int = field("width of one expert's MLP", checks=[positive])
+    n_shared_experts: int = field("always-on shared experts per MoE layer", default=0, checks=[non_negative])
+    first_k_dense_replace: int = field("leading layers with a dense MLP instead of experts", default=0,
+                                       checks=[non_negative])
+    scoring_func: str = field("router scores: sigmoid (V3) or softmax (V2)", default="softmax",
+                              checks=[one_of("softmax", "sigmoid")])
+    n_group: int = field("expert groups for grouped top-k (1: plain top-k)", default=1, checks=[positive])
+    topk_group: int = field("groups each token may pick experts from", default=1, checks=[positive])
+    norm_topk_prob: bool = field("renormalise the chosen experts' weights to sum to 1", default=False)
+    routed_scaling_factor: float = field("scale of the routed experts' sum", default=1.0, checks=[positive])
+
+    def problems(self):
+        if self.num_experts_per_tok > self.n_routed_experts:
+            yield Problem("num_experts_per_tok", f"exceeds n_routed_experts ({self.n_routed_experts})",
+                          self.num_experts_per_tok)
+        if self.n_routed_experts % self.n_group:
+            yield Problem("n_group", f"must divide n_routed_experts ({self.n_routed_experts})", self.n_group)
+        if self.topk_group > self.n_group:
+            yield Problem("topk_group", f"exceeds n_group ({self.n_group})", self.topk_group)
+
+
+@dataclasses.dataclass(frozen=True)
 class KVCacheFormat:
     """How one token's MLA cache entry is stored per layer."""
 
@@ -99,6 +129,7 @@ class ModelProfile:
     weight_dtype: str = field("format of attention projection weights", default="bf16", checks=[_DTYPE])
     vocab_size: int = field("vocabulary size (runtime embedding / LM head)", default=32000, checks=[positive])
     intermediate_size: int = field("dense MLP width (runtime)", default=0, checks=[non_negative])
+    moe: MoEConfig | None = field("routed experts (None: a dense MLP in every layer)", default=None)
     rms_norm_eps: float = field("RMSNorm epsilon", default=1e-6, checks=[positive])
     rope_theta: float = field("RoPE base", default=10000.0, checks=[positive])
     source: str = field("where the dims come from (config URL, paper section)", default="")
@@ -112,6 +143,13 @@ class ModelProfile:
             yield Problem("kda", "the layer pattern has kda layers but no kda dims are given")
         if self.indexer is not None and self.mla is None:
             yield Problem("indexer", "an indexer needs mla layers")
+        if self.moe is not None and self.moe.first_k_dense_replace > self.layers.count:
+            yield Problem("moe.first_k_dense_replace", f"exceeds the layer count ({self.layers.count})",
+                          self.moe.first_k_dense_replace)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) routes to experts rather than a dense MLP."""
+        return self.moe is not None and index >= self.moe.first_k_dense_replace
 
     # ---- derived sizes (bytes) --------------------------------------------------------
 
