@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import capacity
 from ..profiles import load
-from ..timing_law import crossovers
+from ..timing_law import compile_law, crossovers
 from .capacity import fmt_k, limit_rows
 from .output import print_json, table
 
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     scenario = load("scenario", args.scenario)
-    law = scenario.timing.law
+    law = compile_law(scenario.timing)
     limits = capacity.scenario_limits(scenario.capacity, tuple(law.costs))
     limit_tokens = {l: lim.tokens for l, lim in limits.items()}
     lo, hi = scenario.range_tokens
@@ -66,7 +66,7 @@ def plot(scenario, limits, switches, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    law = scenario.timing.law
+    law = compile_law(scenario.timing)
     lo, hi = scenario.range_tokens
     grid = np.linspace(lo, hi, 2000)
     curves = law.normalized(grid)

@@ -20,13 +20,16 @@ from ..scheduler import HOLD, Scheduler
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One step's layout, and whether to hold admission before the next step."""
+    """One step's layout, and whether to hold admission before the next step. ``eq5_checked``:
+    the policy found that the switch into ``layout`` fits memory (Eq 5), so the switch
+    executor does not check it again."""
 
     layout: Layout
     action: str  # the scheduler's stay / switch / forced_switch / hold_admission, or fixed / scripted
     reason: str
     preference: tuple[Layout, ...]  # every layout the policy may run, most preferred first
     hold: bool = False
+    eq5_checked: bool = False
 
 
 class SchedulerPolicy:
@@ -42,7 +45,9 @@ class SchedulerPolicy:
     def decide(self, x: BatchArrays, current: Layout, steps_since_switch: float, step: int) -> Choice:
         d = self.scheduler.decide(x, current, steps_since_switch)
         order = tuple(sorted(LAYOUTS, key=d.time_s))
-        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD)
+        check = d.switch_checks.get(d.layout) if d.switch else None
+        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD,
+                      eq5_checked=check is not None and check.fits)
 
 
 @dataclasses.dataclass(frozen=True)

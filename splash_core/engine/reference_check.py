@@ -30,8 +30,7 @@ from ..dtypes import torch_dtype
 from ..profiles.model import LayerKind
 from ..runtime.mla import rms_norm
 from ..runtime.reference_model import ReferenceModel
-from ..runtime.step_bench import RoundedWeights
-from ..runtime.weights import SeededWeights, layer_prefix
+from ..runtime.weights import RoundedWeights, SeededWeights, layer_prefix
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need

@@ -10,6 +10,7 @@ from ..layouts import Layout
 from .hardware import GIB, HardwareProfile
 from .model import LayerKind, ModelProfile
 from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
+from .transfer import TransferConfig
 
 
 def _default_overlap():
@@ -65,6 +66,7 @@ class DeploymentProfile:
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
     scheduler: SchedulerConfig = field("scheduler settings", default=SchedulerConfig())
+    transfer: TransferConfig = field("how a switch moves state (routes, chunks, pipelining)", default=TransferConfig())
     notes: str = field("caveats", default="")
 
     def problems(self):

@@ -1,8 +1,7 @@
 """Find and load profiles by name or path; every kind is a frozen dataclass.
 
-A reference is a path to a ``.yaml`` file or a name looked up, in order, in the
-directories of ``$SPLASH_PROFILE_PATH`` (``:``-separated, each holding ``hardware/``,
-``models/``...) and in the profiles shipped with SPLASH.
+A reference is a path to a ``.yaml`` file (a profile's references to others may be relative
+to its own folder) or the name of a profile shipped with SPLASH.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ def builtin_root() -> Path:
 
 
 def search_roots() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get("SPLASH_PROFILE_PATH", "").split(os.pathsep) if p]
-    return extra + [builtin_root()]
+    return [builtin_root()]
 
 
 def available(kind: str) -> list[str]:

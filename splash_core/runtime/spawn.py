@@ -76,7 +76,7 @@ class RankPool:
         ctx = mp.get_context("spawn")
         port = free_port()
         self._conns, self._procs = [], []
-        env = {"NCCL_NVLS_ENABLE": "0", **(env or {})}
+        env = dict(env or {})
         for rank in range(world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(rank, world_size, port, backend, timeout_s, env, child),
