@@ -1,4 +1,4 @@
-"""Load backend plugins and select one (DESIGN.md §4).
+"""Load backend plugins and select one (docs/design.md §4).
 
 Built-in backends are loaded exactly like external ones (an import path resolved to a
 plugin object), then the entry points of group ``splash``. A plugin that fails to import,

@@ -1,4 +1,4 @@
-"""Hardware profiles: θ of the cost model, each number with its provenance (DESIGN.md §5)."""
+"""Hardware profiles: θ of the cost model, each number with its provenance (docs/design.md §5)."""
 
 from __future__ import annotations
 

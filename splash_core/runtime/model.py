@@ -1,7 +1,7 @@
 """The runtime's small model on one rank: embedding, L blocks of attention (MLA or KDA, as the
 profile's layer kinds say) + dense MLP, LM head.
 
-Data flow of :meth:`Model.step` (DESIGN.md §3): the residual stream of all rows of the step is
+Data flow of :meth:`Model.step` (docs/design.md §3): the residual stream of all rows of the step is
 the same on every rank between blocks. Each attention layer computes in its own layout (see
 :mod:`~splash_core.runtime.mla_layer` and :mod:`~splash_core.runtime.kda_layer`) and returns all
 rows; the dense MLP is always
