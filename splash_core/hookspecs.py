@@ -155,8 +155,9 @@ def splash_kda_kernels(device, dtype):
 def splash_hardware_profile():
     """The hardware profile this backend ships for the machine it runs on.
 
-    Called when a deployment leaves ``hardware`` to the backend and by ``splash calibrate``
-    to find the profile to start from.
+    Called by ``splash calibrate`` to find the profile to start from (its numbers stay
+    where calibration measures none), by the conformance suite to check it against the
+    profile schema, and by benchmarks to name their results folder.
 
     :returns: a profile name or path (str), or None. firstresult.
     """
