@@ -11,18 +11,18 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def decimals(values: Sequence[float]) -> int:
-    """Decimals that give the smallest non-zero magnitude among ``values`` 3 significant digits
-    (0 from 100 up, at most 3): what a column of them shares, so the column lines up."""
+    """Decimals that give the smallest non-zero magnitude among ``values`` 4 significant digits
+    (0 from 1,000 up, at most 3): what a column of them shares, so the column lines up."""
     finite = [abs(v) for v in values if v and math.isfinite(v)]
     if not finite:
         return 0
-    return max(0, min(3, 2 - math.floor(math.log10(min(finite)))))
+    return max(0, min(3, 3 - math.floor(math.log10(min(finite)))))
 
 
 def number(value: float, places: int | None = None) -> str:
-    """A number as every table and message shows it: thousands separators, 3 significant digits
-    (``places`` decimals when given, as a table column passes), and 3 significant digits in
-    exponent form when very large or small; never "-0"."""
+    """A number as every table and message shows it: thousands separators, 4 significant digits
+    (``places`` decimals when given, as a table column passes), exponent form when very large or
+    small; never "-0"."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int):
@@ -30,7 +30,7 @@ def number(value: float, places: int | None = None) -> str:
     if not math.isfinite(value):
         return str(value)
     if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-        return f"{value:.3g}"
+        return f"{value:.4g}"
     text = f"{value:,.{decimals([value]) if places is None else places}f}"
     return text[1:] if text.startswith("-") and not text.strip("-0.,") else text
 
