@@ -86,6 +86,7 @@ def test_a_signal_to_the_parent_stops_every_rank(tmp_path, signum, code):
         time.sleep(0.1)
     assert not [p for p in below if _alive(p)], "orphaned ranks"
     assert "Traceback" not in err and err.rstrip().endswith("terminated" if signum == signal.SIGTERM else "interrupted")
+    assert "/12000 tokens [" in err  # the progress bar counts the workload's tokens
     assert not out
 
 
