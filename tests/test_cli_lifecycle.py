@@ -5,11 +5,13 @@ that read the same everywhere (no ``-0.0%``, no stray ``...`` rows, a report sum
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from importlib import metadata
 
@@ -65,29 +67,43 @@ def test_a_signal_to_the_parent_stops_every_rank(tmp_path, signum, code):
     workload = tmp_path / "long.yaml"
     workload.write_text(LONG_WORKLOAD)
     proc = subprocess.Popen([splash_exe(), "run", "--workload", str(workload), "--no-check"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+    below: list[int] = []
     try:
         deadline = time.monotonic() + 120
-        ranks: list[int] = []
-        while len(ranks) < 2:  # the two spawned ranks (besides multiprocessing's resource tracker)
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-            ranks = [p for p in _descendants(proc.pid) if "spawn_main" in _cmdline(p)]
-        time.sleep(2.0)  # the ranks are serving by now (start-up takes about a second)
+        while b"tokens [" not in b"".join(err):  # rank 0 draws the bar once serving starts
+            assert proc.poll() is None and time.monotonic() < deadline, b"".join(err).decode()
+            time.sleep(0.1)
         below = _descendants(proc.pid)
+        assert len([p for p in below if "spawn_main" in _cmdline(p)]) == 2  # the ranks (and a resource tracker)
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=30)  # returns once no process holds the pipes
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == code, err
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in below) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in below if _alive(p)], "orphaned ranks"
-    assert "Traceback" not in err and err.rstrip().endswith("terminated" if signum == signal.SIGTERM else "interrupted")
-    assert "/12000 tokens [" in err  # the progress bar counts the workload's tokens
-    assert not out
+        proc.wait(timeout=30)
+        for reader in (out.reader, err.reader):  # ends once no process holds the pipe (no orphan writes to it)
+            reader.join(timeout=30)
+            assert not reader.is_alive(), "a rank still holds the terminal"
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in below if _alive(p)], "orphaned ranks"
+    finally:  # whatever happened, leave no process of this test behind
+        for pid in [proc.pid] * (proc.poll() is None) + [p for p in below if _alive(p)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    text = b"".join(err).decode()
+    assert proc.returncode == code, text
+    assert "Traceback" not in text and text.rstrip().endswith("terminated" if signum == signal.SIGTERM else "interrupted")
+    assert "/12000 tokens [" in text and not out  # the bar counts the workload's tokens
+
+
+class _Drain(list):
+    """The chunks read from ``pipe`` by a daemon thread (``.reader``) until its writers close it."""
+
+    def __init__(self, pipe):
+        super().__init__()
+        self.reader = threading.Thread(target=lambda: self.extend(iter(lambda: os.read(pipe.fileno(), 4096), b"")),
+                                       daemon=True)
+        self.reader.start()
 
 
 def _cmdline(pid: int) -> str:
