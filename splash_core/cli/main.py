@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -91,13 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splash {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe (e.g. to a rank) broke: not the reader going away
         _silence_stdout()
         return 128 + signal.SIGPIPE
     except Terminated:
-        print("splash: terminated", file=sys.stderr)
+        print(f"{_fresh_line()}splash: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("splash: interrupted", file=sys.stderr)
+        print(f"{_fresh_line()}splash: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     finally:
         restore()
@@ -113,6 +116,24 @@ def _terminate_on_sigterm():
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _fresh_line() -> str:
+    """A line break on a terminal, where a progress bar or ^C may have left the cursor mid-line."""
+    return "\n" if sys.stderr.isatty() else ""
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end was closed (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False  # not a real file (captured): the broken pipe was another one
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _silence_stdout() -> None:
