@@ -88,15 +88,17 @@ class DeploymentProfile:
         need = self.attention_weight_bytes + self.kv_page_bytes
         if left >= need:
             return
+        # name the key to change: what eats the budget, else the budget itself
         if self.common_gib + self.reserve_gib >= self.memory_budget_bytes / GIB:
             key = "common_gib" if self.common_gib >= self.reserve_gib else "reserve_gib"
         else:
-            key = "memory_fraction"
+            key = "memory_fraction" if self.memory_fraction < 1 else "hardware"
+        got = self.hardware.name if key == "hardware" else getattr(self, key)
         yield Problem(key, f"the memory budget leaves no room for weights and KV: hardware.memory_gib "
                            f"{self.hardware.memory_gib.value:g} x memory_fraction {self.memory_fraction:g} = "
                            f"{size(self.memory_budget_bytes)} per rank, less common_gib {self.common_gib:g} and "
                            f"reserve_gib {self.reserve_gib:g}, leaves {size(left)}; the attention weights and one "
-                           f"KV page need {size(need)}", getattr(self, key))
+                           f"KV page need {size(need)}", got)
 
     @property
     def memory_budget_bytes(self) -> float:
