@@ -9,6 +9,7 @@ import numpy as np
 from .. import capacity
 from ..profiles import load
 from ..timing_law import compile_law, crossovers
+from .args import figure_path
 from .capacity import fmt_k, limit_rows
 from .output import print_json, table
 
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("crossovers", help="fastest-layout crossovers of a scenario's timing law (Eq 11-12)")
     p.add_argument("--scenario", required=True, help="scenario profile: name or path to a .yaml")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="PNG", help="draw normalized latency per layout to this file")
+    p.add_argument("--plot", metavar="PNG", type=figure_path,
+                   help="draw normalized latency per layout to this file (.png, .svg or .pdf)")
     p.set_defaults(func=run)
 
 

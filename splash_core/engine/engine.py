@@ -85,7 +85,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         requests = [Request(s, workload.prompt_token_ids(s, deployment.model.vocab_size)) for s in specs]
         controller = Controller(requests, policy, capacity, concurrency=workload.concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
-        progress = Progress(len(specs), job.progress)
+        progress = Progress(sum(s.max_new_tokens for s in specs), len(specs), job.progress)
     reports = []
     ctx.collectives.barrier()
     start = time.perf_counter()
@@ -118,7 +118,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         raise
     finally:
         if progress is not None:
-            _draw(progress, controller, step, force=True)
+            _draw(progress, controller, step)
             progress.close()
     elapsed = time.perf_counter() - start
     everyone = ctx.collectives.all_gather_object(reports)
@@ -185,11 +185,11 @@ def _run_step(model, executor, plan: StepPlan, tokens, mode: str, switch=None):
         return model.step(batch, tokens), None, str(exc)
 
 
-def _draw(progress: Progress, controller: Controller, step: int, force: bool = False) -> None:
+def _draw(progress: Progress, controller: Controller, step: int) -> None:
     reqs = controller.requests.values()
     progress.update(done=sum(r.state in (State.FINISHED, State.REJECTED) for r in reqs),
                     generated=sum(len(r.generated) for r in reqs), step=step, layout=controller.layout,
-                    switches=sum(not s.refused for s in controller.switches), force=force)
+                    switches=sum(not s.refused for s in controller.switches))
 
 
 def _summary(ctx, deployment, workload, policy, job, capacity, controller, elapsed, reports, check) -> RunSummary:

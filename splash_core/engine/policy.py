@@ -112,8 +112,14 @@ def make_policy(spec, deployment):
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1]:
             raise ValueError(f"policy {spec!r}: expected script:LAYOUT,LAYOUT,...[:STEPS]")
-        every = int(parts[2]) if len(parts) == 3 else 1
-        return ScriptedPolicy(tuple(Layout.parse(p) for p in parts[1].split(",")), every)
+        steps = parts[2].strip() if len(parts) == 3 else "1"
+        if not steps.isdigit() or int(steps) < 1:
+            raise ValueError(f"policy {spec!r}: STEPS (steps per layout) must be a whole number >= 1 (got {steps!r})")
+        try:
+            layouts = tuple(Layout.parse(p) for p in parts[1].split(","))
+        except ValueError as exc:
+            raise ValueError(f"policy {spec!r}: {exc}") from None
+        return ScriptedPolicy(layouts, int(steps))
     try:
         return FixedPolicy(Layout.parse(text))
     except ValueError:

@@ -12,6 +12,15 @@ a lower-precision compute format the reference runs in float32 on the same round
 a differing token passes when the reference itself nearly ties there: its top logit exceeds
 the engine token's by at most ``tolerance`` x the largest |logit| of that row.
 
+A KV cache stored below float32 (fp8, bf16, fp16) rounds every latent and rotary key the pool
+keeps; the reference rounds its history to the same format (:class:`ReferenceModel`'s
+``kv_dtype``), so both attend over the same stored values. What can still differ is a value
+that lands on the other side of a rounding boundary because a layout summed in another order:
+it moves by one unit in the last place of the KV format. The tolerance is therefore at least
+that format's unit roundoff (fp8 e4m3 1/16, bf16 1/256, fp16 1/2048): a token may differ only
+where the reference's top logits tie that closely. (Without the rounding the reference attends
+over float32 keys, every layout differs from it by the fp8 error, and uniform fp8 failed.)
+
 The reference expands every head's keys and values and scores every pair, so its cost grows
 with the square of a request's length: requests are checked cheapest first while the estimated
 work stays within ``flop_budget`` (at least one; all of them for the tiny CPU model), and the
@@ -40,7 +49,7 @@ DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above wh
 class CheckResult:
     """The verdict and the evidence."""
 
-    passed: bool
+    passed: bool  # False when nothing was compared
     requests: int  # requests checked
     of: int  # requests that could be checked (finished ones); the cheapest were checked first
     tokens: int  # generated tokens compared
@@ -51,6 +60,8 @@ class CheckResult:
     first_failure: str = ""  # request, position and logits of the first decisive mismatch
 
     def line(self) -> str:
+        if not self.requests:
+            return "nothing to compare: no request finished with generated tokens"
         if self.passed:
             how = "equal" if not self.mismatches else f"equal within tolerance ({self.mismatches} near-ties)"
             which = f"{self.requests}" if self.requests == self.of else f"the {self.requests} cheapest of {self.of}"
@@ -94,16 +105,28 @@ def reference_flops(profile, layers: int, tokens: int, chunk: int) -> float:
     return 2.0 * layers * (expand + attend + dense)
 
 
+def kv_tolerance(kv_dtype: torch.dtype) -> float:
+    """The near-tie a KV format admits: its unit roundoff (0 for float32; see the module docstring)."""
+    if not kv_dtype.is_floating_point:
+        raise ValueError(f"the reference check compares floating-point KV formats only (got {kv_dtype})")
+    return 0.0 if kv_dtype == torch.float32 else torch.finfo(kv_dtype).eps / 2
+
+
 def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, Sequence[int]], device="cpu", *,
           tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET) -> CheckResult:
     """Compare the engine's ``outputs`` (request id -> generated tokens) of the given ``prompts``
-    with the reference on ``device``, cheapest requests first within ``flop_budget``."""
-    exact = torch_dtype(deployment.compute_dtype) == torch.float32
-    tol = 0.0 if exact else (DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    with the reference on ``device``, cheapest requests first within ``flop_budget``; ``tolerance``
+    overrides the one the compute and KV formats give."""
+    compute, kv = torch_dtype(deployment.compute_dtype), torch_dtype(deployment.model.kv_cache.latent_dtype)
+    low_compute = compute != torch.float32
+    exact = not low_compute and kv == torch.float32
+    tol = 0.0 if exact else (max(DEFAULT_TOLERANCE if low_compute else 0.0, kv_tolerance(kv))
+                             if tolerance is None else tolerance)
     source = SeededWeights(deployment.seed)
-    if not exact:
-        source = RoundedWeights(source, torch_dtype(deployment.compute_dtype))
-    ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers)
+    if low_compute:
+        source = RoundedWeights(source, compute)
+    ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers,
+                  kv_dtype=None if kv == torch.float32 else kv)
     layers = deployment.layers or deployment.model.num_layers
     cost = {rid: reference_flops(deployment.model, layers, len(prompts[rid]) + len(out), chunk)
             for rid, out in outputs.items() if len(out)}
@@ -131,4 +154,5 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
             k = int(torch.nonzero(bad)[0])
             first = (f"request {rid}, output {k}: engine token {int(engine[k])}, reference {int(logits[k].argmax())} "
                      f"(logit gap {float(gap[k]):.4g})")
-    return CheckResult(decisive == 0, len(chosen), len(cost), tokens, mismatches, decisive, exact, tol, first)
+    return CheckResult(decisive == 0 and bool(chosen), len(chosen), len(cost), tokens, mismatches, decisive, exact,
+                       tol, first)
