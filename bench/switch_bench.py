@@ -39,7 +39,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from splash_core import dtypes, ownership, results  # noqa: E402
 from splash_core.layouts import DIRECTIONS  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
-from splash_core.result_shapes import percentile, switch_overhead_summary  # noqa: E402
+from splash_core.result_shapes import switch_overhead_summary  # noqa: E402
+from splash_core.stats import percentile  # noqa: E402
 from splash_bench import step as step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench import switch as bench  # noqa: E402

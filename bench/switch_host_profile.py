@@ -30,7 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from splash_core import results  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
-from splash_core.result_shapes import percentile  # noqa: E402
+from splash_core.stats import percentile  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench import switch_host_profile as host_profile  # noqa: E402
 from splash_bench.options import add_transfer_option, transfer_overrides  # noqa: E402
