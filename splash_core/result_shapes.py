@@ -386,6 +386,13 @@ SHAPES: dict[str, Shape] = {
                 "bytes_per_layer": "count", "copies_per_layer": "count"},
         sources=frozenset({"measured"}),
     ),
+    "peer_kernels": Shape(
+        doc="MLA decode of SPLASH's kernel, FlashMLA and SGLang's Triton decode on identical caches (one GPU)",
+        summary={"kernels": "object", "rates": "object", "providers": "object"},
+        sample={"kernel": "text", "batch": "positive", "heads": "positive", "context": "positive", "ms": "nonneg",
+                "kv_gbps": "nonneg", "tflops": "nonneg"},
+        sources=frozenset({"measured"}),
+    ),
     "page_runs": Shape(
         doc="the runs of consecutive pages a simulated serving run leaves KV histories in (what pulls need)",
         summary={"page_bytes": "positive", "min_run_bytes": "nonneg", "rows": "rows"},

@@ -16,7 +16,7 @@ from splash_backend_cuda.plugin import (  # noqa: F401
 from splash_core.hookspecs import hookimpl
 from splash_core.interfaces import BackendInfo
 
-from . import __version__, tuned
+from . import __version__, flashmla, providers, tuned
 
 
 @hookimpl
@@ -24,7 +24,8 @@ def splash_backend_info():
     return BackendInfo(
         name="hopper",
         version=__version__,
-        summary="NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile",
+        summary=("NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile; "
+                 + providers.describe(flashmla.missing_reason())),
         device_type="cuda",
         accelerator=True,
         specializes="cuda",
@@ -43,10 +44,25 @@ def splash_backend_check():
 
 @hookimpl
 def splash_mla_kernels(device, dtype):
+    import dataclasses
+
     from splash_core.kernels import triton_mla_kernels
 
     config, _ = tuned.load()
-    return triton_mla_kernels(config.with_processors(detect.processors(device)))
+    kernels = triton_mla_kernels(config.with_processors(detect.processors(device)))
+    if flashmla.missing_reason() or not any(p == "flashmla" for p in providers.load().get("decode", {}).values()):
+        return kernels
+    return dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
+                               name=f"{kernels.name}+flashmla")
+
+
+def by_heads(flashmla_decode, triton_decode):
+    """A decode that runs whichever provider the measured table chose for the call's heads."""
+    def decode(q, *args):
+        chosen = flashmla_decode if providers.decode_provider(q.shape[1]) == "flashmla" else triton_decode
+        return chosen(q, *args)
+
+    return decode
 
 
 @hookimpl

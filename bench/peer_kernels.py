@@ -1,0 +1,230 @@
+#!/usr/bin/env python
+"""SPLASH's MLA decode beside FlashMLA and SGLang's Triton decode on identical caches (issue 23 §4).
+
+    python3 bench/peer_kernels.py --out OUT [--write-providers PATH] [--quick]
+    python3 bench/peer_kernels.py --smoke --out /tmp/x      # the script's logic on CPU
+
+One paged bf16 cache (pages of 64, DeepSeek-V3 MLA widths: 512 latent + 64 rotary, shuffled
+pages, every point its own pages), the same queries for every kernel. Per point (batch,
+heads per rank, context): each kernel's time (Triton's ``do_bench`` median, L2 flushed), the
+KV bytes it must read per second, its attention TFLOP/s, and its time over FlashMLA's; plus
+the copy bandwidth and bf16 matmul rate measured in the same run. Kernels:
+
+- ``splash``: the hopper backend's Triton kernels (its tuned tiles);
+- ``flashmla``: FlashMLA's dense decode (``sgl-flash-mla``), through the hopper backend's
+  adapter (:mod:`splash_backend_hopper.flashmla`: its per-call ``cache_seqlens`` included, as
+  serving runs it), if importable;
+- ``sglang``: ``sglang.kernels.ops.attention.decode_attention.decode_attention_fwd`` (MLA
+  mode, pages of 64), from the installed ``sglang`` package, if importable.
+
+Each kernel first runs a small case against the torch reference (``correct``); a wrong one is
+timed but flagged. FP8 KV and extend are not compared here (no FP8 cache in SPLASH yet;
+FlashMLA's prefill is not absorbed MLA). ``--write-providers PATH`` writes the hopper
+backend's provider table (``tuned/providers.json``): per head count the faster of
+``splash`` and ``flashmla`` by the geometric mean of their time ratio over the points.
+Writes ``OUT/<platform>/peer_kernels.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
+
+import torch  # noqa: E402
+
+import gpu_timing as gt  # noqa: E402
+from splash_core.reference import mla as ref_mla  # noqa: E402
+from splash_core.results import machine_description, make_result, write_result  # noqa: E402
+from splash_core.testing.mla_inputs import decode_case, tolerance  # noqa: E402
+
+BATCHES, HEADS, CONTEXTS = (1, 16, 64), (16, 64, 128), (4096, 32768, 131072)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
+    p.add_argument("--platform", default="h200")
+    p.add_argument("--write-providers", default=None, help="write the hopper backend's provider table here")
+    p.add_argument("--quick", action="store_true", help="batch 16 only")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU with the torch reference as 'splash'")
+    return p.parse_args(argv)
+
+
+# ---- the kernels ----------------------------------------------------------------------------
+
+def splash_decode(device):
+    if device.type == "cpu":
+        return ref_mla.attention, "reference (CPU smoke)"
+    from splash_backend_hopper import tuned
+    from splash_core.kernels import triton_mla_kernels
+
+    config, _ = tuned.load()
+    kernels = triton_mla_kernels(config.with_processors(torch.cuda.get_device_properties(device).multi_processor_count))
+    return kernels.decode, kernels.name
+
+
+def flashmla_decode():
+    try:
+        from splash_backend_hopper import flashmla
+
+        if flashmla.missing_reason():
+            return None, flashmla.missing_reason()
+
+        def unusable(*args):
+            raise RuntimeError("FlashMLA does not serve this call")
+
+        import flash_mla
+
+        return flashmla.decode(unusable), f"sgl-flash-mla {flash_mla.__version__}"
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot load is a result too
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def sglang_decode():
+    """SGLang's Triton MLA decode behind SPLASH's decode signature (absorbed MLA, one KV head,
+    token-granular indices as SGLang's Triton backend passes them); ``prepare(call)`` builds a
+    call's indices once, outside the timing."""
+    try:
+        import sglang
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    splits = 16
+
+    def prepare(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
+        page = kv_cache.shape[1]
+        table, index = block_table[row_req.long()], page_index[row_req.long()]
+        seen = (row_pos[:, None].long() + 1 - index.long() * page).clamp(0, page)
+        seen = torch.where(table >= 0, seen, 0)
+        tokens = table.long()[..., None] * page + torch.arange(page, device=q.device)
+        indices = tokens[torch.arange(page, device=q.device) < seen[..., None]].to(torch.int32)
+        indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        indptr[1:] = torch.cumsum(seen.sum(1), 0)
+        buffer = kv_cache.view(-1, 1, kv_cache.shape[-1])
+        out = q.new_empty(q.shape[0], q.shape[1], v_dim)
+        logits = torch.empty(q.shape[0], q.shape[1], splits, v_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(q.shape[0], q.shape[1], splits, dtype=torch.float32, device=q.device)
+        num_splits = torch.full((q.shape[0],), splits, dtype=torch.int32, device=q.device)
+
+        def call():
+            decode_attention_fwd(q, buffer, buffer[..., :v_dim], out, indptr, indices, logits, lse, num_splits,
+                                 splits, scale, 1.0, 1.0, has_mla=True)
+            return out, None
+
+        return call
+
+    return prepare, f"sglang {sglang.__version__}"
+
+
+def prepared(fn):
+    """``prepare(call) -> thunk`` for a kernel with the decode signature."""
+    return lambda *call: (lambda: fn(*call))
+
+
+def check(prepare, device) -> dict:
+    """The kernel on a small decode case against the torch reference (outputs; lse where given):
+    CP-like holdings (pages missing from a request) and a request that sees no key included."""
+    case = decode_case(device, torch.bfloat16, heads=16, page=gt.PAGE)
+    out, lse = prepare(*case)()
+    ref_out, ref_lse = ref_mla.attention(*case)
+    atol, rtol = tolerance(torch.bfloat16)
+    seen = ~torch.isneginf(ref_lse)
+    ok = torch.allclose(out[seen].float(), ref_out[seen].float(), atol=atol, rtol=rtol)
+    if lse is not None:
+        ok = ok and torch.allclose(lse[seen], ref_lse[seen], atol=atol, rtol=rtol)
+    return {"correct": bool(ok), "max_abs_err": float((out[seen].float() - ref_out[seen].float()).abs().max())}
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+def points(args):
+    if args.smoke:
+        return [(2, 16, 128), (2, 128, 256)]
+    batches = (16,) if args.quick else BATCHES
+    return [(b, h, c) for h in HEADS for b in batches for c in CONTEXTS]
+
+
+def time_ms(thunk, device) -> float:
+    if device.type == "cpu":
+        import time
+
+        thunk()
+        t0 = time.perf_counter()
+        thunk()
+        return (time.perf_counter() - t0) * 1e3
+    return gt.ms(thunk)
+
+
+def run(args) -> dict:
+    device = torch.device("cpu" if args.smoke else "cuda")
+    kernels = {}
+    splash, flash = splash_decode(device), flashmla_decode()
+    for name, (fn, what) in (("splash", (prepared(splash[0]), splash[1])),
+                             ("flashmla", (flash[0] and prepared(flash[0]), flash[1])), ("sglang", sglang_decode())):
+        try:
+            verdict = check(fn, device) if fn is not None else {"skipped": what}
+        except Exception as exc:  # noqa: BLE001 - a peer that fails to run is a result too
+            fn, verdict = None, {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        kernels[name] = {"fn": fn, "what": what, **verdict}
+        print(f"{name}: {what} {kernels[name].get('correct', '')}", flush=True)
+    rates = {} if args.smoke else {"copy_gbps": gt.copy_gbps(device), "matmul_tflops": gt.matmul_tflops(device)}
+    todo = points(args)
+    pool = gt.PagedPool(device, max(b for b, _, _ in todo), max(c for _, _, c in todo))
+    samples = []
+    for batch, heads, context in todo:
+        call = pool.decode_args(batch, context, heads)
+        kv_bytes = batch * context * gt.WIDTH * 2
+        flops = batch * heads * context * 2 * (gt.WIDTH + gt.D_C)
+        times = {n: time_ms(k["fn"](*call), device) for n, k in kernels.items() if k["fn"] is not None}
+        for name, t in times.items():
+            samples.append({"kernel": name, "batch": batch, "heads": heads, "context": context, "ms": t,
+                            "kv_gbps": kv_bytes / (t / 1e3) / gt.GB, "tflops": flops / (t / 1e3) / 1e12,
+                            "vs_flashmla": t / times["flashmla"] if "flashmla" in times else None})
+        print(f"B={batch:3d} heads={heads:3d} {context // 1024:4d}K  " +
+              "  ".join(f"{n} {t:.3f} ms" for n, t in times.items()), flush=True)
+    summary = {"kernels": {n: {k: v for k, v in info.items() if k != "fn"} for n, info in kernels.items()},
+               "rates": rates, "providers": providers(samples)}
+    return {"samples": samples, "summary": summary}
+
+
+def providers(samples: list[dict]) -> dict:
+    """Per head count, the faster of splash and flashmla (geometric mean of the time ratio)."""
+    out = {}
+    for heads in sorted({s["heads"] for s in samples}):
+        pairs = {(s["batch"], s["context"]): s for s in samples if s["heads"] == heads and s["kernel"] == "splash"}
+        ratios = [s["ms"] / pairs[(s["batch"], s["context"])]["ms"] for s in samples
+                  if s["heads"] == heads and s["kernel"] == "flashmla" and (s["batch"], s["context"]) in pairs]
+        if ratios:
+            mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+            out[str(heads)] = {"winner": "flashmla" if mean < 1.0 else "triton", "flashmla_over_splash": round(mean, 4),
+                               "points": len(ratios)}
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    data = run(args)
+    command = "python3 bench/peer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = make_result(benchmark="peer_kernels", platform="cpu" if args.smoke else args.platform,
+                         backend="reference" if args.smoke else "hopper", model="deepseek-v3", T=1, dtype="bf16",
+                         samples=data["samples"], summary=data["summary"], command=command,
+                         notes="decode only (one query row per request); KV bytes counted once per point; "
+                               "vs_flashmla = this kernel's time / FlashMLA's at the same point")
+    print("wrote", write_result(result, args.out))
+    if args.write_providers and data["summary"]["providers"]:
+        table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine_description(),
+                 "command": command, "decode": data["summary"]["providers"]}
+        Path(args.write_providers).write_text(json.dumps(table, indent=1) + "\n")
+        print("wrote", args.write_providers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
