@@ -17,6 +17,7 @@ from ..profiles import ProfileError
 # Subcommand modules, in the order ``splash --help`` lists them.
 COMMANDS = (
     "run",
+    "generate",
     "backends",
     "profiles",
     "weights",

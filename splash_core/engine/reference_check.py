@@ -30,6 +30,7 @@ from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..runtime.reference_model import ReferenceModel
 from ..runtime.step_bench import RoundedWeights
+from .sampling import GREEDY, SamplingParams, choose, kept, uniform
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need
@@ -84,9 +85,12 @@ def reference_flops(profile, layers: int, tokens: int, chunk: int) -> float:
 
 
 def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, Sequence[int]], device="cpu", *,
-          tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET) -> CheckResult:
+          tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET,
+          sampling: Mapping[int, SamplingParams] | None = None) -> CheckResult:
     """Compare the engine's ``outputs`` (request id -> generated tokens) of the given ``prompts``
-    with the reference on ``device``, cheapest requests first within ``flop_budget``."""
+    with the reference on ``device``, cheapest requests first within ``flop_budget``; a request
+    with ``sampling`` parameters (default greedy) is compared with the reference's choice from
+    the same uniform draws."""
     kv = deployment.model.kv_cache
     exact = all(torch_dtype(f) == torch.float32 for f in (deployment.compute_dtype, kv.latent_dtype, kv.rope_dtype))
     tol = 0.0 if exact else (DEFAULT_TOLERANCE if tolerance is None else tolerance)
@@ -110,15 +114,32 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
         fed = torch.as_tensor(np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)]), device=device)
         logits = ref.score(rid, fed, chunk, first=len(prompt) - 1)
         engine = torch.as_tensor(np.asarray(generated, dtype=np.int64), device=device)
-        top = logits.max(dim=-1)
-        differ = logits.argmax(dim=-1) != engine
-        gap = top.values - logits.gather(1, engine[:, None])[:, 0]
-        bad = differ & (gap > tol * logits.abs().max(dim=-1).values)
+        params = (sampling or {}).get(rid, GREEDY)
+        if params.greedy:
+            top = logits.max(dim=-1)
+            differ = logits.argmax(dim=-1) != engine
+            gap = top.values - logits.gather(1, engine[:, None])[:, 0]
+            bad = differ & (gap > tol * logits.abs().max(dim=-1).values)
+        else:
+            differ, bad, gap = _sampled(logits, engine, params, rid, exact)
         tokens += len(generated)
         mismatches += int(differ.sum())
         decisive += int(bad.sum())
         if bad.any() and not first:
             k = int(torch.nonzero(bad)[0])
             first = (f"request {rid}, output {k}: engine token {int(engine[k])}, reference {int(logits[k].argmax())} "
-                     f"(logit gap {float(gap[k]):.4g})")
+                     f"(logit gap {float(gap[k]):.4g})" if params.greedy else
+                     f"request {rid}, output {k}: engine sampled {int(engine[k])}, outside the reference's kept tokens")
     return CheckResult(decisive == 0, len(chosen), len(cost), tokens, mismatches, decisive, exact, tol, first)
+
+
+def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams, rid: int, exact: bool):
+    """(differ, decisive, gap) of a sampled request: the reference's choice from the same draws
+    must be the engine's; in a lower precision a differing token counts only when the reference
+    would never have kept it (outside its top-k / top-p set)."""
+    ref = torch.tensor([choose(row, params, uniform(params, rid, k)) for k, row in enumerate(logits)],
+                       device=engine.device)
+    differ = ref != engine
+    outside = torch.tensor([int(t) not in set(kept(row, params)[1].tolist()) for row, t in zip(logits, engine.tolist())],
+                           device=engine.device)
+    return differ, differ & (outside | exact), torch.zeros(len(engine), device=engine.device)

@@ -302,7 +302,3 @@ def _check_recurrent(layer: KDALayer, batch: StepBatch, ids: set[int]) -> None:
         raise AssertionError(f"rank {layer.rank} layer {layer.index} holds recurrent state of requests "
                              f"{sorted(stray)} not in the batch")
 
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Greedy next tokens [R] (lowest index on ties, as torch.argmax)."""
-    return logits.argmax(dim=-1)
