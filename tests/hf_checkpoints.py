@@ -22,10 +22,10 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCK = (128, 128)
 
 # dims shared by the variants: heads divisible by T = 1, 2, 4; groups of 2 experts
-BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3,
+BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16,
             qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1,
-            max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0,
+            max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0,
             eos_token_id=1)
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 32,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
@@ -66,13 +66,14 @@ def _redraw(model, seed: int) -> None:
                 b.copy_(0.1 * torch.randn(b.shape, generator=gen))
 
 
-def write(variant: str, folder: Path, *, dtype=torch.float32, seed: int = 0):
-    """Save the variant's model (random unit-scale weights, ``dtype``) with transformers; returns it."""
+def write(variant: str, folder: Path, *, dtype=torch.float32, seed: int = 0, load_dtype=None):
+    """Save the variant's model (random unit-scale weights, stored in ``dtype``) with transformers;
+    returns it as transformers loads it back (``from_pretrained``, computing in ``load_dtype``,
+    default ``dtype``)."""
     model = transformers.AutoModelForCausalLM.from_config(config(variant), dtype=torch.float32)
     _redraw(model, seed)
-    model = model.to(dtype).eval()
-    model.save_pretrained(folder)
-    return model
+    model.to(dtype).save_pretrained(folder)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=load_dtype or dtype).eval()
 
 
 def quantize_fp8(w: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,8 +131,8 @@ def to_fp8(folder: Path, out: Path, model) -> None:
             if name in state:
                 state[name].copy_(value.to(state[name].dtype))
             else:  # model.layers.L.mlp.experts.J.{gate,up,down}_proj.weight
-                prefix, j, proj = name.rsplit(".", 3)[0], int(name.split(".")[-3]), name.split(".")[-2]
-                stack = prefix.rsplit(".", 1)[0]
+                stack, j, proj, _ = name.rsplit(".", 3)
+                j = int(j)
                 if proj == "down_proj":
                     state[f"{stack}.down_proj"][j].copy_(value.to(state[f"{stack}.down_proj"].dtype))
                 else:
