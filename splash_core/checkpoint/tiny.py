@@ -107,12 +107,13 @@ def write(name: str, folder: Path) -> None:
             t = 0.1 * t  # a bias of the scale real routers learn, small beside the sigmoid scores
         tensors[tensor] = t.to(torch.bfloat16).contiguous()
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    _write_tokenizer(folder, spec["tokenizer_vocab"])
+    write_tokenizer(folder, spec["tokenizer_vocab"])
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": spec["config"]["bos_token_id"], "eos_token_id": spec["config"]["eos_token_id"]}, indent=2) + "\n")
 
 
-def _write_tokenizer(folder: Path, vocab: int) -> None:
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE of ``vocab`` tokens trained on :data:`CORPUS`, DeepSeek's special tokens first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())

@@ -27,6 +27,7 @@ import warnings
 from typing import Callable
 
 import numpy as np
+import torch
 
 from ..checkpoint.deployments import resolve
 from ..checkpoint.source import weight_source
@@ -186,7 +187,11 @@ def _load_report(source, seconds: float, model: Model) -> dict:
     read = int(getattr(source, "bytes_read", 0))
     pool = sum(t.numel() * t.element_size() for layer in model.paged_layers
                for t in (layer.kv.kv, layer.kv.indexer) if t is not None)
+    where = torch.device(model.device)
+    module = torch.get_device_module(where) if where.type != "cpu" else None
+    held = module.mem_get_info(where) if module is not None and hasattr(module, "mem_get_info") else None
     return {"source": "checkpoint" if read else "seeded", "checkpoint": model.profile.checkpoint,
+            "device_memory": None if held is None else {"free": int(held[0]), "total": int(held[1])},
             "seconds": seconds, "bytes_read": read, "gb_per_s": read / seconds / 1e9 if seconds > 0 else 0.0,
             "format": model.profile.notes if model.profile.checkpoint else "",
             "memory": {**model.nbytes(), "kv_pool": pool}, "dtype": str(model.dtype).removeprefix("torch.")}

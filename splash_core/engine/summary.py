@@ -82,8 +82,6 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for per_step in ("step_ms", "step_rows", "step_requests"):
-            out.pop(per_step)
         steps = list(self.step_ms)
         out.update(tokens_per_s=self.tokens_per_s, output_tokens_per_s=self.output_tokens_per_s,
                    step_ms_p50=percentile(steps, 50) if steps else None,

@@ -83,11 +83,14 @@ def expert_outputs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     local = (experts - first).reshape(-1)
     group = torch.where((local >= 0) & (local < held), local, held)  # pairs of other ranks sort last
     order = torch.argsort(group, stable=True)
-    counts = torch.bincount(group, minlength=held + 1)[:held]
+    counts = torch.zeros(held + 1, dtype=torch.int64, device=x.device).scatter_add_(
+        0, group, torch.ones_like(group))[:held]  # (bincount would read its size back to the host)
     rows = order // k
     both = grouped_linear(x.index_select(0, rows), gate_up, counts)
     width = gate_up.shape[1] // 2
     out = grouped_linear(F.silu(both[:, :width]) * both[:, width:], down, counts)
     mine = (group.index_select(0, order) < held)[:, None]
-    scaled = torch.where(mine, out.float() * weights.reshape(-1).index_select(0, order)[:, None], 0.0)
-    return torch.zeros(n, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, rows, scaled).to(x.dtype)
+    # weighted and summed in the compute format, as transformers does: a float32 copy of every
+    # routed pair would cost 8 x 4 bytes per hidden channel and token in a long prefill
+    scaled = torch.where(mine, out * weights.reshape(-1).index_select(0, order)[:, None].to(out.dtype), 0.0)
+    return torch.zeros(n, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, rows, scaled)
