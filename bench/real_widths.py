@@ -60,20 +60,23 @@ TINY = {**V3, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "
                                                           "original_max_position_embeddings": 64}}
 
 
+# --flag: default (its type) and help
+NUMBERS = {"--batch": (16, "requests decoding together (B)"),
+           "--decode-tokens": (16, "full-batch decode steps after the prefill phase"),
+           "--prefill-chunk": (8192, "prompt rows per prefill step"), "--device-memory-gib": (139.0, "for the sizing"),
+           "--margin-gib": (10.0, "device memory kept for activations"), "--disk-margin-gib": (4.0, "disk left free"),
+           "--budget-s": (290.0, "start no phase expected to end past this")}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results root (<out>/<platform>/)")
     p.add_argument("--workdir", default="/tmp/splash-real-widths", help="where the checkpoint is written")
     p.add_argument("--tiny", action="store_true", help="small widths on the CPU reference backend (smoke test)")
     p.add_argument("--layers", type=int, default=0, help="layers to write (0: as many as fit device and disk)")
-    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
-    p.add_argument("--decode-tokens", type=int, default=16, help="tokens generated per request (decode steps)")
-    p.add_argument("--prefill-chunk", type=int, default=8192)
-    p.add_argument("--device-memory-gib", type=float, default=139.0, help="device memory for the sizing")
-    p.add_argument("--margin-gib", type=float, default=10.0, help="device memory kept for activations")
-    p.add_argument("--disk-margin-gib", type=float, default=4.0, help="disk space left free")
-    p.add_argument("--budget-s", type=float, default=290.0, help="start no phase expected to end past this")
+    for flag, (default, text) in NUMBERS.items():
+        p.add_argument(flag, type=type(default), default=default, help=text)
     p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     p.add_argument("--write-only", metavar="FOLDER", help=argparse.SUPPRESS)  # the child that writes
     args = p.parse_args(argv)
@@ -260,7 +263,7 @@ def run(args) -> int:
           f"{gen_s:.0f} s in all", flush=True)
     samples, runs, skipped = [], [], []
     for context in sorted(args.contexts):
-        estimate = gen_s + (context / min(args.contexts)) ** 2 * (runs[-1]["seconds"] - gen_s if runs else 0.0)
+        estimate = _estimate(runs[-1], context, args) if runs else 0.0
         if runs and estimate > left():
             skipped.append({"context": context, "why": f"estimated {estimate:.0f} s, {left():.0f} s of the budget left"})
             continue
@@ -302,6 +305,16 @@ def run(args) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _estimate(last: dict, context: int, args) -> float:
+    """Seconds a run at ``context`` should take, from the last run: its load and start-up, then
+    prefill chunks whose attention grows with the context they reach, and decode steps."""
+    ratio = context / last["context"]
+    chunks = -(-args.batch * context // args.prefill_chunk)
+    return (last["seconds"] - last["prefill_step_ms_p50"] * -(-args.batch * last["context"] // args.prefill_chunk) / 1e3
+            + chunks * last["prefill_step_ms_p50"] / 1e3 * (1 + ratio) / 2 * 1.5
+            + args.decode_tokens * last["decode_step_ms_p50"] / 1e3 * ratio)
 
 
 def results_p50(values) -> float:

@@ -126,3 +126,13 @@ def test_a_bad_checkpoint_is_one_line_and_exit_code_2(v2_folder, tmp_path, capsy
         assert main(["run", "--model", str(folder)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("splash run: error: ") and message in err, err
+
+
+def test_splash_run_serves_a_checkpoint_folder(v2_folder, tmp_path, capsys):
+    workload = tmp_path / "two.yaml"
+    workload.write_text("kind: workload\nseed: 1\nrollout: {requests: 2, prompt_tokens: [5, 30], output_tokens: [3, 6]}\n")
+    assert main(["run", "--model", str(v2_folder), "--workload", str(workload), "--policy", "script:TP,CP,DOP,DP",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == v2_folder.name and out["served"] == 2 and out["switch_count"] >= 3
+    assert out["check"]["passed"] and out["check"]["exact"] and out["load"]["source"] == "checkpoint"

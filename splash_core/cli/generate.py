@@ -15,6 +15,13 @@ from .main import UsageError
 from .output import print_json
 
 DEFAULT_DEPLOYMENT = "cpu-tiny"
+SAMPLING_FLAGS = (  # flag, type, default, help
+    ("--max-new-tokens", int, 32, "tokens to generate at most (default 32)"),
+    ("--temperature", float, 0.0, "0 (default): greedy"),
+    ("--top-k", int, 0, "sample among the k most likely tokens (0: all)"),
+    ("--top-p", float, 1.0, "sample among the most likely tokens reaching p"),
+    ("--seed", int, 0, "seed of the sampling draws"),
+)
 
 
 def add_parser(sub) -> None:
@@ -32,11 +39,8 @@ def add_parser(sub) -> None:
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (through the checkpoint's tokenizer)")
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most (default 32)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens reaching p")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
+    for flag, kind, default, text in SAMPLING_FLAGS:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--stop-ids", default="", help="more token ids that end the generation, comma-separated")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the checkpoint's end-of-sequence ids")
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
