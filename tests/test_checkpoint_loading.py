@@ -136,3 +136,25 @@ def test_splash_run_serves_a_checkpoint_folder(v2_folder, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == v2_folder.name and out["served"] == 2 and out["switch_count"] >= 3
     assert out["check"]["passed"] and out["check"]["exact"] and out["load"]["source"] == "checkpoint"
+
+
+def test_each_rank_reads_only_its_shard(v2_folder):
+    from splash_core.runtime.feed_forward import MoE
+    from splash_core.runtime.mla import MLAWeights
+    from splash_core.runtime.weights import head_shard
+
+    profile = profile_from_checkpoint(v2_folder)
+
+    def read(rank, T):
+        source = CheckpointWeights(v2_folder, profile)
+        moe = MoE.load(source, profile, 1, rank, T)
+        attention = MLAWeights.load(source, profile, 1, head_shard(profile.mla.heads, rank, T))
+        return source.bytes_read, moe, attention
+
+    whole, full_moe, full_attention = read(0, 1)
+    parts = [read(r, 2) for r in range(2)]
+    assert [m.experts for _, m, _ in parts] == [range(0, 4), range(4, 8)]
+    assert torch.equal(torch.cat([m.gate_up for _, m, _ in parts]), full_moe.gate_up)
+    assert torch.equal(torch.cat([a.kv_b for _, _, a in parts]), full_attention.kv_b)
+    replicated = sum(t.numel() * 4 for t in (full_moe.router, full_attention.kv_a, full_attention.kv_a_norm))
+    assert all(n - replicated == (whole - replicated) // 2 for n, _, _ in parts)  # the rest exactly halves
