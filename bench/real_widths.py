@@ -78,6 +78,7 @@ def parse_args(argv=None):
     for flag, (default, text) in NUMBERS.items():
         p.add_argument(flag, type=type(default), default=default, help=text)
     p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
+    p.add_argument("--reuse", action="store_true", help="serve the checkpoint a --keep run left in --workdir")
     p.add_argument("--write-only", metavar="FOLDER", help=argparse.SUPPRESS)  # the child that writes
     args = p.parse_args(argv)
     if args.tiny:
@@ -229,33 +230,40 @@ def run(args) -> int:
     from splash_core import results
 
     work = Path(args.workdir)
-    if work.exists():
+    folder = work / ("tiny-deepseek-v3-widths" if args.tiny else "deepseek-v3-real-widths")
+    reuse = args.reuse and (folder / "model.safetensors.index.json").is_file()
+    if work.exists() and not reuse:
         shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     config = dict(TINY if args.tiny else V3)
-    layers, accounting = sizing(args, config, shutil.disk_usage(work).free)
-    layers = min(args.layers or layers, config["num_hidden_layers"])
-    if layers < 1:
-        print(f"nothing fits: {accounting}", file=sys.stderr)
-        return 1
-    config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
-    folder = work / ("tiny-deepseek-v3-widths" if args.tiny else "deepseek-v3-real-widths")
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    print(f"{layers} layers ({config['first_k_dense_replace']} dense); accounting {accounting}", flush=True)
-    t0 = time.perf_counter()
-    child = subprocess.run([sys.executable, __file__, "--write-only", str(folder)], capture_output=True, text=True)
-    if child.returncode != 0:
-        print(child.stderr[-3000:], file=sys.stderr)
-        return 1
-    written = json.loads(child.stdout.strip().splitlines()[-1])
-    print(f"wrote {written['bytes'] / 1e9:.1f} GB in {time.perf_counter() - t0:.0f} s", flush=True)
+    if reuse:
+        config = json.loads((folder / "config.json").read_text())
+        layers, accounting = config["num_hidden_layers"], {"reused": str(folder)}
+        written = {"reused": True, "bytes": sum(f.stat().st_size for f in folder.iterdir()),
+                   "page_cache_dropped": _drop_page_cache(folder)}
+    else:
+        layers, accounting = sizing(args, config, shutil.disk_usage(work).free)
+        layers = min(args.layers or layers, config["num_hidden_layers"])
+        if layers < 1:
+            print(f"nothing fits: {accounting}", file=sys.stderr)
+            return 1
+        config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        print(f"{layers} layers ({config['first_k_dense_replace']} dense); accounting {accounting}", flush=True)
+        t0 = time.perf_counter()
+        child = subprocess.run([sys.executable, __file__, "--write-only", str(folder)], capture_output=True, text=True)
+        if child.returncode != 0:
+            print(child.stderr[-3000:], file=sys.stderr)
+            return 1
+        written = json.loads(child.stdout.strip().splitlines()[-1])
+        print(f"wrote {written['bytes'] / 1e9:.1f} GB in {time.perf_counter() - t0:.0f} s", flush=True)
     from splash_core.checkpoint.config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
-    attention = sum(layer_bytes(profile, i, 2) for i in range(layers))  # upper bound of M0 (weights held)
-    dep = deployment(args, folder, attention)
+    held = sum(layer_bytes(profile, i, 2) for i in range(layers))  # M0 of Eq 6: the layers' weights
+    dep = deployment(args, folder, held)
     left = lambda: args.budget_s - (time.perf_counter() - start)  # noqa: E731
     gen, gen_s = splash("generate", "--deployment", dep, "--prompt", "The capital of France is", "--max-new-tokens",
                         args.decode_tokens, "--no-check", "--json", timeout=max(60.0, left()))
@@ -300,7 +308,8 @@ def run(args) -> int:
         notes=("random-init DeepSeek-V3 widths, FP8 block-scaled on disk, dequantized to bf16 at load; "
                "the first load reads the disk (page cache dropped after writing), splash run's loads may hit the "
                "page cache" + ("; --tiny: small widths on CPU" if args.tiny else "")))
-    path = results.write_result(data, args.out)
+    path = results.write_result(data, args.out, name="real_widths" + "".join(f"-{c}" for c in args.contexts)
+                                if args.reuse else None)
     print(f"wrote {path}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

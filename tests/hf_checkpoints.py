@@ -144,10 +144,12 @@ def to_fp8(folder: Path, out: Path, model) -> None:
 
 @torch.no_grad()
 def greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation of ``prompt`` (full forward per token, no cache) and the
-    float32 logits [len(prompt) + new_tokens - 1, V] of every position that predicts one."""
-    ids = list(prompt)
-    for _ in range(new_tokens):
-        logits = model(torch.tensor([ids])).logits[0]
-        ids.append(int(logits[-1].argmax()))
-    return ids[len(prompt):], model(torch.tensor([ids[:-1]])).logits[0].float()
+    """transformers' greedy continuation of ``prompt`` (``generate``, no stop token) and the float32
+    logits [len(prompt) + new_tokens - 1, V] of every position that predicts one (one forward
+    over the whole sequence, whose argmax must give the same tokens)."""
+    model.generation_config.eos_token_id = None
+    ids = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=0)[0].tolist()
+    logits = model(torch.tensor([ids[:-1]])).logits[0].float()
+    assert logits[len(prompt) - 1:].argmax(-1).tolist() == ids[len(prompt):], "cached and full forwards disagree"
+    return ids[len(prompt):], logits
