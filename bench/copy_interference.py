@@ -17,7 +17,7 @@ query rows over ``--context`` tokens of history, ``--layers`` layers, T = 1) and
 - ``pull``: the same runs through the backend's peer memory (the pool is allocated in it and
   shared with the group of one, so the peer is this rank itself): exactly the calls a switch's
   pulls make (on CUDA, ``cuMemcpyDtoDAsync`` through ctypes). Left out where the backend has
-  no peer memory (the reference backend's is opt-in: ``SPLASH_PEER_PULLS=1``);
+  no peer memory;
 - ``pull_pitched``: as ``pull``, but from every other page, one pitched copy per request (rows
   of a page, two pages apart: what a pull from a CP holder makes; ``cuMemcpy2DAsync``);
 - ``spin``: no copies, but 8 one-thread kernels of ``--spin-ms`` each (on CUDA): what side
@@ -43,13 +43,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 
 from splash_core import results  # noqa: E402
-from splash_core.runtime import step_bench  # noqa: E402
+from splash_bench import step as step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch.copy_interference import measure, run_lengths  # noqa: E402
+from splash_bench.copy_interference import measure, run_lengths  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _spec(args) -> dict:
     return dict(model=args.model, dtype=args.dtype, kernels="backend", batch=args.batch, page_size=args.page_size,
-                rows=args.rows, seed=0, initial="TP", pulls=False)
+                rows=args.rows, seed=0, initial="TP")
 
 
 def summarize(samples: list[dict], layers: int) -> list[dict]:

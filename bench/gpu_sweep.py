@@ -15,8 +15,7 @@ Every candidate first runs the bf16 correctness cases at its workload's head cou
 requests, so decode splits and the merge runs); a wrong or failing candidate is recorded
 and skipped. Candidates are listed most promising first (from sm_90 builds: no register
 spills, key loads ahead of their use) and a workload stops taking new candidates once its
-time budget is spent. Beside them, the previous kernel (``mla_previous``, commit 8c08fbc)
-with its tuned tiles runs the same points: old against new, in the same run.
+time budget is spent.
 
 Ranking: per point the fastest correct time; a candidate's score is its mean time relative
 to those (1.0 = fastest everywhere).
@@ -30,7 +29,6 @@ import time
 import torch
 
 import gpu_timing as gt
-import mla_previous
 from splash_core.kernels import AttentionTile, MLAKernelConfig, TileRule, triton_mla_kernels
 
 
@@ -49,7 +47,7 @@ def _t(rows, heads, keys, warps, stages, resident, value_split=1) -> AttentionTi
                          resident=resident)
 
 
-# Previous tuned tiles (commit 8c08fbc, measured 2026-11-29): decode r1h16k64w8s2, extend r4h16k64w8s2.
+# The tiles tuned before this sweep (measured 2026-11-29): decode r1h16k64w8s2, extend r4h16k64w8s2.
 PREVIOUS = {"decode": _t(1, 16, 64, 8, 2, 2), "extend": _t(4, 16, 64, 8, 2, 1)}
 
 # ``resident`` from Triton 3.6 sm_90 builds (registers, shared memory); the sweep replaces it
@@ -121,7 +119,7 @@ class Sweep:
 
     def _workload(self, pool, workload: Workload) -> list[dict]:
         started = time.monotonic()
-        rows = [self._previous(pool, workload)]
+        rows = []
         candidates = workload.candidates[:3] if self.quick else workload.candidates
         for tile in candidates:
             if time.monotonic() - started > workload.budget_s:
@@ -162,21 +160,6 @@ class Sweep:
             _report(row)
         return row
 
-    def _previous(self, pool, workload: Workload) -> dict:
-        tile = PREVIOUS[workload.entry]
-        row = {"workload": workload.name, "kernel": "previous (8c08fbc)", "tile": tile.label()}
-        t0 = time.monotonic()
-        try:
-            kernels = mla_previous.PreviousKernels(PREVIOUS["decode"], PREVIOUS["extend"], self.base.processors)
-            points = _time_points(kernels, pool, workload)
-            row.update(correct=True, check="the kernel measured on 2026-11-29", ms=[p["ms"] for p in points],
-                       rates=[_rate(p) for p in points])
-        except Exception as exc:
-            row["error"] = _one_line(exc)
-        row["seconds"] = round(time.monotonic() - t0, 1)
-        _report(row)
-        return row
-
     @staticmethod
     def _rank(rows: list[dict], workload: Workload) -> None:
         timed = [r for r in rows if r.get("correct") and "ms" in r]
@@ -211,17 +194,12 @@ class Sweep:
         for workload in WORKLOADS:
             rows = winners[workload.name]
             current = [r for r in rows if r["kernel"] == "current" and "relative" in r]
-            previous = next((r for r in rows if r["kernel"] != "current" and "ms" in r), None)
             failed = sum(1 for r in rows if "error" in r or r.get("correct") is False)
             entry = {"points": [list(p) for p in workload.points], "heads": workload.heads,
-                     "candidates": len(rows) - 1, "failed": failed, "skipped": sum(1 for r in rows if "skipped" in r)}
+                     "candidates": len(rows), "failed": failed, "skipped": sum(1 for r in rows if "skipped" in r)}
             if current:
                 win = min(current, key=lambda r: r["relative"])
                 entry.update(winner=win.get("tile_used", win["tile"]), winner_ms=win["ms"], winner_rates=win["rates"])
-            if previous:
-                entry.update(previous_ms=previous["ms"], previous_rates=previous["rates"])
-                if current:
-                    entry["speedup_vs_previous"] = [round(p / w, 3) for p, w in zip(previous["ms"], win["ms"])]
             summary[workload.name] = entry
         return summary
 

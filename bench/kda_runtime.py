@@ -22,7 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -35,7 +35,7 @@ from splash_core.runtime.driver import Prompt, generate  # noqa: E402
 from splash_core.runtime.model import Model  # noqa: E402
 from splash_core.runtime.reference_model import ReferenceModel  # noqa: E402
 from splash_core.runtime.spawn import RankError, RankPool  # noqa: E402
-from splash_core.runtime.step_bench import RoundedWeights  # noqa: E402
+from splash_core.runtime.weights import RoundedWeights  # noqa: E402
 from splash_core.runtime.weights import SeededWeights  # noqa: E402
 
 TP, DP, DOP, CP = "TP", "DP", "DOP", "CP"

@@ -327,7 +327,7 @@ def _estimate(last: dict, context: int, args) -> float:
 
 
 def results_p50(values) -> float:
-    from splash_core.result_shapes import percentile
+    from splash_core.stats import percentile
 
     return percentile(list(values), 50) if values else 0.0
 

@@ -7,8 +7,9 @@
 # (the last two need one GPU only: the cuda backend's peer memory between two processes, and how
 # much page copies by kernels or by memcpy slow a step beside them) ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options and
-# $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-coll SWITCH_ARGS=--collectives,
-# or SWITCH_TAG=-flat with SPLASH_PEER_PITCHED=0 in the environment). Each runs under its own
+# $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-pulls
+# SWITCH_ARGS="--transfer peer_pulls=true", or SWITCH_TAG=-flat SWITCH_ARGS="--transfer peer_pulls=true
+# --transfer pitched_pulls=false"). Each runs under its own
 # time limit, writes its results under $RES/<section>/<platform>/ and is packed into
 # $OUT/<section>.tgz as soon as it ends, so a later section that overruns loses nothing.
 # Unpack with `tar xzf <section>.tgz` and copy the JSON into bench/results/<platform>/.
@@ -25,7 +26,7 @@ mkdir -p "$OUT" "$RES"
 cd "$(dirname "$0")/.."
 
 python3 -m pip install -q --no-deps --no-build-isolation $(ls .whl/*.whl 2>/dev/null) \
-  -e . -e backends/cuda -e backends/hopper -e backends/dcu 2>&1 | grep -v WARN | tail -2
+  -e . -e bench -e backends/cuda -e backends/hopper -e backends/dcu 2>&1 | grep -v WARN | tail -2
 
 section() {  # name, time limit (s), command...
   local name=$1 limit=$2

@@ -53,7 +53,7 @@ BENCH = Path(__file__).resolve().parent
 if __name__ != "__mp_main__":  # ranks keep the path they were started with (see --baseline-tree)
     sys.path[:0] = [str(BENCH.parent), str(BENCH)]  # run from a checkout without installing
 
-import host_profile_ranks  # noqa: E402
+from splash_bench import host_profile_ranks  # noqa: E402
 from splash_core import results  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402

@@ -34,16 +34,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 from splash_core import dtypes, ownership, results  # noqa: E402
 from splash_core.layouts import DIRECTIONS  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
-from splash_core.result_shapes import percentile, switch_overhead_summary  # noqa: E402
-from splash_core.runtime import step_bench  # noqa: E402
+from splash_core.result_shapes import switch_overhead_summary  # noqa: E402
+from splash_core.stats import percentile  # noqa: E402
+from splash_bench import step as step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch import bench  # noqa: E402
+from splash_bench import switch as bench  # noqa: E402
 from splash_core.runtime.weights import tensor_shapes  # noqa: E402
+from splash_bench.options import add_transfer_option, transfer_config, transfer_overrides  # noqa: E402
 
 GIB = 1 << 30
 QUIET_MS = 2.0  # per timed step, beyond the step itself: barrier, synchronisation, the switch check
@@ -76,16 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
     p.add_argument("--budget-s", type=float, default=200.0, help="wall-clock budget of the whole run")
     p.add_argument("--primitives-only", action="store_true", help="phase 1 only (no overhead table)")
-    p.add_argument("--buffered-chunks", type=int, default=None,
-                   help="most collectives per layer's KV over transfer buffers (default: the mover's)")
-    p.add_argument("--collectives", action="store_true",
-                   help="KV pages move by collectives (pack, all-gather / all-to-all, unpack), not pulled out of "
-                        "the peers' pools in peer memory")
-    p.add_argument("--no-defer", action="store_true",
-                   help="SPLASH moves the first layer first (it computes the step in the destination layout)")
+    add_transfer_option(p)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    args.transfer = transfer_overrides(args.transfer, p)
     if args.smoke:
         args.backend, args.model, args.dtype, args.batch, args.page_size = "reference", "tiny-mla", "fp32", 4, 16
         args.rows, args.primitive_context, args.contexts = 4, 64, "64,32"
@@ -102,8 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _spec(args, **more) -> dict:
     return dict(model=args.model, dtype=args.dtype, kernels=args.kernels, batch=args.batch, page_size=args.page_size,
-                rows=args.rows, seed=args.seed, initial="TP", buffered_chunks=args.buffered_chunks,
-                pulls=not args.collectives, defer_first=not args.no_defer, **more)
+                rows=args.rows, seed=args.seed, initial="TP", transfer=args.transfer, **more)
 
 
 def _slowest(per_rank: list[list[dict]], fields) -> list[dict]:
@@ -274,7 +270,7 @@ def run(args, pool) -> int:
     data = results.make_result(
         benchmark="primitive_costs", samples=phase1["samples"], summary={"workload": workload, "costs": costs},
         extra={"bare_collectives": bare, "skipped": phase1["skipped"], "step_calibration": phase1["steps"],
-               "kv_pulls": per_rank[0]["pulls"]},
+               "kv_pulls": per_rank[0]["pulls"], "transfer": args.transfer},
         notes=(f"KV pages {_pages_how(args)}. "
                f"per_layer_ms: device time of one layer's transfer on the side stream (pulls and the collective "
                f"behind them, or pack + collective + unpack) "
@@ -313,7 +309,7 @@ def run(args, pool) -> int:
         extra={"targets": targets, "skipped": per_rank[0]["skipped"], "plan_ms": per_rank[0]["plan_ms"],
                "splash_exposed": per_rank[0]["exposed"], "splash_host": host, "splash_parts": parts,
                "sizing": sizing, "layers": layers, "context": context, "kv_pulls": per_rank[0]["pulls"],
-               "defer_first": not args.no_defer},
+               "defer_first": transfer_config(args.transfer).defer_first, "transfer": args.transfer},
         notes=(f"one chunked-prefill step of {args.batch} requests x {args.rows} rows over {context - args.rows} "
                f"tokens of history, {layers} layers of {args.model} (MLA + dense MLP shard); step time = the "
                f"executor's timed interval, slowest rank; ready's untimed switch precedes its timed step. Manifests "
@@ -324,7 +320,7 @@ def run(args, pool) -> int:
                f"into before the first layer, the first layer's wait, later waits and computing (interference), "
                f"from compute-stream events at every layer, and the wait after the last layer for the first moving "
                f"layer where it moves after the step. KV pages {_pages_how(args)}; SPLASH "
-               f"{'moves the first layer first' if args.no_defer else 'computes the first moving layer in its source layout and moves it last'}. "
+               f"{'computes the first moving layer in its source layout and moves it last' if transfer_config(args.transfer).defer_first else 'moves the first layer first'}. "
                f"kernels: {args.kernels}"), **common)
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     _print_overheads(directions, targets, host)
@@ -333,9 +329,9 @@ def run(args, pool) -> int:
 
 
 def _pages_how(args) -> str:
-    return ("moved by collectives" if args.collectives else
-            "pulled out of the peers' pools where the backend has peer memory and a layer's pages lie in runs "
-            "long enough for it (else by collectives)")
+    return ("pulled out of the peers' pools where the backend has peer memory and a layer's pages lie in runs "
+            "long enough for it (else by collectives)" if transfer_config(args.transfer).peer_pulls
+            else "moved by collectives")
 
 
 def _print_primitives(costs, bare) -> None:

@@ -26,13 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 from splash_core import results  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
-from splash_core.result_shapes import percentile  # noqa: E402
+from splash_core.stats import percentile  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch import host_profile  # noqa: E402
+from splash_bench import switch_host_profile as host_profile  # noqa: E402
+from splash_bench.options import add_transfer_option, transfer_overrides  # noqa: E402
 
 T = 2
 BUCKETS = (*host_profile.BUCKETS, "bookkeeping_ms")
@@ -71,7 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--baseline-label", default=None,
                    help="what the baseline ran (default: its git commit), e.g. 'git 858c895, before the change'")
     p.add_argument("--no-write", action="store_true", help="print only")
+    add_transfer_option(p)
     args = p.parse_args(argv)
+    args.transfer = transfer_overrides(args.transfer, p)
     pairs = []
     for d in filter(None, args.directions.split(",")):
         pairs.append(_pair(p, d))
@@ -128,7 +131,8 @@ def run(args, pool) -> int:
     start = time.time()
     spec = dict(model=tiny_model(args.layers, args.indexer), dtype="bf16", kernels=args.kernels, batch=args.batch,
                 page_size=args.page_size, rows=args.rows, seed=0, initial="TP", layers=args.layers,
-                context=args.context, runs=args.runs, directions=args.pairs, profile_direction=args.profile_pair)
+                context=args.context, runs=args.runs, directions=args.pairs, profile_direction=args.profile_pair,
+                transfer=args.transfer)
     per_rank = pool.run(host_profile.host_profile, spec)
     samples = [{**s, **{f: max(r["samples"][i][f] for r in per_rank) for f in TIMED}}  # the slowest rank's
                for i, s in enumerate(per_rank[0]["samples"])]
@@ -142,7 +146,7 @@ def run(args, pool) -> int:
     if args.no_write:
         return 0
     pulls = per_rank[0]["kv_pulls"]
-    extra = {"pages_per_layer": pages, "profile": per_rank[0]["profile"], "kv_pulls": pulls}
+    extra = {"pages_per_layer": pages, "profile": per_rank[0]["profile"], "kv_pulls": pulls, "transfer": args.transfer}
     if args.baseline:
         base = results.read_result(args.baseline)
         extra["baseline"] = {"label": args.baseline_label or base["git_commit"], "date": base["date"],
@@ -156,7 +160,7 @@ def run(args, pool) -> int:
                "switch_host = CPU time of the "
                "executor's prepare + per-layer start/land calls; bookkeeping = switch_host less issuing and "
                "waiting for collectives and page pack/unpack (data movement); KV pages "
-               + ("pulled out of shared pools where their runs allow (SPLASH_PEER_PULLS=1), fenced by the peer "
+               + ("pulled out of shared pools where their runs allow (--transfer peer_pulls=true), fenced by the peer "
                   "memory's barrier" if pulls else "moved by collectives")))
     print("wrote", results.write_result(data, args.out))
     return 0

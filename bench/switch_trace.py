@@ -9,7 +9,7 @@ On the lent nvidia-h200-x2 machine::
 
 Writes ``<out>/<platform>/switch_trace.json`` (one row per variant, direction and mode: step
 time, waits on transfers, each rank's per-layer medians of its untraced steps, and
-:func:`splash_core.runtime.switch.device_trace.timeline`'s summary of rank 0's trace) and,
+:func:`splash_bench.device_trace.timeline`'s summary of rank 0's trace) and,
 with ``--trace-dir``, rank 0's raw Chrome traces of the first variant.
 ``--smoke`` runs the same code on tiny shapes (CPU, gloo: no device kernels to summarise).
 """
@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 from splash_core import results  # noqa: E402
-from splash_core.runtime import step_bench  # noqa: E402
+from splash_bench import step as step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.runtime.switch import device_trace  # noqa: E402
+from splash_bench import device_trace  # noqa: E402
+from splash_bench.options import add_transfer_option, transfer_overrides  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,13 +47,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--directions", default="TP-CP,CP-TP,CP-DOP")
-    p.add_argument("--variants", default="base", help="comma list of base, priority, ctas=N, processors=N")
+    p.add_argument("--variants", default="base",
+                   help="comma list of base, priority, ncclpriority, ctas=N, ce, processors=N, chunks=N, noalign, "
+                        "nodefer, pulls, or several joined by + (splash_bench.device_trace)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timed-runs", type=int, default=3, help="untraced runs of each step, for its real time")
     p.add_argument("--trace-dir", default=None, help="where rank 0 writes the first variant's raw traces")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU")
     p.add_argument("--seed", type=int, default=0)
+    add_transfer_option(p)
     args = p.parse_args(argv)
+    args.transfer = transfer_overrides(args.transfer, p)
     if args.smoke:
         args.backend, args.kernels, args.model, args.dtype = "reference", "reference", "tiny-mla", "fp32"
         args.batch, args.context, args.rows, args.page_size, args.layers = 4, 64, 3, 16, 2
@@ -65,7 +70,8 @@ def spec_of(args) -> dict:
     return {"model": args.model, "dtype": args.dtype, "batch": args.batch, "context": args.context, "rows": args.rows,
             "page_size": args.page_size, "layers": args.layers, "kernels": args.kernels, "seed": args.seed,
             "initial": directions[0][0], "directions": directions, "variants": args.variants.split(","),
-            "warmup": args.warmup, "timed_runs": args.timed_runs, "trace_dir": args.trace_dir}
+            "warmup": args.warmup, "timed_runs": args.timed_runs, "trace_dir": args.trace_dir,
+            "transfer": args.transfer}
 
 
 def main(argv=None) -> int:

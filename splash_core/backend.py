@@ -10,6 +10,7 @@ from typing import Any
 
 from . import plugins
 from .interfaces import BackendInfo, Collectives, KDAKernels, MLAKernels, PeerMemory, StreamOps
+from .profiles.transfer import TransferConfig
 
 
 class Backend:
@@ -51,12 +52,12 @@ class Backend:
                 return result
         return None
 
-    def side_group_options(self) -> Any:
+    def side_group_options(self, transfer: TransferConfig = TransferConfig()) -> Any:
         """The side communicator's process-group options, or None for the defaults."""
-        return self._first_or_none("splash_side_group_options")
+        return self._first_or_none("splash_side_group_options", transfer=transfer)
 
-    def collectives(self, group, device, side: bool = False) -> Collectives:
-        return self._first("splash_make_collectives", group=group, device=device, side=side)
+    def collectives(self, group, device, side: bool = False, transfer: TransferConfig = TransferConfig()) -> Collectives:
+        return self._first("splash_make_collectives", group=group, device=device, side=side, transfer=transfer)
 
     def peer_memory(self, collectives, device) -> PeerMemory | None:
         """Memory the group's ranks read from each other, or None where the backend has none."""

@@ -3,9 +3,8 @@
 from microbenchmarks).
 
 On the group calibrate already runs, :func:`time_steps` times decode steps of a small
-runtime :class:`~splash_core.runtime.model.Model` with the runtime step benchmark
-(:func:`splash_core.runtime.step_bench.measure_layout`, the code behind
-``bench/runtime_step.py``): the first few layers of a model profile in each layout at two
+runtime :class:`~splash_core.runtime.model.Model` (:func:`splash_core.runtime.step_timing.time_layout`,
+which ``bench/runtime_step.py`` times steps with too): the first few layers of a model profile in each layout at two
 contexts, and the same model with no layers at all (embedding and LM head), which is t0.
 :func:`fit_theta` turns them into per-layer points beside Eq 10's device time under the θ
 measured in the same run and fits h_ℓ and η_h (:mod:`splash_core.host_overhead`).
@@ -20,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+import torch
+
 from . import host_overhead
 from .costmodel import CostModel
 from .layouts import LAYOUTS
 from .profiles.deployment import SchedulerConfig
 from .profiles.hardware import HardwareProfile, StepSample
+from .dtypes import torch_dtype
 from .profiles.loader import load
-from .runtime import step_bench
+from .runtime.step_timing import time_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +75,15 @@ def time_steps(ctx, spec: RuntimeSpec, dtype: str) -> list[dict]:
     model without layers and of ``spec.layers`` layers in each layout, at each context.
     Returns the same list on every rank: dicts with the fields of
     :class:`~splash_core.profiles.hardware.StepSample`."""
-    common = dict(model=spec.model, batch=spec.batch, prefill_chunk=1, page_size=spec.page_size, dtype=dtype,
-                  seed=0, kernels="backend", reps=spec.reps, warmup=spec.warmup, deadline=float("inf"),
-                  matmul_precision="high", phases=("decode",))
+    compute = torch_dtype(dtype)
+    torch.set_float32_matmul_precision("high")  # as serving would run float32 matmuls
+    common = dict(profile=load("model", spec.model), batch=spec.batch, page_size=spec.page_size, dtype=compute,
+                  kernels=ctx.backend.mla_kernels(ctx.device, compute), reps=spec.reps, warmup=spec.warmup,
+                  phases=("decode",))
     runs = [(LAYOUTS[0], 0, spec.contexts)] + [(layout, spec.layers, spec.contexts) for layout in LAYOUTS]
     samples = []
     for layout, layers, contexts in runs:
-        mine = step_bench.measure_layout(ctx, {**common, "layout": str(layout), "layers": layers,
-                                               "contexts": list(contexts)})
+        mine = time_layout(ctx, layout=layout, layers=layers, contexts=list(contexts), **common)
         everyone = ctx.collectives.all_gather_object(mine)  # a step ends on its slowest rank
         for i, sample in enumerate(mine):
             slowest = [max(rank[i]["step_ms"][k] for rank in everyone) for k in range(len(sample["step_ms"]))]

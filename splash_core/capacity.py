@@ -25,7 +25,6 @@ import math
 import numpy as np
 
 from .layouts import Layout, Ownership
-from .ownership import weight_share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +105,6 @@ def _rank_sums(layout: Layout, parts: np.ndarray, T: int) -> np.ndarray:
     padded = np.zeros((n, -(-b // T) * T))
     padded[:, :b] = parts
     return padded.reshape(n, -1, T).sum(axis=1)
-
-
-def pool_from_budget(layout: Layout, budget_bytes: float, attention_weights_bytes: float,
-                     kv_bytes_per_token: float, T: int) -> int:
-    """Tokens one rank holds when ``budget_bytes`` covers its attention weights (whole, or a 1/T
-    shard in sharded layouts) and its KV."""
-    weights = attention_weights_bytes * weight_share(layout, T)
-    return max(0, int((budget_bytes - weights) // kv_bytes_per_token))
 
 
 def residency_limit(layout: Layout, pool: int, cohorts: Cohorts, T: int, target: float = 0.99,

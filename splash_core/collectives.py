@@ -14,7 +14,7 @@ _ROUND_BYTES = 16 << 20  # buffers grow in these steps, so chunks of slightly di
 
 class TransferBuffers:
     """Buffers a side communicator moves without processors (e.g. memory registered with it,
-    which NCCL's zero-CTA policy moves with copy engines), one per role (what a mover uses it
+    which a collective library may move with copy engines), one per role (what a mover uses it
     for), reused layer after layer and switch after switch: they are the one layer in transit
     that Eq 5's headroom holds room for, and registering them is too slow to repeat per switch.
     :meth:`release` gives them back.

@@ -65,7 +65,7 @@ def splash_process_group_backend():
 
 
 @hookspec(firstresult=True)
-def splash_side_group_options():
+def splash_side_group_options(transfer):
     """Options for the side communicator, the one a switch moves state over while the compute
     stream runs (passed as ``pg_options`` to ``torch.distributed.new_group``).
 
@@ -74,13 +74,15 @@ def splash_side_group_options():
     collective kernels, so they start as soon as processors free up on every rank instead of
     waiting behind the compute kernels queued before them (and their peers waiting for them).
 
+    :param transfer: the deployment's :class:`splash_core.profiles.transfer.TransferConfig`
+        (e.g. ``transfer.copy_engines``). Implementations may leave this parameter out.
     :returns: the process-group options object of :func:`splash_process_group_backend`'s
         backend, or None for its defaults. firstresult.
     """
 
 
 @hookspec(firstresult=True)
-def splash_make_collectives(group, device, side):
+def splash_make_collectives(group, device, side, transfer):
     """Collectives over an initialised process group.
 
     Called once per group (the main one and each side communicator a switch uses).
@@ -91,8 +93,11 @@ def splash_make_collectives(group, device, side):
     :param side: True for the side communicator (made with :func:`splash_side_group_options`).
         Its collectives may have ``transfer_buffers`` (a
         :class:`splash_core.collectives.TransferBuffers`): buffers that its all-gathers move
-        without processors (e.g. memory registered with the communicator, for copy engines).
-        Implementations may leave this parameter out.
+        without processors (e.g. memory registered with the communicator, for copy engines),
+        where ``transfer.copy_engines`` allows. Implementations may leave this parameter out.
+    :param transfer: the deployment's :class:`splash_core.profiles.transfer.TransferConfig`
+        for the side communicator (the defaults for the main one). Implementations may leave
+        this parameter out.
     :returns: an object satisfying :class:`splash_core.interfaces.Collectives` (uneven
         all-to-all and zero-row ranks included). firstresult.
     """
@@ -104,7 +109,8 @@ def splash_peer_memory(collectives, device):
     pages out of, rank to rank, on copy engines (no packing kernels, staging buffers or
     collectives carry the pages).
 
-    Called once per rank when a model allocates its KV pool, unless ``SPLASH_PEER_PULLS=0``.
+    Called once per rank when a model allocates its KV pool, where the deployment's
+    ``transfer.peer_pulls`` asks for pulls (an experimental option, off by default).
 
     :param collectives: host collectives of the group (``RankContext.host_collectives()``:
         for exchanging handles; they never wait for the device).
@@ -149,8 +155,9 @@ def splash_kda_kernels(device, dtype):
 def splash_hardware_profile():
     """The hardware profile this backend ships for the machine it runs on.
 
-    Called when a deployment leaves ``hardware`` to the backend and by ``splash calibrate``
-    to find the profile to start from.
+    Called by ``splash calibrate`` to find the profile to start from (its numbers stay
+    where calibration measures none), by the conformance suite to check it against the
+    profile schema, and by benchmarks to name their results folder.
 
     :returns: a profile name or path (str), or None. firstresult.
     """

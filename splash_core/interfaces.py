@@ -104,7 +104,7 @@ class PeerBuffers(Protocol):
     for peers, and the step's kernels beside it lose about that long). Host backends wait on
     the host and raise :class:`PeerMemoryError` naming the late ranks after ``timeout_s``;
     device backends, whose streams cannot be interrupted, end the process with that message
-    (as NCCL's watchdog does for a hung collective). Without it, pulls are fenced by one-element
+    (as a collective library's watchdog does for a hung collective). Without it, pulls are fenced by one-element
     collectives on the side communicator."""
 
     def pull(self, peer: int, runs) -> None:

@@ -188,18 +188,17 @@ def kv_pages_per_rank(layout: Layout, batch: Batch, T: int, page_size: int) -> n
     return out
 
 
-def recurrent_share_per_rank(layout: Layout, batch: Batch, T: int) -> np.ndarray:
-    """Requests' worth of recurrent state each rank holds (TP holds 1/T of every request)."""
-    if layout is Layout.TP:
-        return np.full(T, len(batch) / T)
-    out = np.zeros(T)
-    np.add.at(out, batch.owners, 1.0)
-    return out
-
-
 def weight_share(layout: Layout, T: int) -> float:
     """Fraction of the attention projections each rank holds: 1/T sharded, 1 replicated."""
     return 1.0 / T if layout.placement is Placement.SHARDED else 1.0
+
+
+def pool_from_budget(layout: Layout, budget_bytes: float, attention_weights_bytes: float,
+                     kv_bytes_per_token: float, T: int) -> int:
+    """Tokens one rank holds when ``budget_bytes`` covers its attention weights (whole, or a 1/T
+    shard in sharded layouts) and its KV."""
+    weights = attention_weights_bytes * weight_share(layout, T)
+    return max(0, int((budget_bytes - weights) // kv_bytes_per_token))
 
 
 

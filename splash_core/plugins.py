@@ -1,4 +1,4 @@
-"""Load backend plugins and select one (DESIGN.md §4).
+"""Load backend plugins and select one (docs/design.md §4).
 
 Built-in backends are loaded exactly like external ones (an import path resolved to a
 plugin object), then the entry points of group ``splash``. A plugin that fails to import,
@@ -82,11 +82,12 @@ class Registry:
         return sorted(out, key=lambda s: (s.name != "reference", s.name))
 
     def describe(self) -> str:
+        """Every installed backend and whether it is usable, on one line (errors stay one line)."""
         rows = []
         for s in self.statuses():
             state = "available" if s.available else f"unavailable: {s.reason}"
-            rows.append(f"  {s.name} ({s.origin}): {state}")
-        return "installed backends:\n" + "\n".join(rows)
+            rows.append(f"{s.name} ({s.origin}): {state}")
+        return "installed backends: " + "; ".join(rows)
 
 
 class _Manager(pluggy.PluginManager):
@@ -191,12 +192,12 @@ def select(registry: Registry, name: str = "auto") -> str:
     """Pick a backend by name or ``auto``; BackendError explains any failure."""
     if name != "auto":
         if name in registry.broken:
-            raise BackendError(f"backend {name!r} is broken: {registry.broken[name].reason}\n{registry.describe()}")
+            raise BackendError(f"backend {name!r} is broken: {registry.broken[name].reason}; {registry.describe()}")
         if name not in registry.plugins:
-            raise BackendError(f"no backend named {name!r}\n{registry.describe()}")
+            raise BackendError(f"no backend named {name!r}; {registry.describe()}")
         reason = registry.check(name)
         if reason:
-            raise BackendError(f"backend {name!r} is not usable here: {reason}\n{registry.describe()}")
+            raise BackendError(f"backend {name!r} is not usable here: {reason}; {registry.describe()}")
         return name
     usable = {}
     for n in registry.plugins:
@@ -208,10 +209,10 @@ def select(registry: Registry, name: str = "auto") -> str:
     if len(candidates) > 1:
         raise BackendError(
             f"backend auto: {' and '.join(candidates)} both claim this machine; name one in the "
-            f"deployment's 'backend' or restrict with {ALLOW_ENV}\n{registry.describe()}"
+            f"deployment's 'backend' or restrict with {ALLOW_ENV}; {registry.describe()}"
         )
     if candidates:
         return candidates[0]
     if "reference" in registry.plugins:
         return "reference"
-    raise BackendError(f"no usable backend\n{registry.describe()}")
+    raise BackendError(f"no usable backend; {registry.describe()}")

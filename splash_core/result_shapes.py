@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .layouts import Layout, Primitive, State
+from .stats import percentile
 
 LAYOUT_NAMES = tuple(l.value for l in Layout)
 
@@ -516,18 +517,6 @@ def _check_names(obj: Any, kind: str, where: str) -> str | None:
         if error:
             return error
     return None
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between order statistics
-    (numpy's default), the definition every summary here uses."""
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("percentile of no values")
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def switch_overhead_summary(samples: Sequence[Mapping[str, Any]]) -> list[dict]:

@@ -1,7 +1,7 @@
 """The paper's illustrative timing law (appendix B.1, Eq 11-12) and its crossovers.
 
 The law is data: a scenario file writes each layout's dimensionless reference cost τ_ℓ as a
-small arithmetic expression (:class:`Expression`) over the argument ``x`` (itself an
+small arithmetic expression (:class:`~splash_core.expressions.Expression`) over the argument ``x`` (itself an
 expression over the nominal input length ``L`` and named constants such as α), plus helper
 definitions such as ``a(x)``. The plotted, normalized latency of Eq 12 is
 
@@ -16,106 +16,14 @@ layout's KV limit (a layout is feasible at L when L does not exceed its limit).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
-import operator
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
+from .expressions import Expression
 from .layouts import Layout
-
-# Functions an expression may call: pos(v) is [v]+ of Eq 10-11.
-_FUNCTIONS: dict[str, tuple[Callable, int | None]] = {
-    "pos": (lambda v: np.maximum(v, 0.0), 1),
-    "min": (lambda *v: _fold(np.minimum, v), None),
-    "max": (lambda *v: _fold(np.maximum, v), None),
-    "abs": (np.abs, 1),
-    "sqrt": (np.sqrt, 1),
-    "log": (np.log, 1),
-    "exp": (np.exp, 1),
-}
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.Pow: operator.pow}
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-def _fold(fn, values):
-    out = values[0]
-    for v in values[1:]:
-        out = fn(out, v)
-    return out
-
-
-class ExpressionError(ValueError):
-    """An expression that cannot be parsed or uses something the evaluator does not allow."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Expression:
-    """A safe arithmetic expression: numbers, names, + - * / **, unary minus and the calls
-    pos(v) = max(v, 0), min(...), max(...), abs, sqrt, log, exp. Evaluated on floats or numpy
-    arrays; never through ``eval``."""
-
-    text: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "_fn", _compile(self.text))
-        object.__setattr__(self, "names", frozenset(_names(self.text)))
-
-    def __call__(self, env: Mapping[str, object]):
-        return self._fn(env)
-
-
-def _parse(text: str) -> ast.expr:
-    if not isinstance(text, str) or not text.strip():
-        raise ExpressionError("expected a non-empty expression")
-    try:
-        return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as exc:
-        raise ExpressionError(f"cannot parse expression: {exc.msg}") from None
-
-
-def _names(text: str) -> set[str]:
-    out = set()
-    for node in ast.walk(_parse(text)):
-        if isinstance(node, ast.Name):
-            out.add(node.id)
-        elif isinstance(node, ast.Call):
-            out.discard(node.func.id)  # function names are not variables
-    return out - set(_FUNCTIONS)
-
-
-def _compile(text: str) -> Callable[[Mapping[str, object]], object]:
-    return _build(_parse(text))
-
-
-def _build(node: ast.expr) -> Callable:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        value = float(node.value)
-        return lambda env: value
-    if isinstance(node, ast.Name):
-        name = node.id
-        return lambda env: env[name]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        op, left, right = _BINARY[type(node.op)], _build(node.left), _build(node.right)
-        return lambda env: op(left(env), right(env))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        op, inner = _UNARY[type(node.op)], _build(node.operand)
-        return lambda env: op(inner(env))
-    if isinstance(node, ast.Call):
-        if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
-            raise ExpressionError(f"unknown function; allowed: {', '.join(_FUNCTIONS)}")
-        if node.keywords:
-            raise ExpressionError(f"{node.func.id}() takes no keyword arguments")
-        fn, arity = _FUNCTIONS[node.func.id]
-        if (arity is not None and len(node.args) != arity) or not node.args:
-            raise ExpressionError(f"{node.func.id}() takes {arity or 'one or more'} argument(s)")
-        args = [_build(a) for a in node.args]
-        return lambda env: fn(*(a(env) for a in args))
-    raise ExpressionError(f"not allowed in an expression: {ast.unparse(node)!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class CompiledLaw:
@@ -145,20 +53,16 @@ class CompiledLaw:
         return {layout: values / ref for layout, values in self.raw(tokens).items()}
 
 
-def check_names(constants: Mapping[str, float], argument: Expression,
-                definitions: Mapping[str, Expression], costs: Mapping[object, Expression]):
-    """Yield (key path, reason) for every name an expression uses before it is defined."""
-    known = set(constants) | {"L"}
-    for name in argument.names - known:
-        yield "argument", f"unknown name {name!r} (known: {', '.join(sorted(known))})"
-    known.add("x")
-    for key, expr in definitions.items():
-        for name in expr.names - known:
-            yield f"definitions.{key}", f"unknown name {name!r} (known: {', '.join(sorted(known))})"
-        known.add(key)
-    for key, expr in costs.items():
-        for name in expr.names - known:
-            yield f"layouts.{key}", f"unknown name {name!r} (known: {', '.join(sorted(known))})"
+def compile_law(spec) -> CompiledLaw:
+    """The law a scenario profile's ``timing`` section (:class:`~splash_core.profiles.scenario.TimingLawSpec`) writes."""
+    return CompiledLaw(
+        constants=dict(spec.constants),
+        argument=Expression(spec.argument),
+        definitions=tuple((k, Expression(v)) for k, v in spec.definitions.items()),
+        costs={k: Expression(v) for k, v in spec.layouts.items()},
+        reference_layout=spec.normalize_layout,
+        reference_tokens=spec.normalize_tokens,
+    )
 
 
 # ---- crossovers of the fastest feasible layout ----------------------------------------------

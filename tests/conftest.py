@@ -22,10 +22,7 @@ def rank_pools():
     def get(world_size: int) -> RankPool:
         pool = pools.get(world_size)
         if pool is None or not pool.alive:
-            # the reference backend's pools in peer memory (opt-in on the host), and pages pulled
-            # wherever they are shared, however short their runs (the tests' pages are tiny)
-            pool = pools[world_size] = RankPool(world_size, backend="reference", timeout_s=300,
-                                                env={"SPLASH_PEER_PULLS": "1", "SPLASH_PEER_MIN_RUN_BYTES": "0"})
+            pool = pools[world_size] = RankPool(world_size, backend="reference", timeout_s=300)
         return pool
 
     yield get

@@ -14,9 +14,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
-transformers = __import__("pytest").importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config  # noqa: E402
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCK = (128, 128)
@@ -46,7 +48,7 @@ VARIANTS = {
 def config(variant: str):
     spec = {**BASE, **VARIANTS[variant]}
     arch = spec.pop("arch")
-    cls = transformers.DeepseekV3Config if arch == "v3" else transformers.DeepseekV2Config
+    cls = DeepseekV3Config if arch == "v3" else DeepseekV2Config
     return cls(**spec)
 
 
@@ -70,10 +72,10 @@ def write(variant: str, folder: Path, *, dtype=torch.float32, seed: int = 0, loa
     """Save the variant's model (random unit-scale weights, stored in ``dtype``) with transformers;
     returns it as transformers loads it back (``from_pretrained``, computing in ``load_dtype``,
     default ``dtype``)."""
-    model = transformers.AutoModelForCausalLM.from_config(config(variant), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config(variant), dtype=torch.float32)
     _redraw(model, seed)
     model.to(dtype).save_pretrained(folder)
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=load_dtype or dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=load_dtype or dtype).eval()
 
 
 def quantize_fp8(w: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

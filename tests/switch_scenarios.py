@@ -11,6 +11,7 @@ import torch
 
 from splash_core import ownership
 from splash_core.profiles.loader import load
+from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_batch import StepBatch, StepRequest
@@ -19,6 +20,9 @@ from splash_core.runtime.weights import SeededWeights
 
 PAGE, CHUNK, SEED = 16, 16, 7
 MODEL = "tiny-mla"
+# the reference backend's pools in peer memory, and pages pulled wherever they are shared,
+# however short their runs (the tests' pages are tiny)
+PULLS = TransferConfig(peer_pulls=True, min_run_bytes=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +109,7 @@ def planned_bytes(executor, dst, batch, mode, state) -> int:
     manifest = executor.plan(dst, batch)
     total = int(manifest.fetched_bytes(state).sum())
     first = executor.model.layers[0].index
-    if Mode(mode) is Mode.SPLASH and executor.defer_first and state in manifest.layer(first).states:
+    if Mode(mode) is Mode.SPLASH and executor.transfer.defer_first and state in manifest.layer(first).states:
         (after,) = executor.plans(dst, batch, after_step=True, layers=(first,)).values()
         total += int(after.layer(first).states[state].fetched_bytes.sum()
                      - manifest.layer(first).states[state].fetched_bytes.sum())

@@ -11,6 +11,7 @@ import torch
 
 from splash_core import plugins
 from splash_core.backend import Backend
+from splash_core.profiles.transfer import TransferConfig
 from splash_core.cli.main import main
 
 GIB = 1 << 30
@@ -139,7 +140,7 @@ def test_hopper_tuned_config_is_data(tmp_path):
 
 @pytest.mark.parametrize("zero_policy", [True, False])
 def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines(monkeypatch, zero_policy):
-    """High priority always; the zero-CTA policy where NCCL has it, unless SPLASH_COPY_ENGINES=0."""
+    """High priority always; the zero-CTA policy where NCCL has it, unless ``transfer.copy_engines`` is off."""
     import torch.distributed as dist
 
     class FakeNCCL:  # the CPU build of torch has no NCCL process group
@@ -153,9 +154,8 @@ def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
     _fake_device(monkeypatch, name="NVIDIA H200")
     registry = _registry()
-    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
-    assert Backend(registry, "cuda").side_group_options().config.cta_policy == 0  # turned off
-    monkeypatch.delenv("SPLASH_COPY_ENGINES")
+    off = TransferConfig(copy_engines=False)
+    assert Backend(registry, "cuda").side_group_options(off).config.cta_policy == 0  # turned off
     for name in ("hopper", "cuda"):
         options = Backend(registry, name).side_group_options()
         assert options.is_high_priority_stream is True and options.config.cta_policy == (2 if zero_policy else 0)
@@ -163,7 +163,7 @@ def test_side_communicator_asks_nccl_for_a_high_priority_stream_and_copy_engines
 
 
 def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monkeypatch):
-    """Unless SPLASH_COPY_ENGINES=0, cuda's side collectives make transfer buffers with NCCL
+    """Unless ``transfer.copy_engines`` is off, cuda's side collectives make transfer buffers with NCCL
     symmetric memory, each registered with the group once (a collective) and then reused; the
     main group's have none."""
     import sys
@@ -181,10 +181,9 @@ def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monke
     monkeypatch.setattr(dist, "get_rank", lambda group: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     group = types.SimpleNamespace(group_name="side")
-    monkeypatch.setenv("SPLASH_COPY_ENGINES", "0")
-    assert common.collectives(group, torch.device("cpu"), side=True).transfer_buffers is None
-    monkeypatch.delenv("SPLASH_COPY_ENGINES")
-    side = common.collectives(group, torch.device("cpu"), side=True)
+    off = TransferConfig(copy_engines=False)
+    assert common.collectives(group, torch.device("cpu"), side=True, transfer=off).transfer_buffers is None
+    side = common.collectives(group, torch.device("cpu"), side=True, transfer=TransferConfig())
     first = side.transfer_buffers.get(("kv", 0), 1000)
     again = side.transfer_buffers.get(("kv", 0), 3000)
     assert first.numel() == 1000 and again.numel() == 3000 and again.data_ptr() == first.data_ptr()

@@ -63,7 +63,8 @@ def test_without_a_base_profile_unmeasured_memory_is_an_error():
 
 def test_cli_writes_a_profile_that_loads(tmp_path, capsys):
     out = tmp_path / "host.yaml"
-    assert main(["calibrate", "--backend", "reference", "--ranks", "1", "--quick", "--out", str(out)]) == 0
+    out.write_text("an earlier profile\n")  # replaced only because of --force
+    assert main(["calibrate", "--backend", "reference", "--ranks", "1", "--quick", "--out", str(out), "--force"]) == 0
     profile = loader.load("hardware", str(out))
     assert profile.name == "host" and profile.matmul_tflops.source == "measured"
     assert "--backend reference --ranks 1" in profile.matmul_tflops.command
@@ -76,12 +77,13 @@ def test_cli_writes_a_profile_that_loads(tmp_path, capsys):
 
 def test_cli_rejects_bad_input(tmp_path, capsys):
     assert main(["calibrate", "--backend", "reference", "--ranks", "0", "--out", str(tmp_path / "x.yaml")]) == 2
-    assert "--ranks must be >= 1" in capsys.readouterr().err
+    assert "argument --ranks: must be >= 1 (got 0)" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "nosuch", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "no backend named 'nosuch'" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "reference", "--base", "nosuch", "--out", str(tmp_path / "x.yaml")]) == 2
-    assert "no hardware profile 'nosuch'" in capsys.readouterr().err
+    assert "no hardware profile named 'nosuch'" in capsys.readouterr().err
     for bad, message in ((["--layers", "9"], "--layers must be in 1..3 for model 'tiny-mla' (got 9)"),
+                         (["--layers", "0"], "argument --layers: must be >= 1 (got 0)"),
                          (["--no-runtime", "--model", "tiny-mla"], "drop --no-runtime"),
                          (["--model", "glm-5.3-flash", "--layers", "8"], "mix layer kinds (kda, mla)")):
         assert main(["calibrate", "--backend", "reference", *bad, "--out", str(tmp_path / "x.yaml")]) == 2

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from splash_core.capacity import draw_cohorts, fit_fraction, pool_from_budget, residency_limit
+from splash_core.capacity import draw_cohorts, fit_fraction, residency_limit
+from splash_core.ownership import pool_from_budget
 from splash_core.layouts import Layout
 
 GIB = 1 << 30

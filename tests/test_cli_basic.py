@@ -69,7 +69,7 @@ def test_plan_unequal_contexts_and_errors(capsys):
         (["--context", "10,20"], "--context gives 2 values for --batch 3"),
         (["--context", "lots"], "bad token count 'lots'"),
         (["--context", "10", "--T", "5"], "does not divide"),
-        (["--context", "10", "--T", "0"], "--T must be >= 1"),
+        (["--context", "10", "--T", "0"], "argument --T: must be >= 1 (got 0)"),
     ]
     for extra, message in cases:
         base = {"--from": "TP", "--to": "CP", "--model": "tiny-hybrid", "--T": "2", "--batch": "3"}

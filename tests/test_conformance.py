@@ -9,7 +9,7 @@ import sys
 
 
 def test_conformance_suite_passes_for_the_reference_backend(tmp_path):
-    env = {**os.environ, "SPLASH_BACKENDS": "", "SPLASH_PEER_PULLS": "1"}  # the host's peer memory is opt-in
+    env = {**os.environ, "SPLASH_BACKENDS": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "splash_core.testing", "--splash-backend", "reference",
          "-q", "-p", "no:cacheprovider"],

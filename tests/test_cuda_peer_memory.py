@@ -93,13 +93,13 @@ def test_a_peer_that_never_reaches_the_barrier_ends_the_waiting_process():
 def _same_step(ctx) -> float:
     """Largest logit difference between a model whose KV pool is the backend's peer memory and one
     whose pool is ordinary memory (same seeds): the kernels read the shared buffer alike."""
-    from splash_core.runtime.switch import bench
+    from splash_bench import switch as bench
 
     spec = dict(model="tiny-mla", dtype="bf16", kernels="backend", batch=4, page_size=16, rows=4, seed=0, initial="TP")
     batch = bench.synthetic_batch(4, 256, 4, 1, 16)
     out = []
     for memory in (None, ctx.backend.peer_memory(ctx.host_collectives(), ctx.device)):
-        model = bench.build(ctx, spec, 3, 256, pulls=False, peer_memory=memory)
+        model = bench.build(ctx, spec, 3, 256, peer_memory=memory)
         assert (model.pool.buffer is not None) == (memory is not None)
         bench.fill(model, batch)
         out.append(model.step(batch, bench._tokens(ctx, model, batch)).float().cpu())

@@ -10,11 +10,13 @@ import os
 import time
 
 import pytest
+import yaml
 
 from splash_core.engine import Job, serve
 from splash_core.engine.policy import ScriptedPolicy
 from splash_core.layouts import Layout
 from splash_core.profiles import load
+from splash_core.profiles.loader import builtin_root
 from splash_core.runtime.spawn import RankError, RankPool
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
@@ -44,6 +46,22 @@ def test_forced_switches_through_every_direction_lose_no_request(rank_pools):
     assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens  # every token as the reference's
     moved = [s for s in done if s.bytes_total > 0]
     assert moved and all(s.mode == "splash" for s in done)
+
+
+def test_an_fp8_kv_cache_matches_the_reference_in_every_direction(rank_pools):
+    """Uniform fp8 KV (e4m3, no scales): the pool rounds every latent and rotary key; the reference
+    rounds its history the same way, so every layout and every switch passes the check, with a
+    tolerance of fp8's unit roundoff (1/16) and no more."""
+    model = yaml.safe_load((builtin_root() / "models" / "tiny-mla.yaml").read_text())
+    model.pop("kind")
+    model["kv_cache"] = {"latent_dtype": "fp8", "rope_dtype": "fp8"}
+    deployment = {**yaml.safe_load((builtin_root() / "deployments" / "cpu-tiny.yaml").read_text()), "model": model}
+    job = Job(deployment, "rollout-tiny", policy=ScriptedPolicy(ALL_DIRECTIONS, every=4))
+    summary = rank_pools(2).run(serve, job)[0]
+    assert len({(s.src, s.dst) for s in summary.switches if not s.refused}) == 12
+    check = summary.check
+    assert check["passed"] and not check["exact"] and check["tolerance"] == 1 / 16
+    assert check["tokens"] == summary.output_tokens and check["decisive"] == 0
 
 
 def test_a_request_no_layout_can_hold_is_rejected_and_the_others_finish(rank_pools, tmp_path):

@@ -16,6 +16,7 @@ from splash_core.engine.controller import Controller
 from splash_core.engine.plan import Command, StepPlan, exchange
 from splash_core.engine.policy import FixedPolicy, SchedulerPolicy, ScriptedPolicy, make_policy
 from splash_core.engine.requests import Request, State
+from splash_core.engine.summary import RunSummary, render
 from splash_core.layouts import LAYOUTS, Layout
 from splash_core.profiles import load
 from splash_core.profiles.workload import RequestSpec
@@ -215,3 +216,24 @@ def test_the_reference_check_accepts_the_references_own_tokens_and_names_a_wrong
     cheapest = reference_check.check(dep, prompts, gen.tokens, flop_budget=1.0)  # at least one request
     assert cheapest.passed and (cheapest.requests, cheapest.of, cheapest.tokens) == (1, 2, 5)
     assert "the 1 cheapest of 2 requests" in cheapest.line()
+
+
+def test_a_check_that_compared_nothing_does_not_pass():
+    nothing = reference_check.check(load("deployment", "cpu-tiny"), {}, {})
+    assert not nothing.passed and nothing.requests == 0
+    assert nothing.line() == "nothing to compare: no request finished with generated tokens"
+    summary = RunSummary("cpu-tiny", "w", "splash", "reference", "cpu", "tiny-mla", 2, 3, "fp32", 8, "configured", 32,
+                         requests=1, served=0, rejected=({"id": 0, "reason": "too long"},), prompt_tokens=0,
+                         output_tokens=0, elapsed_s=0.0, steps=0, layout_steps={}, step_ms=(), switches=(),
+                         decisions={}, check={**dataclasses.asdict(nothing), "line": nothing.line()})
+    text = render(summary)
+    assert "reference check: passed" not in text
+    assert text.endswith("reference check: not done, nothing to compare: no request finished with generated tokens")
+
+
+def test_the_kv_tolerance_is_the_formats_unit_roundoff():
+    assert reference_check.kv_tolerance(torch.float32) == 0.0
+    assert reference_check.kv_tolerance(torch.float8_e4m3fn) == 1 / 16
+    assert reference_check.kv_tolerance(torch.bfloat16) == 1 / 256
+    with pytest.raises(ValueError, match="floating-point"):
+        reference_check.kv_tolerance(torch.int8)

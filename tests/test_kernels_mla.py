@@ -1,5 +1,5 @@
 """Triton MLA attention (decode and extend) against the torch reference, in Triton's
-interpreter on CPU. fp16/fp32 only: the interpreter computes bf16 dots wrongly (DESIGN.md §6);
+interpreter on CPU. fp16/fp32 only: the interpreter computes bf16 dots wrongly (docs/design.md §6);
 bf16 is checked on the GPU by bench/gpu_kernels.py. Every backend's tile config runs here,
 and every kernel variant (key tile inside a page or spanning pages, value split, row blocks,
 one or several splits)."""

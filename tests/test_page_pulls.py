@@ -128,7 +128,7 @@ def test_every_t_th_page_is_one_run_and_one_pitched_copy():
     pulled = page_pulls.pull_runs(cp_pages, np.arange(100, 115))
     assert pulled.tolist() == [[0, 100, 10, 2, 1], [41, 110, 5, 2, 1]]
     assert page_pulls.byte_runs(pulled, 1000, 8).tolist() == [[1000, 1800, 8, 10, 16, 8], [1328, 1880, 8, 5, 16, 8]]
-    assert page_pulls.runs(cp_pages, pitched=False).tolist() == [[p, 1, 1] for p in cp_pages]  # SPLASH_PEER_PITCHED=0
+    assert page_pulls.runs(cp_pages, pitched=False).tolist() == [[p, 1, 1] for p in cp_pages]  # transfer.pitched_pulls off
     assert len(page_pulls.pull_runs(cp_pages, np.arange(100, 115), pitched=False)) == 15
     assert page_pulls.pull_runs(np.array([5, 3, 1]), np.array([0, 1, 2])).tolist() == [  # no negative pitches
         [5, 0, 1, 1, 1], [3, 1, 1, 1, 1], [1, 2, 1, 1, 1]]
@@ -164,13 +164,14 @@ def test_pulls_only_where_runs_are_long_enough():
     assert page_pulls.worth_pulling(0, 0, 100, 1 << 30)  # nothing to pull
 
 
-def test_the_shortest_run_worth_a_pull_is_the_peer_memorys_unless_set(monkeypatch):
-    from splash_core.runtime.switch.pages_mover import min_run_bytes
+def test_the_shortest_run_worth_a_pull_is_the_peer_memorys_unless_set():
+    from splash_core.profiles.transfer import TransferConfig
+    from splash_core.runtime.switch.pages_mover import PagesMover
 
-    monkeypatch.delenv("SPLASH_PEER_MIN_RUN_BYTES", raising=False)
-    assert min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 64 << 10 and min_run_bytes(object()) == 0
-    monkeypatch.setenv("SPLASH_PEER_MIN_RUN_BYTES", "0")
-    assert min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 0
+    default = PagesMover()
+    assert default.min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 64 << 10
+    assert default.min_run_bytes(object()) == 0
+    assert PagesMover(TransferConfig(min_run_bytes=0)).min_run_bytes(peer_memory.HostPeerBuffers(None, [])) == 0
 
 
 def test_a_source_listing_the_wrong_pages_is_named():

@@ -92,7 +92,7 @@ def test_check_reports_every_file_and_a_missing_one(tmp_path, capsys):
     assert main(["profiles", "check", str(good), str(bad), str(tmp_path / "nope.yaml"), "--json"]) == 2
     results = json.loads(capsys.readouterr().out)
     assert [r["ok"] for r in results] == [True, False, False]
-    assert results[0]["kind"] == "model" and "no such file" in results[2]["error"]
+    assert results[0]["kind"] == "model" and results[2]["error"] == f"{tmp_path / 'nope.yaml'}: (file): the file does not exist"
 
 
 def test_check_needs_a_kind(tmp_path, capsys):

@@ -309,7 +309,8 @@ def test_a_malformed_results_file_is_a_one_line_error_naming_file_and_field(tmp_
 
 def test_a_missing_results_folder_given_explicitly_is_an_error(tmp_path, capsys):
     rc = main(["report", "--results", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
-    assert rc == 2 and "results folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"splash report: error: argument --results: {tmp_path / 'nope'}: directory does not exist\n"
 
 
 def test_bad_reference_data_names_file_and_line(tmp_path, capsys):

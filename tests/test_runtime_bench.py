@@ -7,7 +7,7 @@ from bench_scripts import load_bench
 from splash_core import results
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
-from splash_core.runtime.step_bench import layers_that_fit
+from splash_bench.step import layers_that_fit
 
 
 def test_smoke_run_writes_valid_results(rank_pools, tmp_path):

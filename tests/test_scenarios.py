@@ -13,7 +13,7 @@ from splash_core.capacity import scenario_limits
 from splash_core.cli.main import main
 from splash_core.layouts import Layout
 from splash_core.profiles import ProfileError, find, load
-from splash_core.timing_law import crossovers
+from splash_core.timing_law import compile_law, crossovers
 
 TP, DP, CP, DOP = Layout.TP, Layout.DP, Layout.CP, Layout.DOP
 # Printed in the paper (1k = 1024 tokens): Figure 6 / appendix B.1, Figure 7, Figure 1.
@@ -28,7 +28,7 @@ PRESCRIBED_K = {"fig1-b200": {DP: 400, CP: 450, DOP: 512}}
 def limits_of(name: str):
     """Sampling 200,000 cohorts per layout takes about a second: once per scenario."""
     scenario = load("scenario", name)
-    return scenario, scenario_limits(scenario.capacity, tuple(scenario.timing.law.costs))
+    return scenario, scenario_limits(scenario.capacity, tuple(compile_law(scenario.timing).costs))
 
 
 @pytest.fixture(params=sorted(CROSSOVERS_K))
@@ -48,7 +48,7 @@ def test_limits_reproduce_the_paper(scenario_and_limits):
 
 def test_fastest_feasible_crossovers_reproduce_the_paper(scenario_and_limits):
     scenario, limits = scenario_and_limits
-    found = crossovers(scenario.timing.law, {l: v.tokens for l, v in limits.items()}, *scenario.range_tokens)
+    found = crossovers(compile_law(scenario.timing), {l: v.tokens for l, v in limits.items()}, *scenario.range_tokens)
     switches = [c for c in found if c.after is not None]
     assert [(c.before, c.after) for c in switches] == [(TP, DP), (DP, CP), (CP, DOP)]
     assert [c.tokens / 1024 for c in switches] == pytest.approx(CROSSOVERS_K[scenario.name], abs=0.05)

@@ -99,10 +99,9 @@ def test_host_profile_writes_valid_results(rank_pools, tmp_path):
     assert "pages_mover.py" in data["profile"]  # the executor's own calls, under cProfile
 
 
-def test_copy_interference_smoke_writes_every_variant(tmp_path, monkeypatch):
+def test_copy_interference_smoke_writes_every_variant(tmp_path):
     """The one-GPU interference probe's logic on the CPU: a row per copy kind and size, every
     copy kind's step timed beside the same pages."""
-    monkeypatch.setenv("SPLASH_PEER_PULLS", "1")  # the host's peer memory, for the pull variant
     script = load_bench("copy_interference")
     assert script.main(["--smoke", "--out", str(tmp_path)]) == 0
     data = results.read_result(tmp_path / "cpu" / "copy_interference.json")

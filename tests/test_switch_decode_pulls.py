@@ -7,7 +7,7 @@ early finisher's freed pages break, and move by collectives.)"""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
@@ -16,7 +16,7 @@ from splash_core.runtime.switch import Mode, SwitchExecutor
 from splash_core.runtime.switch.page_pulls import runs
 from splash_core.runtime.weights import SeededWeights
 
-from switch_scenarios import MODEL, PAGE, SEED, Req, assert_matches, prompt, reference, serve
+from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, assert_matches, prompt, reference, serve
 
 SWITCH_AT = 50
 # three requests: one page of prompt, then 4 pages of decode; a fourth that leaves early and frees its pages
@@ -27,9 +27,9 @@ RUN_PAGES = 2  # the pull rule's shortest average copy, in pages
 def _serve_and_switch(ctx):
     profile = load("model", MODEL)
     model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout.DP, pages_per_layer=40, page_size=PAGE,
-                               peer_pulls=True)
-    executor = SwitchExecutor(model, ctx)
+                               transfer=PULLS)
     page_bytes = model.paged_layers[0].kv.format.kv_page_bytes
+    executor = SwitchExecutor(model, ctx, transfer=dataclasses.replace(PULLS, min_run_bytes=RUN_PAGES * page_bytes))
     seen = {}
 
     def step(k, batch, tokens):
@@ -38,12 +38,7 @@ def _serve_and_switch(ctx):
         kv = model.paged_layers[0].kv
         seen["runs"] = {rid: len(runs(kv.pages_of(rid)[1])) for rid in kv.requests}  # pitched ones count as one
         seen["pages"] = {rid: int(kv.pages_of(rid)[1].size) for rid in kv.requests}
-        before = os.environ["SPLASH_PEER_MIN_RUN_BYTES"]
-        os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = str(RUN_PAGES * page_bytes)
-        try:
-            logits, report = executor.step(batch, tokens, Layout.TP, Mode.SPLASH)
-        finally:
-            os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = before
+        logits, report = executor.step(batch, tokens, Layout.TP, Mode.SPLASH)
         seen["primitives"] = [layer.primitives for layer in report.layers]
         return logits
 

@@ -13,20 +13,24 @@ every step, each rank holds exactly its layout's pages and bytes (``ownership.fo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
+from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
-from splash_core.runtime.switch import Mode, SwitchExecutor, pages_mover
+from splash_core.runtime.switch import Mode, SwitchExecutor
 from splash_core.runtime.weights import SeededWeights
 
-from switch_scenarios import (MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, planned_bytes, prompt,
-                              reference, serve)
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, planned_bytes,
+                              prompt, reference, serve)
 
 SWITCH_AT = 4
+COLLECTIVES = TransferConfig()
 OWNERS = {2: [1, 1, 1, 1, 1], 3: [0, 2, 0, 2, 2], 4: [0, 3, 2, 3, 0]}  # rank 0, 1, 1 idle
 
 
@@ -36,17 +40,17 @@ def _requests(T: int) -> list[Req]:
             Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
 
 
-def _switch_runs(ctx, directions, modes, pulls=True, defer_first=True):
+def _switch_runs(ctx, directions, modes, transfer=PULLS):
     """On each rank: for every (direction, mode) serve the scenario, switching at step 4; pages
-    pulled out of shared pools (``pulls``) or moved by collectives."""
+    pulled out of shared pools or moved by collectives, as ``transfer`` says."""
     profile, T = load("model", MODEL), ctx.world_size
     out = {}
     for src, dst in directions:
         for mode in modes:
             model = Model.from_context(ctx, profile, SeededWeights(SEED), Layout(src), pages_per_layer=24,
-                                       page_size=PAGE, peer_pulls=pulls)
-            executor = SwitchExecutor(model, ctx, defer_first=defer_first)
-            assert (executor.io.peers is not None) == pulls
+                                       page_size=PAGE, transfer=transfer)
+            executor = SwitchExecutor(model, ctx, transfer=transfer)
+            assert (executor.io.peers is not None) == transfer.peer_pulls
             problems, info = [], {}
 
             def step(k, batch, tokens):
@@ -68,18 +72,12 @@ def _switch_runs(ctx, directions, modes, pulls=True, defer_first=True):
     return out
 
 
-def _switch_batches(ctx, runs, chunk_bytes=None, buffered_chunks=None, pulls=True):
-    """Several ``_switch_runs``; ``chunk_bytes`` shrinks the pages mover's chunks (so a layer's
-    pages travel in several collectives, as long histories do on accelerators: ``pulls`` off),
-    and ``buffered_chunks`` caps them over transfer buffers (default: the mover's)."""
-    default, out = (pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED), {}
-    pages_mover.CHUNK_BYTES = chunk_bytes or default[0]
-    pages_mover.MAX_CHUNKS_BUFFERED = buffered_chunks or default[1]
-    try:
-        for directions, modes in runs:
-            out.update(_switch_runs(ctx, directions, modes, pulls))
-    finally:
-        pages_mover.CHUNK_BYTES, pages_mover.MAX_CHUNKS_BUFFERED = default
+def _switch_batches(ctx, runs, transfer):
+    """Several ``_switch_runs`` with ``transfer`` (e.g. a small ``chunk_bytes``, so a layer's
+    pages travel in several collectives, as long histories do on accelerators)."""
+    out = {}
+    for directions, modes in runs:
+        out.update(_switch_runs(ctx, directions, modes, transfer))
     return out
 
 
@@ -119,7 +117,7 @@ def _check(results, ref, T):
 
 @pytest.mark.parametrize("pulls", [True, False], ids=["pulls", "collectives"])
 def test_all_directions_and_modes_t2(rank_pools, references, pulls):
-    results = rank_pools(2).run(_switch_runs, DIRECTIONS, list(Mode), pulls)
+    results = rank_pools(2).run(_switch_runs, DIRECTIONS, list(Mode), PULLS if pulls else COLLECTIVES)
     _check(results, references[2], 2)
     for (src, dst, mode), r in results[0].items():  # splash defers the first layer exactly where it moves state
         deferred = r["info"]["report"]["deferred_layer"]
@@ -129,9 +127,10 @@ def test_all_directions_and_modes_t2(rank_pools, references, pulls):
 
 
 def test_splash_without_deferral_computes_the_ready_step_t2(rank_pools):
-    """With ``defer_first=False`` every layer of the SPLASH step computes in the destination
+    """With ``transfer.defer_first`` off every layer of the SPLASH step computes in the destination
     layout, so its logits are bitwise those of the ready step in every direction."""
-    results = rank_pools(2).run(_switch_runs, DIRECTIONS, [Mode.SPLASH, Mode.READY], True, False)
+    results = rank_pools(2).run(_switch_runs, DIRECTIONS, [Mode.SPLASH, Mode.READY],
+                                dataclasses.replace(PULLS, defer_first=False))
     for src, dst in DIRECTIONS:
         splash, ready = (results[0][(src, dst, m)] for m in (Mode.SPLASH, Mode.READY))
         assert splash["info"]["report"]["deferred_layer"] is None
@@ -146,20 +145,18 @@ def test_all_directions_t3_t4(rank_pools, references, T, chunk_bytes):
     up to 4 chunks, the most there are (a page and its indexer keys are 3,584 bytes)."""
     modes = {(Layout.DOP, Layout.CP): list(Mode), (Layout.CP, Layout.TP): list(Mode)}
     runs = [((d,), modes.get(d, [Mode.SPLASH])) for d in DIRECTIONS]
-    results = rank_pools(T).run(_switch_batches, runs, chunk_bytes, None, chunk_bytes is None)
+    transfer = PULLS if chunk_bytes is None else TransferConfig(chunk_bytes=chunk_bytes)
+    results = rank_pools(T).run(_switch_batches, runs, transfer)
     _check(results, references[T], T)
 
 
-def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=False, min_run_bytes=0,
-                           peer_barrier=True):
+def _with_transfer_buffers(ctx, runs, transfer, peer_barrier=True):
     """``_switch_batches`` with side collectives that gather in place in reused transfer buffers
-    (as the cuda backend's copy-engine memory, here plain host memory), and pulls only where
-    pages lie in runs of ``min_run_bytes`` on average (fenced by the peer memory's barrier, or
-    where not ``peer_barrier`` by collectives, as for a peer memory that has none); the sizes
-    allocated, the roles held at the end, and how many all-gathers, all-to-alls, all-reduces
-    and peer barriers they ran."""
-    import os
-
+    (as the cuda backend's copy-engine memory, here plain host memory), and, where ``transfer``
+    asks for pulls, pulls only where pages lie in runs of its ``min_run_bytes`` on average
+    (fenced by the peer memory's barrier, or where not ``peer_barrier`` by collectives, as for a
+    peer memory that has none); the sizes allocated, the roles held at the end, and how many
+    all-gathers, all-to-alls, all-reduces and peer barriers they ran."""
     from splash_core.collectives import DistCollectives, TransferBuffers
 
     class Counted(DistCollectives):
@@ -189,18 +186,11 @@ def _with_transfer_buffers(ctx, runs, chunk_bytes, buffered_chunks=None, pulls=F
         return barrier(self, epoch, timeout_s)
     buffers = TransferBuffers(lambda n: allocated.append(n) or torch.zeros(n, dtype=torch.uint8))
     ctx._side = Counted(side.group, ctx.device, transfer_buffers=buffers)
-    before = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
-    os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = str(min_run_bytes)
     HostPeerBuffers.barrier = counted_barrier if peer_barrier else None
     try:
-        return (_switch_batches(ctx, runs, chunk_bytes, buffered_chunks, pulls=pulls), allocated,
-                [str(r) for r in buffers._held], calls)
+        return _switch_batches(ctx, runs, transfer), allocated, [str(r) for r in buffers._held], calls
     finally:
         ctx._side, HostPeerBuffers.barrier = side, barrier
-        if before is None:
-            del os.environ["SPLASH_PEER_MIN_RUN_BYTES"]
-        else:
-            os.environ["SPLASH_PEER_MIN_RUN_BYTES"] = before
 
 
 def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
@@ -209,7 +199,7 @@ def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
     switch after switch (pages in up to 4 chunks at T = 3, allowed here), with the reference's
     tokens; each role's buffer is made once (16 MiB steps cover every layer's size)."""
     runs = [(((Layout.TP, Layout.DP), (Layout.DP, Layout.TP), (Layout.DOP, Layout.CP)), [Mode.SPLASH, Mode.BLOCKING])]
-    out = rank_pools(3).run(_with_transfer_buffers, runs, 3000, 4)
+    out = rank_pools(3).run(_with_transfer_buffers, runs, TransferConfig(chunk_bytes=3000, max_chunks_buffered=4))
     _check([results for results, *_ in out], references[3], 3)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert allocated and all(n == 16 << 20 for n in allocated) and len(allocated) == len(roles), (rank, allocated)
@@ -221,17 +211,17 @@ def test_all_gathers_through_reused_transfer_buffers_t3(rank_pools, references):
 def test_exchanges_as_in_place_all_gathers_t2(rank_pools, references):
     """At T = 2 with transfer buffers every KV all-to-all goes as an all-gather in place (a rank
     sends itself nothing, so the exchange is the same), packed straight into the buffer, in at
-    most ``MAX_CHUNKS_BUFFERED`` collectives per layer (the default over transfer buffers), with the
+    most ``max_chunks_buffered`` collectives per layer (the default over transfer buffers), with the
     reference's tokens in every direction that moves KV by all-to-all (and one all-gather of KV
     beside them, and one of weights, which takes ordinary memory)."""
     a2a = [(s, d) for s, d in DIRECTIONS if Layout.CP in (s, d) and Layout.TP not in (s, d)]
     runs = [((*a2a, (Layout.CP, Layout.TP), (Layout.TP, Layout.DP)), [Mode.SPLASH]), (a2a[:1], [Mode.BLOCKING])]
-    out = rank_pools(2).run(_with_transfer_buffers, runs, 3000)
+    out = rank_pools(2).run(_with_transfer_buffers, runs, TransferConfig(chunk_bytes=3000))
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_to_all"] == 0 and calls["into_buffers"] == calls["in_place"] > 0, (rank, calls)
         chunks = {r.rsplit(", ", 1)[1] for r in roles}  # each chunk of a state has a buffer of its own
-        assert len(allocated) == len(roles) and chunks == {f"{k})" for k in range(pages_mover.MAX_CHUNKS_BUFFERED)}, \
+        assert len(allocated) == len(roles) and chunks == {f"{k})" for k in range(TransferConfig().max_chunks_buffered)}, \
             (rank, roles)
 
 
@@ -240,7 +230,7 @@ def test_pulled_pages_take_no_page_collectives_t3(rank_pools, references):
     replicas) run no collective at all on the side communicator and make no transfer buffer:
     per layer, only the peer memory's barriers around the pulls."""
     kv_only = ((Layout.DP, Layout.TP), (Layout.CP, Layout.TP), (Layout.CP, Layout.DOP), (Layout.DP, Layout.CP))
-    out = rank_pools(3).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH, Mode.BLOCKING])], None, None, True)
+    out = rank_pools(3).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH, Mode.BLOCKING])], PULLS)
     _check([results for results, *_ in out], references[3], 3)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_gather"] == calls["all_to_all"] == calls["all_reduce"] == 0, (rank, calls)
@@ -254,7 +244,7 @@ def test_pulls_without_a_peer_barrier_are_fenced_by_collectives_t2(rank_pools, r
     the side communicator (one before a layer's pulls, one behind them per state), with the
     reference's tokens."""
     kv_only = ((Layout.DP, Layout.TP), (Layout.DP, Layout.CP))
-    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])], None, None, True, 0, False)
+    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])], PULLS, False)
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["all_gather"] == calls["all_to_all"] == calls["barrier"] == 0 and not allocated, (rank, calls)
@@ -266,7 +256,8 @@ def test_pages_in_short_runs_move_by_collectives_t2(rank_pools, references):
     rank agrees to move the pages by collectives (through the transfer buffers), with the
     reference's tokens."""
     kv_only = ((Layout.DP, Layout.TP), (Layout.CP, Layout.DOP))
-    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])], None, None, True, 1 << 30)
+    out = rank_pools(2).run(_with_transfer_buffers, [(kv_only, [Mode.SPLASH])],
+                            dataclasses.replace(PULLS, min_run_bytes=1 << 30))
     _check([results for results, *_ in out], references[2], 2)
     for rank, (_, allocated, roles, calls) in enumerate(out):
         assert calls["into_buffers"] > 0 and allocated, (rank, calls)

@@ -22,6 +22,7 @@ from splash_core import ownership
 from splash_core.layouts import DIRECTIONS, Primitive, State
 from splash_core.manifest import plan_switch
 from splash_core.profiles.loader import load
+from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.block_tables import PageKeys, PoolFullError
 from splash_core.runtime.kv_pool import LayerKV, PageFormat, held_pages
 from splash_core.runtime.switch import pages_mover
@@ -116,7 +117,8 @@ def _batch(rng, T):
 
 def _play(plan, T, page_bytes):
     """Per rank, the keys each unpack slot receives, in arriving order, by simulating the chunks."""
-    routes = [pages_mover._build_route(plan, r, T, page_bytes, pages_mover.MAX_CHUNKS) for r in range(T)]
+    cfg = TransferConfig()
+    routes = [pages_mover._build_route(plan, r, T, page_bytes, cfg.max_chunks, cfg.chunk_bytes) for r in range(T)]
     assert len({len(r.cuts) for r in routes}) == 1, "ranks disagree on the number of chunks"
     sent = [np.concatenate([np.stack([np.array(r.sending.requests)[r.sending.slot], r.sending.pages], 1),
                             np.full((r.send_rows - len(r.sending), 2), -1)]) for r in routes]  # -1: padding
@@ -159,7 +161,7 @@ def test_routes_deliver_exactly_the_fetched_pages(T):
                 hist = {(q.id, p) for q in batch.requests for p in range(-(-q.context // 16))}
                 want = {(i, p) for i, p in hist if r in _holders(dst, i, p, batch, T)}
                 assert after == want, f"{src}->{dst} rank {r}: holds the wrong pages after the move"
-                assert len(route.cuts) <= pages_mover.MAX_CHUNKS
+                assert len(route.cuts) <= TransferConfig().max_chunks
 
 
 def _holders(layout, rid, page, batch, T):

@@ -28,13 +28,14 @@ import torch
 
 from splash_core.layouts import Layout, State
 from splash_core.profiles.loader import load
+from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch
 from splash_core.runtime.switch import Fault, Mode, SwitchExecutor, SwitchFailed, SwitchRefused
 from splash_core.runtime.weights import SeededWeights
 
-from switch_scenarios import (MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, history_problems, prompt,
-                              reference, serve, snapshot, snapshot_diff)
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, history_problems,
+                              prompt, reference, serve, snapshot, snapshot_diff)
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 
@@ -43,9 +44,13 @@ def _requests():
     return [Req(0, 0, prompt(40, 21), 6), Req(1, 1, prompt(35, 22), 6), Req(2, 1, prompt(4, 23), 3, arrives=2)]
 
 
+def _transfer(pulls: bool) -> TransferConfig:
+    return PULLS if pulls else TransferConfig()
+
+
 def _model(ctx, layout, pages=16, pulls=True):
     return Model.from_context(ctx, load("model", MODEL), SeededWeights(SEED), layout, pages_per_layer=pages,
-                              page_size=PAGE, peer_pulls=pulls)
+                              page_size=PAGE, transfer=_transfer(pulls))
 
 
 def _unchanged(model, before, layers) -> list[str]:
@@ -59,7 +64,7 @@ def _refusals(ctx):
     """DP with 6 pages per layer at step 3 (histories of 3, 3 and 1 pages): every history on every
     rank (TP, 7 pages) cannot fit; CP can (5 pages at most while the source pages are still held)."""
     model = _model(ctx, DP, pages=6)
-    executor = SwitchExecutor(model, ctx)
+    executor = SwitchExecutor(model, ctx, transfer=PULLS)
     seen = {}
 
     def step(k, batch, tokens):
@@ -107,7 +112,7 @@ def test_refused_switch_changes_nothing(rank_pools):
 
 def _fault(ctx, src, dst, state, mode, fault_ranks, timeout_s, layer=1, pulls=True):
     model = _model(ctx, Layout(src), pulls=pulls)
-    executor = SwitchExecutor(model, ctx, timeout_s=timeout_s)
+    executor = SwitchExecutor(model, ctx, timeout_s=timeout_s, transfer=_transfer(pulls))
     seen = {}
 
     def step(k, batch, tokens):
@@ -259,7 +264,7 @@ def _peer_failure(ctx):
             raise OSError("mapping refused")
 
         model.pool.memory.share = broken
-    executor = SwitchExecutor(model, ctx)
+    executor = SwitchExecutor(model, ctx, transfer=PULLS)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         peers = executor.io.peers

@@ -9,7 +9,7 @@ import pytest
 
 from bench_scripts import load_bench
 from splash_core import results
-from splash_core.runtime.switch.device_trace import category, timeline
+from splash_bench.device_trace import category, timeline
 
 COMPUTE, SIDE = 7, 21
 
@@ -51,7 +51,7 @@ def test_timeline_without_device_kernels_is_empty():
     assert category("void at::native::elementwise_kernel") == "other"
 
 
-def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path, monkeypatch):
+def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path):
     script = load_bench("switch_trace")
     args = script.parse_args(["--smoke", "--out", str(tmp_path), "--directions", "TP-CP,DP-DOP"])
     rows = rank_pools(2).run(script.device_trace.trace_switches, script.spec_of(args))[0]
@@ -62,16 +62,15 @@ def test_smoke_run_writes_a_row_per_direction_and_mode(rank_pools, tmp_path, mon
     for row in rows:  # the probed untraced steps: every layer of the smoke model, host always drained
         assert len(row["layers"]["compute_ms"]) == 2 and row["layers"]["drained"] == [3, 3]
     assert rows[1]["layers"]["totals"]["wait_ms"] > rows[0]["layers"]["totals"]["wait_ms"]
-    monkeypatch.setenv("SPLASH_PEER_PULLS", "1")  # the host's peer memory (opt-in) in the script's own ranks
     assert script.main(["--smoke", "--out", str(tmp_path), "--directions", "CP-TP", "--variants",
-                        "base,nodefer,nodefer+collectives"]) == 0
+                        "base,nodefer,nodefer+pulls", "--transfer", "min_run_bytes=0"]) == 0
     data = results.read_result(tmp_path / "cpu" / "switch_trace.json")
     assert [(s["variant"], s["mode"]) for s in data["samples"]] == [
-        (v, m) for v in ("base", "nodefer", "nodefer+collectives") for m in ("ready", "splash")]
-    base, nodefer, collectives = data["samples"][1::2]
+        (v, m) for v in ("base", "nodefer", "nodefer+pulls") for m in ("ready", "splash")]
+    base, nodefer, pulled = data["samples"][1::2]
     # layer 0 computed the step in its source layout (CP), the rest as ready: equal up to reduction order
     assert base["deferred_layer"] == 0 and base["max_abs_diff_vs_ready"] < 1e-4
-    for row, pulls in ((nodefer, True), (collectives, False)):  # the moved state computes what the ready one does
+    for row, pulls in ((nodefer, False), (pulled, True)):  # the moved state computes what the ready one does
         assert row["deferred_layer"] is None and row["max_abs_diff_vs_ready"] == 0 and row["pulls"] is pulls
 
 
@@ -89,27 +88,27 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
     assert all(r.split("|")[8].strip() not in ("", "-") for r in rows)  # the untraced layers were timed
 
 
-def test_layer_probe_wraps_the_step_and_times_each_boundary():
+def test_layer_probe_times_each_boundary_the_executor_shows_it():
     from splash_core.reference.streams import HostStreamOps
-    from splash_core.runtime.switch.layer_probe import LayerProbe, summarize
+    from splash_bench.layer_probe import LayerProbe, summarize
 
-    class Model:
-        def step(self, batch, tokens, *, layouts=None, before_layer=None):
-            for i in range(3):
-                if before_layer is not None:
-                    before_layer(i)
-                time.sleep(0.002 * (i + 1))  # layer i computes 2 (i + 1) ms
-            return "logits"
+    probe = LayerProbe(HostStreamOps())
 
-    seen, model = [], Model()
-    probe = LayerProbe(model, HostStreamOps())
-    with probe.attached():
-        assert model.step(None, None, before_layer=lambda i: (seen.append(i), time.sleep(0.003))) == "logits"
-        assert model.step(None, None) == "logits"  # a ready step: no hook of its own
-    assert "step" not in vars(model) and seen == [0, 1, 2]
+    def step(hook_s: float) -> None:  # as a switch executor calls its tracer
+        for i in range(3):
+            with probe.layer(i):
+                time.sleep(hook_s)  # the executor's work at the boundary (landing the layer's state)
+            time.sleep(0.002 * (i + 1))  # layer i computes 2 (i + 1) ms
+        probe.step_end()
+
+    step(0.003)
+    step(0.0)  # a ready step: nothing at the boundaries
     hooked, plain = (summarize([s]) for s in probe.take())
     assert probe.steps == []
-    assert all(w >= 3 for w in hooked["wait_ms"]) and all(w < 1 for w in plain["wait_ms"])
+    assert all(w >= 3 for w in hooked["wait_ms"]) and sum(plain["wait_ms"]) < sum(hooked["wait_ms"])
     for layers in (hooked, plain):
         assert all(c >= 2 * (i + 1) for i, c in enumerate(layers["compute_ms"]))  # sleep never undershoots
         assert layers["totals"]["span_ms"] >= layers["totals"]["compute_ms"] and layers["drained"] == [1, 1, 1]
+    probe.active = False
+    step(0.0)
+    assert probe.take() == []

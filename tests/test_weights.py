@@ -78,4 +78,4 @@ def test_cli_errors_exit_2(capsys):
     assert main(["weights", "--model", "deepseek-v3", "--T", "3"]) == 2
     assert "does not divide" in capsys.readouterr().err
     assert main(["weights", "--model", "no-such-model", "--T", "8"]) == 2
-    assert "no model profile 'no-such-model'" in capsys.readouterr().err
+    assert "no model profile named 'no-such-model'" in capsys.readouterr().err

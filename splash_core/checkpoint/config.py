@@ -211,6 +211,7 @@ def profile_from_mapping(value: dict, *, file: str, path: str):
     if builtin is not None:
         from .tiny import ensure
 
+        value.setdefault("name", builtin)
         try:
             folder = ensure(builtin, folder)
         except ValueError as exc:

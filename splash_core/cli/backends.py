@@ -19,7 +19,7 @@ def run(args) -> int:
         chosen = plugins.select(registry, "auto")
     except plugins.BackendError as exc:
         chosen = None
-        auto_error = str(exc).splitlines()[0]
+        auto_error = str(exc).split("; installed backends: ")[0]  # the table below lists them
     if args.json:
         print_json({
             "auto": chosen,

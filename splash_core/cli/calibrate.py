@@ -17,6 +17,7 @@ from .. import calibrate, calibrate_runtime
 from ..backend import get_backend
 from ..profiles import loader
 from ..results import machine_description
+from .args import at_least
 from .main import UsageError
 from .output import print_json, table
 
@@ -28,8 +29,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure θ (matmul, memory and collective rates, runtime host overheads) "
                                          "into a hardware profile")
     p.add_argument("--backend", default="auto", help="backend to calibrate (default: auto)")
-    p.add_argument("--out", required=True, help="hardware profile YAML to write")
-    p.add_argument("--ranks", type=int, default=None,
+    p.add_argument("--out", required=True, help="hardware profile YAML to write (a new file unless --force)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists (e.g. a committed measured profile)")
+    p.add_argument("--ranks", type=at_least(1), default=None,
                    help="ranks to spawn on this host (default 1; under torchrun its group is used)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--base", default=None,
@@ -40,7 +42,7 @@ def add_parser(sub) -> None:
                    help="time runtime decode steps per layout and fit the host overheads (default: on)")
     p.add_argument("--model", default=None,
                    help="model profile the runtime timing builds (default: deepseek-v3 on accelerators, tiny-mla on the host)")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=at_least(1), default=None,
                    help="layers of that model to time (default: 4 on accelerators, 3 on the host)")
     p.add_argument("--name", default=None, help="profile name (default: the file name)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -71,8 +73,7 @@ def run(args) -> int:
     from ..runtime import group
     from ..runtime.spawn import RankPool
 
-    if args.ranks is not None and args.ranks < 1:
-        raise UsageError(f"--ranks must be >= 1 (got {args.ranks})")
+    _check_out(args.out, args.force)
     backend = get_backend(args.backend)
     dtype = args.dtype or ("bf16" if backend.info.accelerator else "fp32")
     options = {"quick": args.quick, "dtype": torch_dtype(dtype)}
@@ -115,6 +116,17 @@ def run(args) -> int:
     print(f"\n{len(profile.collective_samples)} collective samples, {len(profile.step_samples)} runtime step "
           f"samples; wrote {args.out}")
     return 0
+
+
+def _check_out(out: str, force: bool) -> None:
+    """Fail before measuring (minutes) if the profile could not be written where asked."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"--out {out}: is a directory, not a file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {path.parent} does not exist")
+    if path.exists() and not force:
+        raise UsageError(f"--out {out}: the file exists; write a new file, or pass --force to replace it")
 
 
 def _unit(key: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from .. import capacity
+from ..formatting import number, percent
 from ..profiles import load
 from .output import print_json, table
 
@@ -59,8 +60,9 @@ def run(args) -> int:
               f"(+ {b.reserve_gib:g} GiB separate reserve), {b.attention_weights_gib:g} GiB full attention weights, "
               f"{b.kv_bytes_per_token:,.0f} KV bytes per token")
     body = [(r["layout"], "-" if r["pool_tokens_per_rank"] is None else f"{r['pool_tokens_per_rank']:,}",
-             fmt_k(r["limit_tokens"], d), r["source"], "-" if r["paper_k"] is None else f"{r['paper_k']:g}k",
-             "-" if r["diff_percent"] is None else f"{r['diff_percent']:+.2f}%") for r in rows]
+             fmt_k(r["limit_tokens"], d), r["source"], "-" if r["paper_k"] is None else f"{number(r['paper_k'])}k",
+             "-" if r["diff_percent"] is None else percent(r["diff_percent"] / 100, signed=True, decimals=2))
+            for r in rows]
     print(table(body, ["layout", "pool tokens/rank", "limit", "how", "paper", "diff"], align="lrrlrr"))
     print(f"\nsampled in {seconds:.1f} s; 'paper' is the paper's printed value (1k = 1024 tokens), not a measurement")
     return 0

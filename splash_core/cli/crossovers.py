@@ -8,7 +8,8 @@ import numpy as np
 
 from .. import capacity
 from ..profiles import load
-from ..timing_law import crossovers
+from ..timing_law import compile_law, crossovers
+from .args import figure_path
 from .capacity import fmt_k, limit_rows
 from .output import print_json, table
 
@@ -20,13 +21,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("crossovers", help="fastest-layout crossovers of a scenario's timing law (Eq 11-12)")
     p.add_argument("--scenario", required=True, help="scenario profile: name or path to a .yaml")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="PNG", help="draw normalized latency per layout to this file")
+    p.add_argument("--plot", metavar="PNG", type=figure_path,
+                   help="draw normalized latency per layout to this file (.png, .svg or .pdf)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     scenario = load("scenario", args.scenario)
-    law = scenario.timing.law
+    law = compile_law(scenario.timing)
     limits = capacity.scenario_limits(scenario.capacity, tuple(law.costs))
     limit_tokens = {l: lim.tokens for l, lim in limits.items()}
     lo, hi = scenario.range_tokens
@@ -66,7 +68,7 @@ def plot(scenario, limits, switches, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    law = scenario.timing.law
+    law = compile_law(scenario.timing)
     lo, hi = scenario.range_tokens
     grid = np.linspace(lo, hi, 2000)
     curves = law.normalized(grid)

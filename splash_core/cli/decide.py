@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 
 from ..costmodel import BatchArrays
+from ..formatting import percent, size
 from ..layouts import Layout
 from ..ownership import assign_owners
 from ..profiles import load
 from ..scheduler import Scheduler
+from .args import at_least
 from .main import UsageError
-from .output import print_json, table
+from .output import GIB, print_json, table
 from .plan import parse_tokens
 
 
@@ -21,11 +23,11 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", required=True,
                    help='running requests as COUNTxCONTEXT groups, e.g. "16x128k" or "4x8k,2x100k" (k = 1024)')
     p.add_argument("--current", help="layout the group runs now (default: the deployment's initial layout)")
-    p.add_argument("--query-rows", type=int, default=1,
+    p.add_argument("--query-rows", type=at_least(1), default=1,
                    help="query rows per request this step: 1 in decode (default), the chunk in prefill")
     p.add_argument("--remaining-output", default="0",
                    help="output tokens each request may still generate, reserved by Eq 6 (default 0)")
-    p.add_argument("--steps-since-switch", type=int, help="steps since the last switch (default: long ago)")
+    p.add_argument("--steps-since-switch", type=at_least(0), help="steps since the last switch (default: long ago)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -53,8 +55,6 @@ def run(args) -> int:
         current = Layout.parse(args.current) if args.current else deployment.initial_layout
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.query_rows < 1:
-        raise UsageError(f"--query-rows must be >= 1 (got {args.query_rows})")
     remaining = parse_tokens(args.remaining_output)
     reserved = [c + remaining for c in contexts]
     owners = assign_owners(reserved, deployment.T)  # least projected KV first, as admission does
@@ -72,13 +72,13 @@ def run(args) -> int:
     rows = []
     for r in decision.layout_rows():
         eq5 = "-" if r["switch_eq5"] is None else (
-            f"{'fits' if r['switch_eq5'] else 'exceeds'} ({r['switch_peak_gib']:.2f} GiB, {r['eq5_how']})")
-        rows.append((str(r["layout"]), f"{r['time_s'] * 1e3:.3f}", f"{-r['vs_current']:+.1%}",
-                     f"{r['need_gib']:.2f}", "fits" if r["fits_eq6"] else "exceeds", eq5,
+            f"{'fits' if r['switch_eq5'] else 'exceeds'} ({size(r['switch_peak_gib'] * GIB)}, {r['eq5_how']})")
+        rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True),
+                     size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
                      f"{r['bounds']['proj']}/{r['bounds']['att']}"))
-    print(table(rows, ["layout", "step ms", f"vs {current}", "GiB/rank", "Eq 6", "Eq 5 switch", "proj/att bound"],
+    print(table(rows, ["layout", "step ms", f"vs {current}", "per rank", "Eq 6", "Eq 5 switch", "proj/att bound"],
                 align="lrrrlll"))
-    print(f"\nbudget {decision.budget_bytes / (1 << 30):.2f} GiB per rank; margin {decision.margin:.0%}")
+    print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
     print(f"decision: {decision.reason}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0

@@ -1,4 +1,4 @@
-"""Shared output helpers: JSON for scripts, aligned tables for people."""
+"""Shared output helpers: JSON for scripts; aligned tables for people (:mod:`splash_core.formatting`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 import math
 import sys
 import types
-from typing import Any, Sequence
+from typing import Any
+
+from ..formatting import table  # noqa: F401  (the commands' tables)
 
 
 def jsonable(obj: Any) -> Any:
@@ -31,29 +33,6 @@ def jsonable(obj: Any) -> Any:
 def print_json(obj: Any) -> None:
     json.dump(jsonable(obj), sys.stdout, indent=2)
     sys.stdout.write("\n")
-
-
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], align: str | None = None) -> str:
-    """A plain aligned table; ``align`` is one of 'l'/'r' per column (default: numbers right)."""
-    cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    if align is None:
-        align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
-    def line(values):
-        return "  ".join(v.rjust(w) if a == "r" else v.ljust(w) for v, w, a in zip(values, widths, align)).rstrip()
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.1f}"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    return str(value)
 
 
 MIB = float(1 << 20)

@@ -8,6 +8,7 @@ from .. import profiles
 from ..layouts import Layout
 from ..manifest import plan_switch
 from ..ownership import Batch, Request
+from .args import at_least, non_negative_float, positive_float
 from .main import UsageError
 from .output import GIB, MIB, print_json, table
 
@@ -17,14 +18,14 @@ def add_parser(sub) -> None:
     p.add_argument("--from", dest="src", required=True, metavar="LAYOUT", help="TP, CP, DP or DOP")
     p.add_argument("--to", dest="dst", required=True, metavar="LAYOUT", help="TP, CP, DP or DOP")
     p.add_argument("--model", required=True, help="model profile name or path")
-    p.add_argument("--T", type=int, required=True, help="ranks in the group")
-    p.add_argument("--batch", type=int, required=True, help="running requests B (owners round-robin)")
+    p.add_argument("--T", type=at_least(1), required=True, help="ranks in the group")
+    p.add_argument("--batch", type=at_least(1), required=True, help="running requests B (owners round-robin)")
     p.add_argument("--context", required=True,
                    help="tokens per request: one value for all (e.g. 131072 or 128k) or B comma-separated values")
-    p.add_argument("--page-size", type=int, default=64, help="tokens per KV page (default 64)")
-    p.add_argument("--layers", type=int, help="plan only the first N layers (default: all)")
-    p.add_argument("--memory-gib", type=float, help="per-rank budget for attention state H_r: check Eq 5 against it")
-    p.add_argument("--reserve-gib", type=float, default=0.0, help="R_r of Eq 5, GiB (default 0)")
+    p.add_argument("--page-size", type=at_least(1), default=64, help="tokens per KV page (default 64)")
+    p.add_argument("--layers", type=at_least(1), help="plan only the first N layers (default: all)")
+    p.add_argument("--memory-gib", type=positive_float, help="per-rank budget for attention state H_r: check Eq 5 against it")
+    p.add_argument("--reserve-gib", type=non_negative_float, default=0.0, help="R_r of Eq 5, GiB (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -43,8 +44,6 @@ def parse_tokens(text: str) -> int:
 
 
 def _batch(args) -> Batch:
-    if args.batch < 0:
-        raise UsageError(f"--batch must be >= 0 (got {args.batch})")
     contexts = [parse_tokens(c) for c in args.context.split(",")]
     if len(contexts) == 1:
         contexts *= args.batch
@@ -57,8 +56,6 @@ def run(args) -> int:
     model = profiles.load("model", args.model)
     try:
         src, dst = Layout.parse(args.src), Layout.parse(args.dst)
-        if args.T < 1:
-            raise ValueError(f"--T must be >= 1 (got {args.T})")
         layers = None if args.layers is None else range(args.layers)
         manifest = plan_switch(src, dst, _batch(args), model, args.T, args.page_size, layers=layers)
     except ValueError as exc:

@@ -9,15 +9,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
-from .. import profiles
+from .. import plugins, profiles
 from ..profiles import loader
 from ..profiles.quantity import Quantity
+from ..runtime.kv_format import kv_format_problem
 from .main import UsageError
 from .output import jsonable, print_json, table
 
@@ -81,7 +83,7 @@ def run_show(args) -> int:
 def _flatten(obj, prefix: str):
     """(key.path, shown value) rows; provenance-tagged numbers show where they came from."""
     if isinstance(obj, Quantity):
-        yield prefix, f"{obj.value:g} ({obj.label})"
+        yield prefix, f"{_shown(obj.value)} ({obj.label})"
     elif dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
             yield from _flatten(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
@@ -92,8 +94,15 @@ def _flatten(obj, prefix: str):
         for i, item in enumerate(obj):
             yield from _flatten(item, f"{prefix}[{i}]")
     else:
-        value = jsonable(obj)
-        yield prefix, value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+        yield prefix, _shown(jsonable(obj))
+
+
+def _shown(value) -> str:
+    """A value as the YAML file would hold it (loaded numbers shown exactly), on one line."""
+    if isinstance(value, str):
+        return value
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+    return text.splitlines()[0]  # a scalar's dump ends with a "..." line
 
 
 def _kind_of_file(path: Path) -> str:
@@ -102,8 +111,8 @@ def _kind_of_file(path: Path) -> str:
     the kind matters."""
     folder_kind = _FOLDER_KINDS.get(path.parent.name)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = loader.read_yaml(path)
+    except profiles.ProfileError:
         return folder_kind or "model"
     declared = data.get("kind") if isinstance(data, dict) else None
     if isinstance(declared, str) and declared in loader.kinds():
@@ -115,28 +124,53 @@ def _kind_of_file(path: Path) -> str:
                                 declared if declared is not None else None)
 
 
+def _check_backend(path: Path, deployment, registry) -> None:
+    """A deployment must name a backend that is installed (usable here or not: profiles for
+    other machines check everywhere)."""
+    name = deployment.backend
+    if name == "auto" or name in registry.plugins:
+        return
+    if name in registry.broken:
+        reason = f"backend {name!r} is installed but broken: {registry.broken[name].reason}"
+    else:
+        installed = ", ".join(sorted([*registry.plugins, *registry.broken])) or "none"
+        reason = f"no backend named {name!r} is installed (installed: {installed}; see splash backends)"
+    raise profiles.ProfileError(str(path), "backend", reason)
+
+
+def _check_file(name: str, backends) -> dict:
+    """One file's verdict: ok with its kind and name (and, for a deployment the runtime cannot
+    serve, why: it still serves the cost-model commands), or the error line."""
+    path = Path(name)
+    try:
+        if path.is_dir():
+            raise profiles.ProfileError(name, "(file)", "is a directory, not a file")
+        if not path.exists():
+            raise profiles.ProfileError(name, "(file)", "the file does not exist")
+        kind = _kind_of_file(path)
+        _class_of(kind)
+        profile = loader.load_file(kind, path)
+        result = {"file": name, "ok": True, "kind": kind, "name": profile.name}
+        if kind == "deployment":
+            _check_backend(path, profile, backends())
+            result["runtime"] = kv_format_problem(profile.model) or "runs"
+        return result
+    except profiles.ProfileError as exc:
+        return {"file": name, "ok": False, "error": str(exc)}
+    except UsageError as exc:
+        return {"file": name, "ok": False, "error": f"{name}: kind: {exc}"}
+
+
 def run_check(args) -> int:
-    results = []
-    for name in args.files:
-        path = Path(name)
-        if not path.is_file():
-            results.append({"file": name, "ok": False, "error": f"{name}: (file): no such file"})
-            continue
-        try:
-            kind = _kind_of_file(path)
-            _class_of(kind)
-            profile = loader.load_file(kind, path)
-            results.append({"file": name, "ok": True, "kind": kind, "name": profile.name})
-        except profiles.ProfileError as exc:
-            results.append({"file": name, "ok": False, "error": str(exc)})
-        except UsageError as exc:
-            results.append({"file": name, "ok": False, "error": f"{name}: kind: {exc}"})
+    backends = functools.cache(plugins.load)  # loaded once, and only if a deployment is checked
+    results = [_check_file(name, backends) for name in args.files]
     if args.json:
         print_json(results)
     else:
         for r in results:
-            if r["ok"]:
-                print(f"ok  {r['file']} ({r['kind']} {r['name']})")
-            else:
+            if not r["ok"]:
                 print(r["error"], file=sys.stderr)
+                continue
+            note = "" if r.get("runtime", "runs") == "runs" else f"; cost-model commands only: {r['runtime']}"
+            print(f"ok  {r['file']} ({r['kind']} {r['name']}{note})")
     return 0 if all(r["ok"] for r in results) else 2

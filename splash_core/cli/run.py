@@ -10,8 +10,10 @@ describes (one rank per process); otherwise the ranks are spawned here.
 
 from __future__ import annotations
 
+import os
 
 from ..profiles import load
+from .args import at_least, positive_float
 from .engine_job import deployment_for, run_group
 from .main import UsageError
 from .output import print_json
@@ -36,14 +38,14 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", default="splash",
                    help="splash (the scheduler decides every step), a fixed layout TP|CP|DP|DOP, "
                         "or script:TP,DP,...[:STEPS] (forced switches)")
-    p.add_argument("--prefill-chunk", type=int, default=8192,
+    p.add_argument("--prefill-chunk", type=at_least(1), default=8192,
                    help="prefill rows per owner rank per step (default 8192, as splash simulate)")
-    p.add_argument("--kv-pages", type=int, default=None,
+    p.add_argument("--kv-pages", type=at_least(1), default=None,
                    help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
     p.add_argument("--switch-mode", choices=("splash", "blocking"), default="splash",
                    help="how a switch moves state: layer-pipelined (splash, default) or all before the step")
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=positive_float, default=None,
                    help="collective timeout in seconds (default: the deployment's collective_timeout_s)")
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout, no progress bar")
     p.set_defaults(func=run)
@@ -51,18 +53,24 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..engine import Job  # torch: imported only when the command runs
+    from ..engine.launch import under_torchrun
     from ..engine.policy import make_policy
+    from ..engine.preflight import JobError, check_job
     from ..engine.summary import render
 
-    deployment = deployment_for(args)
-    load("workload", args.workload)
-    if args.prefill_chunk < 1:
-        raise UsageError(f"--prefill-chunk must be >= 1 (got {args.prefill_chunk})")
-    if args.kv_pages is not None and args.kv_pages < 1:
-        raise UsageError(f"--kv-pages must be >= 1 (got {args.kv_pages})")
+    deployment = deployment_for(args)  # with --model; its backend can run here
+    workload = load("workload", args.workload)
     try:
-        make_policy(args.policy, deployment)
+        policy = make_policy(args.policy, deployment)
     except ValueError as exc:
+        raise UsageError(str(exc)) from None  # names the policy
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != deployment.T:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but deployment "
+                         f"{deployment.name!r} has T = {deployment.T}: start one process per rank "
+                         f"(--nproc-per-node {deployment.T})")
+    try:
+        check_job(deployment, workload, policy, args.kv_pages)  # before any rank starts
+    except JobError as exc:
         raise UsageError(str(exc)) from None
     job = Job(deployment=args.deployment, model=args.model, workload=args.workload, policy=args.policy,
               prefill_chunk=args.prefill_chunk, kv_pages=args.kv_pages, switch_mode=args.switch_mode,

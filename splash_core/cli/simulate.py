@@ -3,10 +3,11 @@ layout and under SPLASH, modelled with the cost model and the planner (not measu
 
 from __future__ import annotations
 
+from ..formatting import number, size
 from ..layouts import LAYOUTS
 from ..profiles import load
 from ..simulator import SPLASH, simulate
-from .main import UsageError
+from .args import at_least, figure_path
 from .output import print_json, table
 
 _COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e"}
@@ -16,20 +17,19 @@ def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="model a workload under each fixed layout and under SPLASH")
     p.add_argument("--deployment", required=True, help="deployment profile: name or path to a .yaml")
     p.add_argument("--workload", required=True, help="workload profile: name or path to a .yaml")
-    p.add_argument("--prefill-chunk", type=int, default=8192,
+    p.add_argument("--prefill-chunk", type=at_least(1), default=8192,
                    help="prefill rows per step per owner rank, in every layout (default 8192)")
-    p.add_argument("--decode-stride", type=int, default=32,
+    p.add_argument("--decode-stride", type=at_least(1), default=32,
                    help="decode steps costed together when nothing arrives or finishes (default 32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="PNG", help="draw throughput per policy and SPLASH's layout over time")
+    p.add_argument("--plot", metavar="PNG", type=figure_path,
+                   help="draw throughput per policy and SPLASH's layout over time (.png, .svg or .pdf)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     deployment = load("deployment", args.deployment)
     workload = load("workload", args.workload)
-    if args.prefill_chunk < 1 or args.decode_stride < 1:
-        raise UsageError("--prefill-chunk and --decode-stride must be >= 1")
     sim = simulate(deployment, workload, prefill_chunk=args.prefill_chunk, decode_stride=args.decode_stride)
     best, ratio = sim.best_fixed, sim.splash_ratio
     if args.plot:
@@ -45,14 +45,13 @@ def run(args) -> int:
     rows = []
     for r in sim.results:
         steps = ", ".join(f"{k} {v}" for k, v in r.layout_steps.items())
-        rows.append((r.policy, f"{r.throughput:,.0f}", f"{r.total_time_s:.3f}", r.steps, len(r.switches),
-                     steps, len(r.rejected)))
+        rows.append((r.policy, r.throughput, r.total_time_s, r.steps, len(r.switches), steps, len(r.rejected)))
     print(table(rows, ["policy", "tokens/s", "time s", "steps", "switches", "steps per layout", "rejected"],
                 align="lrrrrlr"))
     splash = sim.result(SPLASH)
     for e in splash.switches:
-        print(f"  step {e.step}: {e.src} -> {e.dst}, {e.fetched_bytes / (1 << 30):.2f} GiB received over the group, "
-              f"exposed {e.exposed_s * 1e3:.2f} ms (blocking {e.blocking_s * 1e3:.1f} ms)")
+        print(f"  step {e.step}: {e.src} -> {e.dst}, {size(e.fetched_bytes)} received over the group, "
+              f"exposed {number(e.exposed_s * 1e3)} ms (blocking {number(e.blocking_s * 1e3)} ms)")
     if best is not None and ratio is not None:
         print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x  (modelled)")
     if args.plot:

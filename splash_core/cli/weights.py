@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .. import dtypes, profiles
 from ..weights import MIB, weight_report
+from .args import at_least
 from .main import UsageError
 from .output import print_json, table
 
@@ -14,7 +15,7 @@ LABEL = "analytical sizes (paper appendix A, Eq 9), not measurements; quantizati
 def add_parser(sub) -> None:
     p = sub.add_parser("weights", help="attention projection sizes and sharded->replicated switch volume (Eq 9)")
     p.add_argument("--model", required=True, help="model profile name or path")
-    p.add_argument("--T", type=int, required=True, help="ranks in the group")
+    p.add_argument("--T", type=at_least(1), required=True, help="ranks in the group")
     p.add_argument("--dtype", choices=dtypes.NAMES, help="transfer format (default: the model's weight format)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)

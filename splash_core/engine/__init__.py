@@ -9,6 +9,7 @@ Modules, one concept each:
 - ``sampling``: each request's next token (greedy, temperature, top-k, top-p, seed) and stop ids.
 - ``plan``: the compact step plan rank 0 broadcasts so every rank runs the same step.
 - ``engine``: :func:`serve`, the step loop every rank runs (torchrun or a RankPool worker).
+- ``preflight``: what ``splash run`` checks before any rank starts (KV format, requests that fit).
 - ``launch``: :func:`run_job` starts the group (torchrun or spawned ranks) and serves a job.
 - ``reference_check``: outputs against the single-device reference model.
 - ``summary``, ``progress``: what a run reports, and the progress bar while it runs.

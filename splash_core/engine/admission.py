@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..costmodel import BatchArrays, CostModel, rank_loads
+from ..costmodel import BatchArrays, rank_loads
 from ..layouts import LAYOUTS, Layout
 from ..ownership import assign_owner, pages_for
 from .requests import Request
@@ -66,15 +66,14 @@ def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], 
         if pages < 1:
             raise ValueError(f"the KV pool needs at least one page per layer (got {pages})")
         return KVCapacity(int(pages), page_size, T, "configured")
-    cost = CostModel.from_deployment(deployment)
-    kv_budget = (deployment.memory_budget_bytes - deployment.common_bytes - deployment.reserve_bytes
-                 - float(cost.weights_bytes.max()))
-    budget_pages = int(kv_budget // (page_size * cost.kv_bytes_token))
     largest = sorted((int(n) for n in pages_for(np.asarray(list(reserved_tokens)), page_size)), reverse=True)
     workload_pages = max(1, sum(largest[:concurrency]))
-    if budget_pages < 1:
+    if not deployment.kv_page_bytes:  # no MLA layer runs: the pool holds nothing
+        return KVCapacity(workload_pages, page_size, T, "sized for the workload (no MLA layer)")
+    budget_pages = int(deployment.kv_budget_bytes // deployment.kv_page_bytes)
+    if budget_pages < 1:  # the profile's own check (DeploymentProfile.problems) rules this out at load
         raise ValueError(f"deployment {deployment.name!r}: its memory budget leaves no room for KV pages "
-                         f"({kv_budget / (1 << 30):.2f} GiB after M0, the reserve and the weights)")
+                         f"({deployment.kv_budget_bytes / (1 << 30):.2f} GiB after M0, the reserve and the weights)")
     if workload_pages <= budget_pages:
         return KVCapacity(workload_pages, page_size, T, f"sized for the workload; the memory budget holds {budget_pages:,}")
     return KVCapacity(budget_pages, page_size, T, "the deployment's memory budget")
@@ -98,9 +97,9 @@ class Admission:
         while queue and len(running) < self.concurrency:
             head = queue[0]
             owner = assign_owner(projected)
-            alone = self.capacity.need([head], [owner])
-            if not (alone[self.allowed] <= self.capacity.pages).any():
-                queue.popleft().reject(self._too_long(head, alone))
+            reason = self.refusal(head, owner)
+            if reason:
+                queue.popleft().reject(reason)
                 changed.append(head)
                 continue
             fits = self.capacity.need(running + [head], [r.owner for r in running] + [owner]) <= self.capacity.pages
@@ -111,6 +110,12 @@ class Admission:
             projected[owner] += head.reserved_tokens
             changed.append(head)
         return changed
+
+    def refusal(self, request: Request, owner: int = 0) -> str:
+        """Why no layout the policy may run could hold ``request`` even alone, or "" if one can
+        (alone, its owner does not matter: every rank's pool is the same size)."""
+        alone = self.capacity.need([request], [owner])
+        return "" if (alone[self.allowed] <= self.capacity.pages).any() else self._too_long(request, alone)
 
     def _too_long(self, request: Request, alone: np.ndarray) -> str:
         per_layout = ", ".join(f"{n} in {layout}" for layout, n, ok in zip(LAYOUTS, alone.tolist(), self.allowed) if ok)

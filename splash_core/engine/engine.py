@@ -116,14 +116,14 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     executor = None
     if len(policy.layouts) > 1:  # Eq 5 against the same budget the scheduler plans with
         executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
-                                  reserve_bytes=deployment.reserve_bytes)
+                                  reserve_bytes=deployment.reserve_bytes, transfer=deployment.transfer)
         _ = executor.io  # create the side communicator now (a collective), not in the first switch's timed step
     lead = ctx.rank == 0
     controller = progress = None
     if lead:
         controller = Controller(requests, policy, capacity, concurrency=concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
-        progress = Progress(len(requests), job.progress)
+        progress = Progress(sum(r.spec.max_new_tokens for r in requests), len(requests), job.progress)
     reports = []
     ctx.collectives.barrier()
     start = time.perf_counter()
@@ -138,7 +138,8 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
             if on_step is not None:
                 on_step(ctx, step)
             t0 = time.perf_counter()
-            logits, report, refused = _run_step(model, executor, plan, tokens, job.switch_mode)
+            switch = _share_switch_plan(ctx, executor, controller, plan, model, job.switch_mode)
+            logits, report, refused = _run_step(model, executor, plan, tokens, job.switch_mode, switch)
             next_tokens = _choose(controller, plan, logits) if lead else None
             seconds = time.perf_counter() - t0
             if report is not None:
@@ -155,7 +156,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         raise
     finally:
         if progress is not None:
-            _draw(progress, controller, step, force=True)
+            _draw(progress, controller, step)
             progress.close()
     elapsed = time.perf_counter() - start
     everyone = ctx.collectives.all_gather_object((reports, load_report))
@@ -215,23 +216,43 @@ def _next_plan(ctx, controller, step: int, page_size: int) -> tuple[StepPlan, ob
     return plan, tokens
 
 
-def _run_step(model, executor, plan: StepPlan, tokens, mode: str):
+def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str):
+    """On a switching step, the switch as rank 0 planned it (:meth:`SwitchExecutor.plan_switch`,
+    Eq 5 checked there unless the policy's decision already did), broadcast over the host
+    collectives: no other rank plans or checks it again. None on other steps."""
+    if plan.command is not Command.STEP or plan.layout is model.layers[0].layout:
+        return None
+    mine = None
+    if controller is not None:
+        try:
+            mine = executor.plan_switch(plan.layout, plan.batch(model.T, model.page_size), mode,
+                                        check_eq5=not controller.eq5_checked)
+        except Exception as exc:
+            ctx.host_collectives().broadcast_object(f"{type(exc).__name__}: {exc}", src=0)
+            raise
+    shared = ctx.host_collectives().broadcast_object(mine, src=0)
+    if isinstance(shared, str):
+        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning the switch of step {plan.step}: {shared}")
+    return shared
+
+
+def _run_step(model, executor, plan: StepPlan, tokens, mode: str, switch=None):
     """(logits, switch report or None, why a switch was refused or "")."""
     batch = plan.batch(model.T, model.page_size)
     if plan.layout is model.layers[0].layout:
         return model.step(batch, tokens), None, ""
     try:
-        logits, report = executor.step(batch, tokens, plan.layout, mode=mode)
+        logits, report = executor.step(batch, tokens, plan.layout, mode=mode, plan=switch)
         return logits, report, ""
     except SwitchRefused as exc:
         return model.step(batch, tokens), None, str(exc)
 
 
-def _draw(progress: Progress, controller: Controller, step: int, force: bool = False) -> None:
+def _draw(progress: Progress, controller: Controller, step: int) -> None:
     reqs = controller.requests.values()
     progress.update(done=sum(r.state in (State.FINISHED, State.REJECTED) for r in reqs),
                     generated=sum(len(r.generated) for r in reqs), step=step, layout=controller.layout,
-                    switches=sum(not s.refused for s in controller.switches), force=force)
+                    switches=sum(not s.refused for s in controller.switches))
 
 
 def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed, reports, check,

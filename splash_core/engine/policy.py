@@ -20,13 +20,16 @@ from ..scheduler import HOLD, Scheduler
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One step's layout, and whether to hold admission before the next step."""
+    """One step's layout, and whether to hold admission before the next step. ``eq5_checked``:
+    the policy found that the switch into ``layout`` fits memory (Eq 5), so the switch
+    executor does not check it again."""
 
     layout: Layout
     action: str  # the scheduler's stay / switch / forced_switch / hold_admission, or fixed / scripted
     reason: str
     preference: tuple[Layout, ...]  # every layout the policy may run, most preferred first
     hold: bool = False
+    eq5_checked: bool = False
 
 
 class SchedulerPolicy:
@@ -42,7 +45,9 @@ class SchedulerPolicy:
     def decide(self, x: BatchArrays, current: Layout, steps_since_switch: float, step: int) -> Choice:
         d = self.scheduler.decide(x, current, steps_since_switch)
         order = tuple(sorted(LAYOUTS, key=d.time_s))
-        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD)
+        check = d.switch_checks.get(d.layout) if d.switch else None
+        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD,
+                      eq5_checked=check is not None and check.fits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +112,14 @@ def make_policy(spec, deployment):
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1]:
             raise ValueError(f"policy {spec!r}: expected script:LAYOUT,LAYOUT,...[:STEPS]")
-        every = int(parts[2]) if len(parts) == 3 else 1
-        return ScriptedPolicy(tuple(Layout.parse(p) for p in parts[1].split(",")), every)
+        steps = parts[2].strip() if len(parts) == 3 else "1"
+        if not steps.isdigit() or int(steps) < 1:
+            raise ValueError(f"policy {spec!r}: STEPS (steps per layout) must be a whole number >= 1 (got {steps!r})")
+        try:
+            layouts = tuple(Layout.parse(p) for p in parts[1].split(","))
+        except ValueError as exc:
+            raise ValueError(f"policy {spec!r}: {exc}") from None
+        return ScriptedPolicy(layouts, int(steps))
     try:
         return FixedPolicy(Layout.parse(text))
     except ValueError:

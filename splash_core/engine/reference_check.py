@@ -12,6 +12,15 @@ reduction order). In a lower-precision format the reference runs in float32 on t
 a differing token passes when the reference itself nearly ties there: its top logit exceeds
 the engine token's by at most ``tolerance`` x the largest |logit| of that row.
 
+A KV cache stored below float32 (fp8, bf16, fp16) rounds every latent and rotary key the pool
+keeps; the reference rounds its history to the same format (:class:`ReferenceModel`'s
+``kv_dtype``), so both attend over the same stored values. What can still differ is a value
+that lands on the other side of a rounding boundary because a layout summed in another order:
+it moves by one unit in the last place of the KV format. The tolerance is therefore at least
+that format's unit roundoff (fp8 e4m3 1/16, bf16 1/256, fp16 1/2048): a token may differ only
+where the reference's top logits tie that closely. (Without the rounding the reference attends
+over float32 keys, every layout differs from it by the fp8 error, and uniform fp8 failed.)
+
 The reference expands every head's keys and values and scores every pair, so its cost grows
 with the square of a request's length: requests are checked cheapest first while the estimated
 work stays within ``flop_budget`` (at least one; all of them for the tiny CPU model), and the
@@ -29,7 +38,7 @@ import torch
 from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..runtime.reference_model import ReferenceModel
-from ..runtime.step_bench import RoundedWeights
+from ..runtime.weights import RoundedWeights
 from .sampling import GREEDY, SamplingParams, choose, kept, uniform
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
@@ -40,7 +49,7 @@ DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above wh
 class CheckResult:
     """The verdict and the evidence."""
 
-    passed: bool
+    passed: bool  # False when nothing was compared
     requests: int  # requests checked
     of: int  # requests that could be checked (finished ones); the cheapest were checked first
     tokens: int  # generated tokens compared
@@ -51,6 +60,8 @@ class CheckResult:
     first_failure: str = ""  # request, position and logits of the first decisive mismatch
 
     def line(self) -> str:
+        if not self.requests:
+            return "nothing to compare: no request finished with generated tokens"
         if self.passed:
             how = "equal" if not self.mismatches else f"equal within tolerance ({self.mismatches} near-ties)"
             which = f"{self.requests}" if self.requests == self.of else f"the {self.requests} cheapest of {self.of}"
@@ -84,20 +95,30 @@ def reference_flops(profile, layers: int, tokens: int, chunk: int) -> float:
     return 2.0 * layers * (expand + attend + tokens * 3 * profile.hidden_size * width)
 
 
+def kv_tolerance(kv_dtype: torch.dtype) -> float:
+    """The near-tie a KV format admits: its unit roundoff (0 for float32; see the module docstring)."""
+    if not kv_dtype.is_floating_point:
+        raise ValueError(f"the reference check compares floating-point KV formats only (got {kv_dtype})")
+    return 0.0 if kv_dtype == torch.float32 else torch.finfo(kv_dtype).eps / 2
+
+
 def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, Sequence[int]], device="cpu", *,
           tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET,
           sampling: Mapping[int, SamplingParams] | None = None) -> CheckResult:
     """Compare the engine's ``outputs`` (request id -> generated tokens) of the given ``prompts``
-    with the reference on ``device``, cheapest requests first within ``flop_budget``; a request
-    with ``sampling`` parameters (default greedy) is compared with the reference's choice from
-    the same uniform draws."""
-    kv = deployment.model.kv_cache
-    exact = all(torch_dtype(f) == torch.float32 for f in (deployment.compute_dtype, kv.latent_dtype, kv.rope_dtype))
-    tol = 0.0 if exact else (DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    with the reference on ``device``, cheapest requests first within ``flop_budget``; ``tolerance``
+    overrides the one the compute and KV formats give. A request with ``sampling`` parameters
+    (default greedy) is compared with the reference's choice from the same uniform draws."""
+    compute, kv = torch_dtype(deployment.compute_dtype), torch_dtype(deployment.model.kv_cache.latent_dtype)
+    low_compute = compute != torch.float32
+    exact = not low_compute and kv == torch.float32
+    tol = 0.0 if exact else (max(DEFAULT_TOLERANCE if low_compute else 0.0, kv_tolerance(kv))
+                             if tolerance is None else tolerance)
     source = weight_source(deployment.model, deployment.seed)
-    if not exact:
-        source = RoundedWeights(source, torch_dtype(deployment.compute_dtype))
-    ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers)
+    if low_compute:
+        source = RoundedWeights(source, compute)
+    ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers,
+                  kv_dtype=None if kv == torch.float32 else kv)
     layers = deployment.layers or deployment.model.num_layers
     cost = {rid: reference_flops(deployment.model, layers, len(prompts[rid]) + len(out), chunk)
             for rid, out in outputs.items() if len(out)}
@@ -130,7 +151,8 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
             first = (f"request {rid}, output {k}: engine token {int(engine[k])}, reference {int(logits[k].argmax())} "
                      f"(logit gap {float(gap[k]):.4g})" if params.greedy else
                      f"request {rid}, output {k}: engine sampled {int(engine[k])}, outside the reference's kept tokens")
-    return CheckResult(decisive == 0, len(chosen), len(cost), tokens, mismatches, decisive, exact, tol, first)
+    return CheckResult(decisive == 0 and bool(chosen), len(chosen), len(cost), tokens, mismatches, decisive, exact,
+                       tol, first)
 
 
 def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams, rid: int, exact: bool):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..cli.output import table
-from ..result_shapes import percentile
+from ..formatting import number, table
+from ..stats import percentile
 
 MIB = float(1 << 20)
 
@@ -103,16 +103,16 @@ def render(s: RunSummary) -> str:
     lines.append("")
     rows = [("requests served", f"{s.served} of {s.requests}" + (f" ({len(s.rejected)} rejected)" if s.rejected else "")),
             ("tokens", f"{s.prompt_tokens:,} prompt + {s.output_tokens:,} generated"),
-            ("time", f"{s.elapsed_s:.2f} s, {s.steps} steps"
-                     + (f" (p50 {percentile(list(s.step_ms), 50):.1f} ms per step)" if s.step_ms else "")),
-            ("throughput", f"{s.tokens_per_s:,.0f} tokens/s total, {s.output_tokens_per_s:,.0f} generated tokens/s"),
+            ("time", f"{number(s.elapsed_s)} s, {s.steps} steps"
+                     + (f" (p50 {number(percentile(list(s.step_ms), 50))} ms per step)" if s.step_ms else "")),
+            ("throughput", f"{number(s.tokens_per_s)} tokens/s total, {number(s.output_tokens_per_s)} generated tokens/s"),
             ("steps per layout", ", ".join(f"{k} {v}" for k, v in s.layout_steps.items()) or "none"),
             ("switches", str(len(s.done_switches)) + (f" ({len(s.switches) - len(s.done_switches)} refused)"
                                                       if len(s.switches) > len(s.done_switches) else ""))]
     lines += table(rows, ["", ""], align="ll").splitlines()[2:]
     if s.done_switches:
-        lines += ["", table([(w.step, f"{w.src} -> {w.dst}", f"{w.bytes_total / MIB:,.2f}", f"{w.exposed_ms:.2f}",
-                              f"{w.step_ms:.2f}", w.reason) for w in s.done_switches],
+        lines += ["", table([(w.step, f"{w.src} -> {w.dst}", w.bytes_total / MIB, w.exposed_ms, w.step_ms, w.reason)
+                             for w in s.done_switches],
                             ["step", "switch", "MiB moved", "exposed ms", "step ms", "why"], align="rlrrrl")]
     refusals: dict[tuple, list[int]] = {}
     for w in s.switches:
@@ -126,6 +126,8 @@ def render(s: RunSummary) -> str:
     lines.append("")
     if s.check is None:
         lines.append("reference check: skipped (--no-check)")
+    elif not s.check["requests"]:
+        lines.append("reference check: not done, " + s.check["line"])
     else:
         lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
     return "\n".join(lines)

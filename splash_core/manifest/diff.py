@@ -78,6 +78,13 @@ class BlockDiff:
                 elif needs:
                     self._count_fetch(sm, dm, c, n, r)
 
+    def __getstate__(self) -> dict:
+        """Without the per-rank caches: a diff sent to the group (a switch planned on rank 0)
+        carries the counts and masks, and each rank builds only its own key arrays."""
+        state = dict(self.__dict__)
+        state.update(_single_cache=None, _fetch={}, _ranks={})
+        return state
+
     def _count_fetch(self, sm: int, dm: int, c: int, n: int, r: int) -> None:
         if sm == 0:
             raise ValueError("a block the destination needs is held by no rank in the source layout")

@@ -113,10 +113,6 @@ class Fit:
     peak_bytes: np.ndarray  # [T] peak + reserve per rank
     busiest_rank: int
 
-    @property
-    def headroom_bytes(self) -> float:
-        return float(self.budget_bytes - self.peak_bytes.max())
-
     def explain(self) -> str:
         r, gib = self.busiest_rank, float(1 << 30)
         verdict = "fits" if self.fits else "does not fit"

@@ -1,4 +1,4 @@
-"""Profiles: YAML files loaded into frozen, validated dataclasses (DESIGN.md §5).
+"""Profiles: YAML files loaded into frozen, validated dataclasses (docs/design.md §5).
 
 Kinds: hardware (θ), model (dims, layer kinds, formats), deployment (backend + hardware +
 model + T + memory policy), scenario (the paper's illustrative timing/capacity studies) and

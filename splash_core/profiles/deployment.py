@@ -6,10 +6,12 @@ import dataclasses
 import types
 
 from .. import dtypes
+from ..formatting import size
 from ..layouts import Layout
 from .hardware import GIB, HardwareProfile
 from .model import LayerKind, ModelProfile
 from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
+from .transfer import TransferConfig
 
 
 def _default_overlap():
@@ -65,6 +67,7 @@ class DeploymentProfile:
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
     scheduler: SchedulerConfig = field("scheduler settings", default=SchedulerConfig())
+    transfer: TransferConfig = field("how a switch moves state (routes, chunks, pipelining)", default=TransferConfig())
     notes: str = field("caveats", default="")
 
     def problems(self):
@@ -77,6 +80,27 @@ class DeploymentProfile:
             yield Problem("page_size", "must be a power of two", self.page_size)
         if self.layers is not None and not 0 < self.layers <= self.model.num_layers:
             yield Problem("layers", f"must be in 1..{self.model.num_layers}", self.layers)
+            return  # the budget below counts the layers that run
+        yield from self._budget_problems()
+
+    def _budget_problems(self):
+        """Eq 6 for an empty batch: the budget less M0 and the reserve must hold the attention
+        weights in a replicated layout and one KV page of every layer, or nothing can run."""
+        left = self.memory_budget_bytes - self.common_bytes - self.reserve_bytes
+        need = self.attention_weight_bytes + self.kv_page_bytes
+        if left >= need:
+            return
+        # name the key to change: what eats the budget, else the budget itself
+        if self.common_gib + self.reserve_gib >= self.memory_budget_bytes / GIB:
+            key = "common_gib" if self.common_gib >= self.reserve_gib else "reserve_gib"
+        else:
+            key = "memory_fraction" if self.memory_fraction < 1 else "hardware"
+        got = self.hardware.name if key == "hardware" else getattr(self, key)
+        yield Problem(key, f"the memory budget leaves no room for weights and KV: hardware.memory_gib "
+                           f"{self.hardware.memory_gib.value:g} x memory_fraction {self.memory_fraction:g} = "
+                           f"{size(self.memory_budget_bytes)} per rank, less common_gib {self.common_gib:g} and "
+                           f"reserve_gib {self.reserve_gib:g}, leaves {size(left)}; the attention weights and one "
+                           f"KV page need {size(need)}", got)
 
     @property
     def memory_budget_bytes(self) -> float:
@@ -90,3 +114,28 @@ class DeploymentProfile:
     @property
     def common_bytes(self) -> float:
         return self.common_gib * GIB
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Kinds of the layers that run (the first ``layers``, or all)."""
+        return self.model.layer_kinds[: self.layers or self.model.num_layers]
+
+    @property
+    def attention_weight_bytes(self) -> float:
+        """W_r of Eq 6 in a replicated layout (DP, CP): the head-indexed projections of every layer
+        that runs, whole (TP and DOP hold 1/T of them)."""
+        from ..weights import layer_weight_bytes  # Eq 9's sizes: a pure function of the model's dims
+
+        return float(sum(layer_weight_bytes(self.model, kind) for kind in self.layer_kinds))
+
+    @property
+    def kv_page_bytes(self) -> float:
+        """One KV page (latent + rotary + indexer keys) of every MLA layer that runs."""
+        per_token = self.model.kv_bytes_per_token_layer + self.model.indexer_bytes_per_token_layer
+        return float(self.page_size * per_token * self.layer_kinds.count(LayerKind.MLA))
+
+    @property
+    def kv_budget_bytes(self) -> float:
+        """What the KV pool may use per rank: the budget less M0, the reserve and the replicated
+        attention weights (so every layout can hold the weights it needs)."""
+        return self.memory_budget_bytes - self.common_bytes - self.reserve_bytes - self.attention_weight_bytes

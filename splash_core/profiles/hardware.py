@@ -1,4 +1,4 @@
-"""Hardware profiles: θ of the cost model, each number with its provenance (DESIGN.md §5)."""
+"""Hardware profiles: θ of the cost model, each number with its provenance (docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ class HardwareProfile:
     notes: str = field("caveats", default="")
 
     def problems(self):
+        if self.memory_gib.value <= 0:
+            yield Problem("memory_gib.value", "must be > 0: nothing would fit on the device", self.memory_gib.value)
         given = set(self.layer_overhead_us)
         if given and given != set(LAYOUTS):
             missing = ", ".join(str(l) for l in LAYOUTS if l not in given)

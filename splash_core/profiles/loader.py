@@ -1,8 +1,7 @@
 """Find and load profiles by name or path; every kind is a frozen dataclass.
 
-A reference is a path to a ``.yaml`` file or a name looked up, in order, in the
-directories of ``$SPLASH_PROFILE_PATH`` (``:``-separated, each holding ``hardware/``,
-``models/``...) and in the profiles shipped with SPLASH.
+A reference is a path to a ``.yaml`` file (a profile's references to others may be relative
+to its own folder) or the name of a profile shipped with SPLASH.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from ..paths import SOURCE_ROOT
 from . import schema
 from .schema import ProfileError
 
@@ -42,12 +42,11 @@ def profile_class(kind: str) -> type:
 
 def builtin_root() -> Path:
     """The profiles shipped with SPLASH (``profiles/`` of the source tree)."""
-    return Path(__file__).resolve().parents[2] / "profiles"
+    return SOURCE_ROOT / "profiles"
 
 
 def search_roots() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get("SPLASH_PROFILE_PATH", "").split(os.pathsep) if p]
-    return extra + [builtin_root()]
+    return [builtin_root()]
 
 
 def available(kind: str) -> list[str]:
@@ -60,23 +59,26 @@ def available(kind: str) -> list[str]:
 
 
 def find(kind: str, ref: str, base_dir: Path | None = None) -> Path:
-    """Resolve a name or path to a file; FileNotFoundError lists what exists."""
+    """Resolve a name or path to a file; FileNotFoundError says what is wrong with a path (missing,
+    a folder) or lists the names that exist."""
     profile_class(kind)
     ref = str(ref)
-    candidates = []
     if ref.endswith((".yaml", ".yml")) or os.sep in ref:
         path = Path(ref)
         if not path.is_absolute() and base_dir is not None and not path.exists():
             path = base_dir / path
-        candidates.append(path)
-    else:
-        folder = _KINDS[kind][0]
-        candidates += [root / folder / f"{ref}.yaml" for root in search_roots()]
-    for path in candidates:
+        if path.is_dir():
+            raise FileNotFoundError(f"{kind} profile {ref}: is a directory, not a file")
+        if not path.is_file():
+            raise FileNotFoundError(f"{kind} profile {ref}: the file does not exist")
+        return path
+    folder = _KINDS[kind][0]
+    for root in search_roots():
+        path = root / folder / f"{ref}.yaml"
         if path.is_file():
             return path
     known = ", ".join(available(kind)) or "none"
-    raise FileNotFoundError(f"no {kind} profile {ref!r} (known {kind} profiles: {known})")
+    raise FileNotFoundError(f"no {kind} profile named {ref!r} (known {kind} profiles: {known}; or give a path)")
 
 
 def load(kind: str, ref: Any, base_dir: Path | None = None):
@@ -88,22 +90,57 @@ def load(kind: str, ref: Any, base_dir: Path | None = None):
 
 
 def load_file(kind: str, path: Path):
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ProfileError(str(path), "(file)", f"cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ProfileError(str(path), "(yaml)", f"not valid YAML at {where}: {problem}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ProfileError(str(path), "(top)", "expected a mapping of keys", data)
     data = dict(data)
     data.setdefault("name", Path(path).stem)
     return from_mapping(kind, data, file=str(path))
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file's data; ProfileError for an unreadable file, invalid YAML, or a key given
+    twice in one mapping (PyYAML alone keeps the last silently)."""
+    try:
+        text = Path(path).read_text()
+    except IsADirectoryError:
+        raise ProfileError(str(path), "(file)", "is a directory, not a file") from None
+    except FileNotFoundError:
+        raise ProfileError(str(path), "(file)", "the file does not exist") from None
+    except OSError as exc:
+        raise ProfileError(str(path), "(file)", f"cannot read: {exc.strerror}") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _reject_duplicate_keys(node, "", str(path))
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError(str(path), "(yaml)", f"not valid YAML at {where}: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def _reject_duplicate_keys(node: yaml.Node, path: str, file: str) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _reject_duplicate_keys(item, f"{path}[{i}]", file)
+    elif isinstance(node, yaml.MappingNode):
+        lines: dict[str, int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            name = key.value if isinstance(key, yaml.ScalarNode) else str(key.start_mark)
+            line = key.start_mark.line + 1
+            sub = f"{path}.{name}" if path else name
+            if name in lines:
+                raise ProfileError(file, sub, f"duplicate key {name!r} (lines {lines[name]} and {line})")
+            lines[name] = line
+            _reject_duplicate_keys(value, sub, file)
 
 
 def from_mapping(kind: str, data: dict, *, file: str):

@@ -1,4 +1,4 @@
-"""Model profiles: attention dims, layer kinds and storage formats (DESIGN.md §5)."""
+"""Model profiles: attention dims, layer kinds and storage formats (docs/design.md §5)."""
 
 from __future__ import annotations
 

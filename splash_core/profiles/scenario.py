@@ -9,12 +9,11 @@ and ``splash capacity`` read it; nothing in code knows the paper's coefficients.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 
-from ..capacity import pool_from_budget
+from ..expressions import Expression, ExpressionError, check_names
 from ..layouts import Layout
-from ..timing_law import CompiledLaw, Expression, ExpressionError, check_names
+from ..ownership import pool_from_budget
 from .hardware import GIB
 from .schema import Problem, field, fraction, non_negative, positive
 
@@ -62,17 +61,6 @@ class TimingLawSpec:
             return self.argument
         table = self.definitions if section == "definitions" else {str(k): v for k, v in self.layouts.items()}
         return table[key]
-
-    @functools.cached_property
-    def law(self) -> CompiledLaw:
-        return CompiledLaw(
-            constants=dict(self.constants),
-            argument=Expression(self.argument),
-            definitions=tuple((k, Expression(v)) for k, v in self.definitions.items()),
-            costs={k: Expression(v) for k, v in self.layouts.items()},
-            reference_layout=self.normalize_layout,
-            reference_tokens=self.normalize_tokens,
-        )
 
 
 @dataclasses.dataclass(frozen=True)

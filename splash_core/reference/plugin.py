@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import __version__
@@ -49,10 +47,10 @@ def splash_make_collectives(group, device):
 def splash_peer_memory(collectives, device):
     from . import peer_memory
 
-    # Host files serve host ranks only (an accelerator's backend brings its own), and only on
-    # request (SPLASH_PEER_PULLS=1): on the host a pull is a copy like gloo's, plus a host
-    # collective per layer, so it is the executable spec of pulls rather than a speed-up.
-    if os.environ.get("SPLASH_PEER_PULLS") != "1" or torch.device(device).type != "cpu" or not peer_memory.available():
+    # Host files serve host ranks only (an accelerator's backend brings its own). On the host a
+    # pull is a copy like gloo's, plus a host collective per layer: the executable spec of
+    # pulls, not a speed-up (deployments ask for pulls with transfer.peer_pulls).
+    if torch.device(device).type != "cpu" or not peer_memory.available():
         return None
     return peer_memory.HostPeerMemory(collectives)
 

@@ -41,7 +41,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("switch_overhead", "Switch overhead", "the paper's Tables 1, 7, 8", switching.render),
     Section("switch_trace", "Where a switching step's time goes", "the paper's appendix G (imperfect overlap)",
             switch_trace.render),
-    Section("transport_probe", "Moving state without processors: NCCL kernels vs copy engines",
+    Section("transport_probe", "Moving state without processors: collective kernels vs copy engines",
             "the paper's appendix G (transfers share the device with computation)", transport.render),
     Section("copy_interference", "Page copies beside a step: kernels vs memcpy (pulls)",
             "the paper's appendix G (transfers share the device with computation)", transport.render_copies),

@@ -1,6 +1,6 @@
 """Transport probe (``transport_probe``): the side communicator's collectives moving one layer's
-state alone and beside a matmul loop, with NCCL's kernels (``sm``) and with copy engines
-(``ce``: the zero-CTA policy between buffers in symmetric memory); ``bench/transport_probe.py``.
+state alone and beside a matmul loop, with the collective library's kernels (``sm``) and with
+copy engines (``ce``: a zero-processor policy between buffers in registered memory); ``bench/transport_probe.py``.
 Copy interference (``copy_interference``): a step's slowdown beside one layer's page copies per
 layer, by the kernels of the collective path or by memcpy as pulls make them;
 ``bench/copy_interference.py``."""

@@ -53,7 +53,8 @@ def render_sweep(result: Result, ctx: Context) -> list[str]:
     copy, matmul = ceilings.get("copy_gbps"), ceilings.get("matmul_tflops")
     chosen = ", ".join(f"{entry} `{tile}`" for entry, tile in summary["tiles"].items())
     lines = [f"Tiles chosen: {chosen}. Per workload, the correct candidate with the lowest mean time relative to "
-             "the fastest at each point wins; the previous kernel runs the same points in the same run.", ""]
+             "the fastest at each point wins; where the sweep ran the previous kernel too, it ran the same points in "
+             "the same run.", ""]
     overview = []
     for name, w in summary["workloads"].items():
         speedups = w.get("speedup_vs_previous", [])

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..backend import Backend, get_backend
 from ..collectives import DistCollectives
 from ..interfaces import Collectives, PeerMemory, StreamOps
+from ..profiles.transfer import TransferConfig
 
 
 @dataclasses.dataclass
@@ -36,28 +37,28 @@ class RankContext:
     _side: Collectives | None = None
     _host: Collectives | None = None
 
-    def side_collectives(self) -> Collectives:
-        """A second communicator over the same ranks, for transfers that overlap compute.
+    def side_collectives(self, transfer: TransferConfig = TransferConfig()) -> Collectives:
+        """A second communicator over the same ranks, for transfers that overlap compute, made
+        by the backend as ``transfer`` asks (its first caller's options hold for the rank).
 
         Created collectively on first use: every rank must call it at the same point."""
         if self._side is None:
-            options = self.backend.side_group_options()
+            options = self.backend.side_group_options(transfer)
             group = dist.new_group(
                 list(range(self.world_size)),
                 backend=self.backend.process_group_backend(),
                 timeout=datetime.timedelta(seconds=self.timeout_s),
                 **({"pg_options": options} if options is not None else {}),
             )
-            self._side = self.backend.collectives(group, self.device, side=True)
+            self._side = self.backend.collectives(group, self.device, side=True, transfer=transfer)
         return self._side
 
     def peer_memory(self) -> PeerMemory | None:
         """The backend's peer memory, for KV pools that switches pull pages out of rank to rank
-        (:class:`~splash_core.interfaces.PeerMemory`); None for a single rank, where the backend
-        has none (or, like the reference backend's, offers it only when ``SPLASH_PEER_PULLS=1``),
-        or where ``SPLASH_PEER_PULLS=0`` keeps pages on collectives. Every rank must call it at
-        the same point (the first call makes the host collectives)."""
-        if self.world_size == 1 or os.environ.get("SPLASH_PEER_PULLS", "1") == "0":
+        (:class:`~splash_core.interfaces.PeerMemory`); None for a single rank or where the
+        backend has none. Callers ask only where ``transfer.peer_pulls`` is on. Every rank must
+        call it at the same point (the first call makes the host collectives)."""
+        if self.world_size == 1:
             return None
         return self.backend.peer_memory(self.host_collectives(), self.device)
 
@@ -89,7 +90,6 @@ def init_rank(
     be = backend if isinstance(backend, Backend) else get_backend(backend)
     local_rank = rank if local_rank is None else local_rank
     device = be.device(local_rank)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (shared hosts)
     pg_backend = be.process_group_backend()
     kwargs = dict(rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     if init_method:

@@ -1,4 +1,4 @@
-"""Paged latent KV pool of one rank, per MLA layer (paper §2; DESIGN.md §3).
+"""Paged latent KV pool of one rank, per MLA layer (paper §2; docs/design.md §3).
 
 Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, d_c + d_r]``
 (channels ``[0, d_c)`` the latent, ``[d_c, d_c + d_r)`` the rotary key, exactly the layout

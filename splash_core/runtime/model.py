@@ -1,7 +1,7 @@
 """The runtime's model on one rank: embedding, L blocks of attention (MLA or KDA, as the
 profile's layer kinds say) + a dense MLP or routed experts, LM head.
 
-Data flow of :meth:`Model.step` (DESIGN.md §3): the residual stream of all rows of the step is
+Data flow of :meth:`Model.step` (docs/design.md §3): the residual stream of all rows of the step is
 the same on every rank between blocks. Each attention layer computes in its own layout (see
 :mod:`~splash_core.runtime.mla_layer` and :mod:`~splash_core.runtime.kda_layer`) and returns all
 rows; the feed-forward part keeps one parallelism whatever the attention layout
@@ -31,6 +31,7 @@ from ..dtypes import torch_dtype
 from ..interfaces import Collectives, KDAKernels
 from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
+from ..profiles.transfer import TransferConfig
 from .block_tables import PageKeys
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
@@ -109,26 +110,27 @@ class Model:
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
                      page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None,
-                     peer_pulls: bool = True) -> "Model":
+                     transfer: TransferConfig = TransferConfig()) -> "Model":
         """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
         for a model with KDA layers, KDA) kernels, and the KV pool in its peer memory
-        (``ctx.peer_memory()``), unless ``peer_pulls`` is False (then switches move pages by
-        collectives)."""
+        (``ctx.peer_memory()``) where ``transfer.peer_pulls`` asks for pulls (else switches move
+        pages by collectives)."""
         count = profile.num_layers if num_layers is None else num_layers
         kda = ctx.backend.kda_kernels(ctx.device, dtype) if LayerKind.KDA in profile.layer_kinds[:count] else None
         return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
                    kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
                    kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda,
-                   peer_memory=ctx.peer_memory() if peer_pulls else None, host_collectives=ctx.host_collectives())
+                   peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
+                   host_collectives=ctx.host_collectives())
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
                         layouts=None) -> "Model":
         """Build from a deployment profile: its model, page size, compute format, layer count,
         weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
-        ``source`` is given) and initial layout (unless ``layouts`` is given); the KV pool stores
-        the model's cache format (latent and rotary key must share one format)."""
+        ``source`` is given), initial layout (unless ``layouts`` is given) and transfer options;
+        the KV pool stores the model's cache format (latent and rotary key must share one format)."""
         kv = deployment.model.kv_cache
         if kv.latent_dtype != kv.rope_dtype or kv.scale_bytes:
             raise ValueError(f"model {deployment.model.name!r}: the runtime stores latent and rotary key in one "
@@ -139,7 +141,7 @@ class Model:
                                 deployment.initial_layout if layouts is None else layouts,
                                 pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                                 dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
-                                num_layers=deployment.layers)
+                                num_layers=deployment.layers, transfer=deployment.transfer)
 
     # ---- one step -------------------------------------------------------------------------
 

@@ -29,8 +29,10 @@ class ReferenceModel:
     """The whole model on one device, all heads, every history kept densely."""
 
     def __init__(self, profile: ModelProfile, source: WeightSource, device="cpu", dtype=torch.float32,
-                 num_layers: int | None = None):
-        self.profile, self.dtype = profile, dtype
+                 num_layers: int | None = None, kv_dtype: torch.dtype | None = None):
+        """``kv_dtype``: the format the runtime's KV pool stores (None: ``dtype``); each new latent
+        and rotary key is rounded to it, as a write into the pool rounds it."""
+        self.profile, self.dtype, self.kv_dtype = profile, dtype, kv_dtype
         count = profile.num_layers if num_layers is None else num_layers
         self.kinds = profile.layer_kinds[:count]
         shapes = tensor_shapes(profile, count)
@@ -97,6 +99,8 @@ class ReferenceModel:
         kv = x @ w[f"{a}.kv_a_proj_with_mqa.weight"].t()
         c_new = rms_norm(kv[:, :dc], w[f"{a}.kv_a_layernorm.weight"], eps)
         k_rope_new = rope(kv[:, dc:], pos, theta, scaling)
+        if self.kv_dtype is not None:
+            c_new, k_rope_new = (t.to(self.kv_dtype).to(t.dtype) for t in (c_new, k_rope_new))
         c_old, k_old = self.cache[layer].get(request, (c_new[:0], k_rope_new[:0]))
         if c_old.shape[0] != start:
             raise ValueError(f"request {request} layer {layer}: history holds {c_old.shape[0]} tokens, step starts at {start}")

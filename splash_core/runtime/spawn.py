@@ -5,19 +5,28 @@ tests and benchmarks pay the start-up once. Each call runs ``fn(ctx, *args)`` on
 where ``fn`` is a module-level function and ``ctx`` the rank's
 :class:`~splash_core.runtime.group.RankContext`. A rank that raises, dies or exceeds the
 timeout turns into :class:`RankError` naming the rank; a pool that lost a rank is closed.
+
+The parent owns the ranks' lifetime: ranks ignore SIGINT (Ctrl-C reaches the whole terminal's
+process group; the parent decides), a pool left by an exception (Ctrl-C, SIGTERM turned into one
+by ``splash``) terminates its ranks at once, and a rank whose parent is gone (killed outright)
+exits by itself within a second, without printing anything.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import socket
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
 _POLL_S = 0.05
 _DEATH_GRACE_S = 0.2  # how long a failing rank's peers get to be seen dead
+_PARENT_POLL_S = 0.5  # how often a rank checks that its parent is still there
+_TERMINATE_GRACE_S = 2.0  # how long terminated ranks get to exit before they are killed
 
 
 class RankError(RuntimeError):
@@ -34,7 +43,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, backend, timeout_s, env, conn):
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)  # orphaned: nobody is left to report to
+
+
+def _reply(conn, message) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, ConnectionError, EOFError, OSError):
+        os._exit(1)  # the parent closed the pool while this rank worked: leave quietly
+
+
+def _worker(rank, world_size, port, backend, timeout_s, env, conn, parent):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="splash-parent-watch").start()
     os.environ.update(env)
     try:
         import torch
@@ -44,22 +68,23 @@ def _worker(rank, world_size, port, backend, timeout_s, env, conn):
 
         ctx = init_rank(rank, world_size, backend=backend, init_method=f"tcp://127.0.0.1:{port}",
                         timeout_s=timeout_s)
-        conn.send(("ready", None))
+        _reply(conn, ("ready", None))
     except BaseException:
-        conn.send(("err", traceback.format_exc()))
+        _reply(conn, ("err", traceback.format_exc()))
         return
     while True:
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if msg is None:
             break
         fn, args, kwargs = msg
         try:
-            conn.send(("ok", fn(ctx, *args, **kwargs)))
+            result = ("ok", fn(ctx, *args, **kwargs))
         except BaseException:
-            conn.send(("err", traceback.format_exc()))
+            result = ("err", traceback.format_exc())
+        _reply(conn, result)
     from .group import shutdown
 
     shutdown(ctx)
@@ -76,10 +101,11 @@ class RankPool:
         ctx = mp.get_context("spawn")
         port = free_port()
         self._conns, self._procs = [], []
-        env = {"NCCL_NVLS_ENABLE": "0", **(env or {})}
+        env = dict(env or {})
         for rank in range(world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, world_size, port, backend, timeout_s, env, child),
+            proc = ctx.Process(target=_worker, args=(rank, world_size, port, backend, timeout_s, env, child,
+                                                     os.getpid()),
                                daemon=True, name=f"splash-rank{rank}")
             proc.start()
             child.close()
@@ -143,24 +169,33 @@ class RankPool:
         return None
 
     def close(self, force: bool = False) -> None:
+        """Shut the ranks down: ask idle ones to leave (``force``: terminate them, e.g. while they
+        work); any rank still there after the grace is killed."""
         for conn, proc in zip(self._conns, self._procs):
-            if not force and proc.is_alive():
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
+            if not proc.is_alive():
+                continue
+            if force:
+                proc.terminate()
+                continue
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + (_TERMINATE_GRACE_S if force else 10.0)
         for proc in self._procs:
-            proc.join(timeout=0 if force else 10)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
         self._procs, self._conns = [], []
 
     def __enter__(self) -> "RankPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(force=exc_type is not None)  # interrupted or failed: the ranks may be mid-call
 
 
 def spawn(fn: Callable, world_size: int, *args: Any, backend: str = "reference",

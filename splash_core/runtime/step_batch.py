@@ -1,4 +1,4 @@
-"""The metadata of one serving step, computed identically on every rank (DESIGN.md §3 step 1).
+"""The metadata of one serving step, computed identically on every rank (docs/design.md §3 step 1).
 
 A :class:`StepBatch` lists the running requests of a step, each with its owner, the tokens
 already in its history (``start``) and the query rows it feeds this step (``rows``: the

@@ -186,6 +186,18 @@ class SeededWeights:
         return _take(full, rows, cols).to(dtype or torch.float32).contiguous()
 
 
+class RoundedWeights:
+    """Another source's weights rounded to the compute format ``dtype``, so a float32 reference
+    computes with exactly the weights a low-precision model holds and only the arithmetic differs."""
+
+    def __init__(self, source: WeightSource, dtype: torch.dtype):
+        self.source, self.dtype = source, dtype
+
+    def get(self, name, shape, *, rows=None, cols=None, device=None, dtype=None):
+        t = self.source.get(name, shape, rows=rows, cols=cols, device=device, dtype=self.dtype)
+        return t.to(dtype or torch.float32)
+
+
 class SafetensorsWeights:
     """Weights read lazily from one or more ``.safetensors`` files (a file or a directory)."""
 

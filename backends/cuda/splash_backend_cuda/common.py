@@ -29,41 +29,35 @@ def process_group_backend() -> str:
     return "nccl"
 
 
-def side_group_options():
+def side_group_options(transfer):
     """NCCL on a high-priority stream: the side communicator's kernels start on every rank as
     soon as processors free up, rather than behind the compute kernels queued before them
     (measured on 2 x H200, 16 layers at 64K, overhead of a switch into TP: 36 ms -> 23 ms,
     other directions within noise; bench/switch_trace.py, variant ncclpriority). And, where
-    NCCL has it and :func:`copy_engines` allows, the zero-CTA policy: all-gathers between
+    NCCL has it and ``transfer.copy_engines`` allows, the zero-CTA policy: all-gathers between
     buffers in symmetric memory (:func:`collectives` for the side communicator) then run on
-    copy engines."""
+    copy engines.
+
+    Copy engines, measured on 2 x H200, 16 layers at 64K (bench/results/h200x2/switch_trace-0fb9a43.json at git 148a7b0,
+    median of 5 untraced runs): with the movers gathering in place (pages packed straight into
+    the buffer, and at T = 2 the KV all-to-alls as all-gathers), a switch's overhead into TP fell
+    from 25.7 to 13.8 ms, DOP→CP 27.3 -> 16.7, CP→DOP 10.7 -> 9.6, TP→DP 4.8 -> 5.3 (noise),
+    because attention no longer loses processors to NCCL's kernels beside it."""
     import torch.distributed as dist
 
     options = dist.ProcessGroupNCCL.Options()
     options.is_high_priority_stream = True
     zero = getattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO", None)
-    if zero is not None and copy_engines():
+    if zero is not None and transfer.copy_engines:
         options.config.cta_policy = zero
     return options
 
 
-def copy_engines() -> bool:
-    """Whether the side communicator's all-gathers go through symmetric memory, which NCCL's
-    zero-CTA policy moves with copy engines: on unless ``SPLASH_COPY_ENGINES=0``.
-
-    Measured on 2 x H200, 16 layers at 64K (results/h200x2/switch_trace-0fb9a43.json, median of
-    5 untraced runs): with the movers gathering in place (pages packed straight into the
-    buffer, and at T = 2 the KV all-to-alls as all-gathers), a switch's overhead into TP fell
-    from 25.7 to 13.8 ms, DOP→CP 27.3 -> 16.7, CP→DOP 10.7 -> 9.6, TP→DP 4.8 -> 5.3 (noise),
-    because attention no longer loses processors to NCCL's kernels beside it."""
-    return os.environ.get("SPLASH_COPY_ENGINES", "1") != "0"
-
-
-def collectives(group, device, side: bool = False) -> DistCollectives:
+def collectives(group, device, side: bool = False, transfer=None) -> DistCollectives:
     """Collectives over ``group``. The side communicator's gather in NCCL symmetric memory
-    (:func:`copy_engines`; with a warning, in plain memory where this torch has no NCCL
-    symmetric memory)."""
-    if side and copy_engines():
+    where ``transfer.copy_engines`` (with a warning, in plain memory where this torch has no
+    NCCL symmetric memory)."""
+    if side and transfer is not None and transfer.copy_engines:
         allocate = _symmetric_allocator(group, device)
         if allocate is not None:
             return DistCollectives(group, device, transfer_buffers=TransferBuffers(allocate))

@@ -121,7 +121,7 @@ class CudaPeerBuffers:
     ``min_run_bytes``: each copy costs the host 7-10 us (ctypes and the driver), so on an H200
     576 MiB of pages took 60-87 ms in 72 KiB copies, 3.6-5.6 ms in 1.1 MiB ones, 0.9-1.4 ms in
     4.5 MiB ones and 0.40 ms in 18 MiB ones (bench/results/h200/copy_interference.json and
-    copy_interference-a573e0b.json, ``run_lengths``; pitched copies of 72 KiB rows took about as
+    copy_interference-a573e0b.json at git 148a7b0, ``run_lengths``; pitched copies of 72 KiB rows took about as
     long up to 4.5 MiB, and 0.83 ms in 18 MiB); in shorter runs than 4 MiB, a layer's pages move
     faster by the collective path."""
 

@@ -39,13 +39,13 @@ def splash_process_group_backend():
 
 
 @hookimpl
-def splash_side_group_options():
-    return common.side_group_options()
+def splash_side_group_options(transfer):
+    return common.side_group_options(transfer)
 
 
 @hookimpl
-def splash_make_collectives(group, device, side):
-    return common.collectives(group, device, side)
+def splash_make_collectives(group, device, side, transfer):
+    return common.collectives(group, device, side, transfer)
 
 
 @hookimpl

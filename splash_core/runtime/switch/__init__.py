@@ -16,18 +16,22 @@ intact) are raised on every rank. Each state moves through a :class:`~.transfer.
 (weights, KV + indexer pages, KDA recurrent state by default); a new kind of state joins
 through that contract.
 
-Modules: ``executor`` (the step and its per-layer pipeline), ``planning`` (manifests for the
-model's layers, Eq 5 and pool checks), ``transfer`` (side communicator, waits, faults, the
-mover contract), ``weights_mover``, ``pages_mover``, ``recurrent`` (KDA state), ``modes``,
-``report``, ``errors``, ``bench`` (rank-side work of ``bench/switch_bench.py``) and
-``host_profile`` (of ``bench/switch_host_profile.py``: where the switching step's host time goes).
+Modules: ``executor`` (the step and its per-layer pipeline), ``planning`` (the switch plan,
+manifests for the model's layers, Eq 5 and pool checks), ``transfer`` (side communicator,
+waits, faults, the mover contract), ``weights_mover``, ``pages_mover``, ``page_pulls``,
+``recurrent`` (KDA state), ``modes``, ``report``, ``errors`` and ``tracing`` (what a benchmark
+observes). Options come from the deployment's ``transfer:``
+(:class:`~splash_core.profiles.transfer.TransferConfig`).
 """
 
 from .errors import SwitchFailed, SwitchRefused, TransferError
 from .executor import SwitchExecutor, default_movers
 from .modes import Mode
+from .planning import SwitchPlan
 from .report import LayerReport, SwitchReport
+from .tracing import SwitchTracer
 from .transfer import Fault, StateMover, Transfer, TransferContext
 
-__all__ = ["Fault", "LayerReport", "Mode", "StateMover", "SwitchExecutor", "SwitchFailed", "SwitchRefused",
-           "SwitchReport", "Transfer", "TransferContext", "TransferError", "default_movers"]
+__all__ = ["Fault", "LayerReport", "Mode", "StateMover", "SwitchExecutor", "SwitchFailed", "SwitchPlan",
+           "SwitchRefused", "SwitchReport", "SwitchTracer", "Transfer", "TransferContext", "TransferError",
+           "default_movers"]

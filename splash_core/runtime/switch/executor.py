@@ -4,18 +4,23 @@
 Per switching step, on every rank (all ranks call :meth:`SwitchExecutor.step` with the same
 arguments, so every decision below is the same everywhere):
 
-1. Plan: the manifests of the layers not yet in ``dst`` (one per source layout), from the
-   requests' histories before the step (:mod:`.planning`), and each mover's per-kind route
-   (which keys it sends, fetches and frees, chunked: the same for every layer of a kind, see
-   ``StateMover.prepare``); cached, so a scheduler that planned the switch with
-   :meth:`SwitchExecutor.plan` to cost it does not pay twice, and a layer's transfer does only
-   that layer's own work (a few array operations on its block tables, one index copy to the
-   device, its packs, collectives and unpacks; no host-device synchronisation).
-2. Check, before anything moves: Eq 5 against ``budget_bytes`` (if given), then one host
-   all-reduce (``ctx.host_collectives()``: it never waits for the device) of every rank's page
-   needs (pages arriving + the step's new pages) against its pools' free pages, and of
-   requests holding pages outside the batch. A failure raises :class:`SwitchRefused` (or
-   ValueError for stray requests) on every rank.
+1. Plan (:meth:`SwitchExecutor.plan_switch`, a :class:`~.planning.SwitchPlan`): the manifests
+   of the layers not yet in ``dst`` (one per source layout), from the requests' histories before
+   the step (:mod:`.planning`), the layer that moves after the step, and Eq 5 against
+   ``budget_bytes`` (if given; skipped where the caller's decision already checked it). In a
+   serving group rank 0 plans it and broadcasts it with the step (``step(..., plan=...)``): no
+   other rank plans or checks Eq 5. Each rank then builds its own key arrays and each mover's
+   per-kind route (which keys it sends, fetches and frees, chunked: the same for every layer
+   of a kind, see ``StateMover.prepare``); manifests are cached, so a benchmark's repeated
+   switch or a scheduler that planned it with :meth:`SwitchExecutor.plan` does not pay twice,
+   and a layer's transfer does only that layer's own work (a few array operations on its block
+   tables, one index copy to the device, its packs, collectives and unpacks; no host-device
+   synchronisation).
+2. Check, before anything moves: the plan's Eq 5 verdict, then one host all-reduce
+   (``ctx.host_collectives()``: it never waits for the device) of every rank's page needs
+   (pages arriving + the step's new pages) against its pools' free pages, and of requests
+   holding pages outside the batch. A failure raises :class:`SwitchRefused` (or ValueError for
+   stray requests) on every rank.
 3. Move, layer by layer, each through the :class:`~.transfer.StateMover` of each of its states
    on a side stream over the side communicator (``ctx.side_collectives()``, async ops):
    ``splash`` starts layer i+1's transfer right before layer i computes (the side stream
@@ -28,7 +33,7 @@ arguments, so every decision below is the same everywhere):
    holds throughout.
 
    In ``splash`` the first moving layer has nothing before it to hide its transfer behind, so
-   (``defer_first``, unless it is the last layer or only discards) it computes the step in
+   (``transfer.defer_first``, unless it is the last layer or only discards) it computes the step in
    its source layout, its new tokens reserved there, and moves last: its transfer, planned on
    the histories *after* the step, starts right before the last layer computes and lands
    after the step. (Where the source layout computes a layer much slower than the destination
@@ -49,6 +54,7 @@ handled as one during it: the step's new pages are released and the caller runs 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -58,13 +64,15 @@ import torch
 
 from ...layouts import Layout, Primitive
 from ...manifest import LayerPlan, Manifest, plan_switch
+from ...profiles.transfer import TransferConfig
 from ..step_batch import StepBatch
 from .errors import SwitchFailed, SwitchRefused, TransferError
 from .modes import Mode
 from .pages_mover import PagesMover
-from .planning import budget_refusal, check_pools, history_batch, layer_plans, peak_bytes, plan_layers
+from .planning import SwitchPlan, budget_refusal, check_pools, history_batch, layer_plans, peak_bytes, plan_layers
 from .recurrent import RecurrentMover
 from .report import LayerReport, SwitchReport
+from .tracing import QUIET, SwitchTracer
 from .transfer import Fault, StateMover, Transfer, TransferContext
 from .weights_mover import WeightsMover
 
@@ -72,9 +80,10 @@ from .weights_mover import WeightsMover
 _CACHED_PLANS = 8  # a back-and-forth between layouts, or a plan made one step ahead, stays cached
 
 
-def default_movers() -> list[StateMover]:
-    """Movers for every state: weights, KV + indexer pages (MLA), recurrent state (KDA)."""
-    return [WeightsMover(), PagesMover(), RecurrentMover()]
+def default_movers(transfer: TransferConfig = TransferConfig()) -> list[StateMover]:
+    """Movers for every state: weights, KV + indexer pages (MLA, chunked and pulled as
+    ``transfer`` says), recurrent state (KDA)."""
+    return [WeightsMover(), PagesMover(transfer), RecurrentMover()]
 
 
 @dataclasses.dataclass
@@ -104,28 +113,27 @@ class _Switch:
 class SwitchExecutor:
     """Executes live layout switches on one rank of the group.
 
-    ``align_transfers``: a layer's transfer starts only once the compute stream reached the
-    layer it overlaps (every rank gets there at about the same time, right after the previous
-    layer's collectives), not as soon as the side stream is free. Its collectives then find
-    their peers ready instead of holding processors while they wait for them.
+    ``transfer``: the deployment's transfer options (:class:`~splash_core.profiles.transfer.TransferConfig`:
+    chunking, pulls, ``align_transfers`` — a layer's transfer starts only once the compute stream
+    reached the layer it overlaps, so its collectives find their peers ready — and
+    ``defer_first`` — in ``splash``, the first moving layer computes the step in its source
+    layout and moves after the last one, unless it only discards; see the module docstring).
     ``budget_bytes``/``reserve_bytes``: H_r less the state outside attention, and R_r, for the
     Eq 5 check (None: only the pools' capacity is checked). ``timeout_s``: how long a transfer's
     collective may take before the switch fails (None: the process group's own timeout; a
     timed wait blocks the host on accelerators, so leave it None there). ``movers``: the state
-    movers (default :func:`default_movers`). ``fault``: a
-    :class:`~.transfer.Fault` to inject (tests); may be set later as an attribute.
-    ``defer_first``: in ``splash``, the first moving layer computes the step in its source
-    layout and moves after the last one, unless it only discards (see the module docstring).
+    movers (default :func:`default_movers`). ``fault``: a :class:`~.transfer.Fault` to inject
+    (tests); may be set later as an attribute. ``tracer``: a
+    :class:`~.tracing.SwitchTracer` that observes every step and switch (benchmarks).
     """
 
     def __init__(self, model, ctx, *, budget_bytes: float | None = None, reserve_bytes: float = 0.0,
                  timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None,
-                 align_transfers: bool = True, defer_first: bool = True):
-        self.model, self.ctx = model, ctx
-        self.align_transfers, self.defer_first = align_transfers, defer_first
+                 transfer: TransferConfig = TransferConfig(), tracer: SwitchTracer | None = None):
+        self.model, self.ctx, self.transfer, self.tracer = model, ctx, transfer, tracer
         self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
         self.timeout_s, self.fault = timeout_s, fault
-        self.movers = default_movers() if movers is None else list(movers)
+        self.movers = default_movers(transfer) if movers is None else list(movers)
         self._io: TransferContext | None = None
         self._cache: collections.OrderedDict[tuple, dict[Layout, Manifest]] = collections.OrderedDict()
 
@@ -138,7 +146,13 @@ class SwitchExecutor:
         histories before the step (or ``after_step``), this rank's key arrays and the movers'
         routes computed. The last few are cached by (destination, layer layouts, requests' ids,
         owners, starts and, after the step, rows)."""
-        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        manifests = self._manifests(_layout(dst), batch, after_step, layers)
+        self._ready(manifests)
+        return manifests
+
+    def _manifests(self, dst: Layout, batch: StepBatch, after_step: bool = False,
+                   layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
+        """:meth:`plans` without this rank's part (what any rank plans alike), cached."""
         key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
                batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size,
                batch.rows.tobytes() if after_step else None, layers)
@@ -146,26 +160,58 @@ class SwitchExecutor:
             self._cache.move_to_end(key)
             return self._cache[key]
         manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers)
-        layers = {layer.index: layer for layer in self.model.layers}
-        for manifest in manifests.values():
-            for lp in manifest.kinds().values():
-                for plan in lp.states.values():
-                    plan.rank(self.model.rank)
-                for mover in self.movers:  # per-kind routes, so no layer of the step builds them
-                    prepare = getattr(mover, "prepare", None)
-                    mine = {s: p for s, p in lp.states.items() if s in mover.states}
-                    if prepare is not None and mine:
-                        prepare(layers[lp.index], mine, self.model.rank, self.model.T, self._io)
         self._cache[key] = manifests
         while len(self._cache) > _CACHED_PLANS:
             self._cache.popitem(last=False)
         return manifests
 
+    def _ready(self, manifests: dict[Layout, Manifest]) -> None:
+        """This rank's key arrays and the movers' per-kind routes of ``manifests`` (each built
+        once per plan: a layer's transfer then does only that layer's own work)."""
+        layers = {layer.index: layer for layer in self.model.layers}
+        for manifest in manifests.values():
+            for lp in manifest.kinds().values():
+                for plan in lp.states.values():
+                    plan.rank(self.model.rank)
+                for mover in self.movers:
+                    prepare = getattr(mover, "prepare", None)
+                    mine = {s: p for s, p in lp.states.items() if s in mover.states}
+                    if prepare is not None and mine:
+                        prepare(layers[lp.index], mine, self.model.rank, self.model.T, self._io)
+
+    def plan_switch(self, dst: Layout | str, batch: StepBatch, mode: Mode | str = Mode.SPLASH, *,
+                    check_eq5: bool = True) -> SwitchPlan:
+        """The switching step to ``dst`` at ``batch``'s step in ``mode``, as :meth:`step` executes
+        it: the manifests, the layer that moves after the step (and its manifests of the
+        histories after it) and, unless ``check_eq5`` is False (the caller's decision already
+        checked it), Eq 5 against ``budget_bytes``. Pure given the model's layer layouts: rank 0
+        plans it and every rank executes the same plan (``step(..., plan=...)``)."""
+        dst, mode, m = _layout(dst), Mode.parse(mode), self.model
+        layouts = tuple(layer.layout for layer in m.layers)
+        key = SwitchPlan.key_of(batch)
+        order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
+        if not order:
+            return SwitchPlan(dst, mode, layouts, key, {})
+        t0 = time.perf_counter()
+        manifests = self._manifests(dst, batch)
+        plans = layer_plans(manifests)
+        deferred, after = None, None
+        if self._defers(mode, order[0], plans[m.layers[order[0]].index]):
+            deferred = order[0]
+            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,))
+            plans.update(layer_plans(after))
+        refusal = None
+        if check_eq5 and self.budget_bytes is not None:
+            peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
+            refusal = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
+        return SwitchPlan(dst, mode, layouts, key, manifests, deferred, after,
+                          (time.perf_counter() - t0) * 1e3, refusal)
+
     def plan(self, dst: Layout | str, batch: StepBatch) -> Manifest:
         """The manifest of the switch to ``dst`` at ``batch``'s step, when all layers share one
         layout (ValueError otherwise: see :meth:`plans`). Its ``fits`` is Eq 5; pass it to
         :func:`splash_core.costmodel.switch_cost` for Eq 7."""
-        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        dst = _layout(dst)
         layouts = {layer.layout for layer in self.model.layers}
         if len(layouts) > 1:
             raise ValueError(f"the layers are in several layouts ({sorted(map(str, layouts))}): use plans()")
@@ -179,37 +225,39 @@ class SwitchExecutor:
     # ---- the switching step -----------------------------------------------------------
 
     def step(self, batch: StepBatch, tokens: torch.Tensor, dst: Layout | str,
-             mode: Mode | str = Mode.SPLASH) -> tuple[torch.Tensor, SwitchReport]:
+             mode: Mode | str = Mode.SPLASH, *, plan: SwitchPlan | None = None) -> tuple[torch.Tensor, SwitchReport]:
         """One serving step of ``batch`` during which every layer moves to ``dst``; returns the
-        step's logits (as :meth:`Model.step`) and this rank's report. Raises
-        :class:`SwitchRefused` before anything moves when the switch does not fit, and
+        step's logits (as :meth:`Model.step`) and this rank's report. ``plan``: the switch as
+        :meth:`plan_switch` planned it (on rank 0 of a serving group), else planned here.
+        Raises :class:`SwitchRefused` before anything moves when the switch does not fit, and
         :class:`SwitchFailed` when a transfer fails (see the module docstring)."""
-        mode = Mode.parse(mode)
-        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        mode, dst = Mode.parse(mode), _layout(dst)
         streams = self.ctx.streams
         start, end = streams.new_event(timing=True), streams.new_event(timing=True)
         if mode is not Mode.READY:
             start.record()
-        sw = self._prepare(dst, batch, mode)
+        sw = self._prepare(dst, batch, mode, plan)
         exposed = None
         try:
             if mode is Mode.READY:
                 self._move_all(sw)
                 streams.synchronize()
                 start.record()
-                logits = self.model.step(batch, tokens)
+                logits = self.model.step(batch, tokens, before_layer=self._boundary())
                 exposed = 0.0
             elif mode is Mode.BLOCKING:
                 x0, x1 = streams.new_event(timing=True), streams.new_event(timing=True)
                 x0.record()
                 self._move_all(sw)
                 x1.record()
-                logits = self.model.step(batch, tokens)
+                logits = self.model.step(batch, tokens, before_layer=self._boundary())
                 exposed = x0, x1
             else:
                 logits = self._splash(sw, batch, tokens)
         except TransferError as exc:
             raise self._failed(sw, exc) from exc
+        if self.tracer is not None:
+            self.tracer.step_end()
         end.record()
         end.synchronize()
         return logits, self._report(sw, mode, start.elapsed_time(end), exposed)
@@ -218,7 +266,7 @@ class SwitchExecutor:
         """Move every layer to ``dst`` now, layer by layer, outside a step (what ``ready`` does
         before its timed step). ``batch`` is the next step's batch: its ``start`` tokens of each
         request are the histories that move. Same checks and failures as :meth:`step`."""
-        dst = Layout.parse(dst) if isinstance(dst, str) else Layout(dst)
+        dst = _layout(dst)
         streams = self.ctx.streams
         start, end = streams.new_event(timing=True), streams.new_event(timing=True)
         start.record()
@@ -238,7 +286,7 @@ class SwitchExecutor:
     def io(self) -> TransferContext:
         """The side communicator and stream (created on the first switch: a collective)."""
         if self._io is None:
-            self.use_side(self.ctx.side_collectives(), self.ctx.streams.new_stream())
+            self.use_side(self.ctx.side_collectives(self.transfer), self.ctx.streams.new_stream())
         self._io.timeout_s, self._io.fault = self.timeout_s, self.fault
         return self._io
 
@@ -250,7 +298,7 @@ class SwitchExecutor:
         host = ctx.host_collectives()
         self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
                                    streams=ctx.streams, side_stream=side_stream, kernels=self.model.kernels,
-                                   host=host, peers=self._share_pool(host))
+                                   host=host, peers=self._share_pool(host), tracer=self.tracer or QUIET)
 
     def _share_pool(self, host):
         """The group's KV pools shared for pulls, where the model allocated them in peer memory
@@ -272,44 +320,58 @@ class SwitchExecutor:
             return None
         return peers
 
-    def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
+    def _span(self, name: str):
+        return self.tracer.span(name) if self.tracer is not None else contextlib.nullcontext()
+
+    def _boundary(self):
+        """A ``before_layer`` that only shows the tracer each layer's boundary (None untraced)."""
+        if self.tracer is None:
+            return None
+
+        def boundary(pos: int) -> None:
+            with self.tracer.layer(pos):
+                pass
+
+        return boundary
+
+    def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None = None) -> _Switch:
         t0 = time.perf_counter()
-        sw = self._check(dst, batch, mode)
+        with self._span("prepare"):
+            sw = self._check(dst, batch, mode, plan)
         sw.host_s = time.perf_counter() - t0
         return sw
 
-    def _check(self, dst: Layout, batch: StepBatch, mode: Mode) -> _Switch:
+    def _check(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None) -> _Switch:
         m = self.model
         if batch.T != m.T or batch.page_size != m.page_size:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={m.T}, page {m.page_size}")
-        before = {layer.layout for layer in m.layers}
-        src = next(iter(before)) if len(before) == 1 else "mixed"
-        order = tuple(pos for pos, layer in enumerate(m.layers) if layer.layout is not dst)
+        layouts = tuple(layer.layout for layer in m.layers)
+        if plan is None:
+            plan = self.plan_switch(dst, batch, mode)
+        elif plan.dst is not dst or plan.mode is not mode or plan.matches(layouts, batch):
+            raise ValueError(f"the switch plan (to {plan.dst}, {plan.mode}) is not this step's (to {dst}, {mode}): "
+                             f"{plan.matches(layouts, batch) or 'another destination or mode'}")
+        src = layouts[0] if len(set(layouts)) == 1 else "mixed"
+        order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
         if not order:
             return _Switch(dst, src, (), 0.0, computes_in=(dst,) * len(m.layers))
         io = self.io  # every rank creates the side communicator here (the movers' routes depend on it)
-        computes_in = [dst] * len(m.layers)
         t0 = time.perf_counter()
-        manifests = self.plans(dst, batch)
-        plans = layer_plans(manifests)
-        deferred = order[0] if self._defers(mode, order[0], plans[m.layers[order[0]].index]) else None
-        if deferred is not None:
-            layer = m.layers[deferred]
-            computes_in[deferred] = layer.layout
-            after = self.plans(dst, batch, after_step=True, layers=(layer.index,))
-            plans[layer.index] = layer_plans(after)[layer.index]
-        plan_ms = (time.perf_counter() - t0) * 1e3
-        sw = _Switch(dst, src, order, plan_ms, deferred, tuple(computes_in))
+        self._ready(plan.manifests)
+        if plan.deferred_manifests:
+            self._ready(plan.deferred_manifests)
+        plans = plan.layer_plans()
+        computes_in = list(dst if pos in order and pos != plan.deferred else layout
+                           for pos, layout in enumerate(layouts))
+        sw = _Switch(dst, src, order, plan.plan_ms + (time.perf_counter() - t0) * 1e3, plan.deferred,
+                     tuple(computes_in))
         per_kind: dict[int, tuple] = {}  # layers of a kind share one states mapping
         for lp in plans.values():
             if id(lp.states) not in per_kind:
                 per_kind[id(lp.states)] = self._assign(lp)
             sw.movers[lp.index] = per_kind[id(lp.states)]
-        if self.budget_bytes is not None:
-            peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
-            reason = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
-            if reason:
-                raise self._refused(sw, mode, reason)
+        if plan.refusal:
+            raise self._refused(sw, mode, plan.refusal)
         pools = check_pools(m, io.host, dst, batch, plans,
                             {layer.index: layout for layer, layout in zip(m.layers, computes_in)})
         stray = pools.stray_error()
@@ -324,7 +386,7 @@ class SwitchExecutor:
         """Whether the first moving layer (position ``first``, plan ``plan``) computes the step in
         its source layout and moves last: in ``splash``, where a later layer exists to hide its
         transfer and it moves something over the network (a discard is ready at once)."""
-        return (mode is Mode.SPLASH and self.defer_first and first < len(self.model.layers) - 1
+        return (mode is Mode.SPLASH and self.transfer.defer_first and first < len(self.model.layers) - 1
                 and any(p.primitive is not Primitive.DISCARD for p in plan.states.values()))
 
     def _assign(self, lp: LayerPlan) -> tuple[tuple[StateMover, dict], ...]:
@@ -370,6 +432,12 @@ class SwitchExecutor:
         reserved = False
 
         def before_layer(pos: int) -> None:
+            if self.tracer is None:
+                return at_layer(pos)
+            with self.tracer.layer(pos):
+                at_layer(pos)
+
+        def at_layer(pos: int) -> None:
             nonlocal reserved
             reserved = True  # Model.step reserved the step's pages before its first layer
             if pos in moving:
@@ -395,10 +463,14 @@ class SwitchExecutor:
             raise
 
     def _start(self, sw: _Switch, pos: int) -> _LayerMove:
+        with self._span("start"):
+            return self._start_now(sw, pos)
+
+    def _start_now(self, sw: _Switch, pos: int) -> _LayerMove:
         t0 = time.perf_counter()
         layer, io, streams = self.model.layers[pos], self.io, self.ctx.streams
         lm = _LayerMove(layer, {k: streams.new_event(timing=True) for k in ("t_start", "t_done", "w0", "w1")})
-        if self.align_transfers:
+        if self.transfer.align_transfers:
             reached = streams.new_event()
             reached.record()  # on the compute stream, where the layer this transfer overlaps begins
             reached.wait(io.side_stream)
@@ -414,6 +486,10 @@ class SwitchExecutor:
         return lm
 
     def _land(self, sw: _Switch, lm: _LayerMove) -> None:
+        with self._span("land"):
+            self._land_now(sw, lm)
+
+    def _land_now(self, sw: _Switch, lm: _LayerMove) -> None:
         t0 = time.perf_counter()
         io, streams, ev = self.io, self.ctx.streams, lm.events
         ev["w0"].record()
@@ -484,3 +560,7 @@ class SwitchExecutor:
         deferred = self.model.layers[sw.deferred].index if sw.deferred is not None and sw.landed else None
         return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
                             sw.plan_ms, host_ms=host_ms, deferred_layer=deferred)
+
+
+def _layout(value: Layout | str) -> Layout:
+    return Layout.parse(value) if isinstance(value, str) else Layout(value)

@@ -16,10 +16,10 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
   everyone): each rank's payload is padded to the largest one (padding rows repeat page 0,
   ignored on arrival) and cut into the same row ranges.
 - over transfer buffers (:meth:`TransferContext.gather_buffer`, which copy engines move): at
-  most ``MAX_CHUNKS_BUFFERED`` chunks, every all-gather in place (pages packed straight into
+  most ``max_chunks_buffered`` chunks (:class:`~splash_core.profiles.transfer.TransferConfig`), every all-gather in place (pages packed straight into
   this rank's slot; each chunk a buffer of its own), and
   at T = 2 an all-to-all goes as such an all-gather too: a rank sends itself nothing, so the
-  exchange is the same, and NCCL's copy engines take all-gathers but not uneven all-to-alls.
+  exchange is the same, and copy-engine collectives take all-gathers but not uneven all-to-alls.
 - land (``finish``): per chunk, wait for its collectives, then one ``unpack`` per source slot
   (one for an all-to-all) writes the pages. They are the destination's new pages, which nothing
   reads before the layer lands, so a later chunk's failure only needs them freed.
@@ -32,7 +32,7 @@ Where the group shares its KV pools (``io.peers``: the pools live in peer memory
 route chunks, packs, collectives or unpacks. Per layer: one host collective in which every rank
 says where the pages it sends lie and where the runs of the pages it allocates for the arriving
 ones end, from which every rank counts the copies and decides alike whether they are long
-enough for the peer memory (``min_run_bytes``, :func:`min_run_bytes`; else the layer moves by
+enough for the peer memory (``min_run_bytes``, :meth:`PagesMover.min_run_bytes`; else the layer moves by
 collectives); a barrier every rank's side stream reaches; one copy per run of pages at
 constant steps from each source (consecutive pages; or every T-th, as CP holds them, in one
 pitched copy); then per state a barrier that
@@ -47,7 +47,6 @@ computes the step in.
 from __future__ import annotations
 
 import dataclasses
-import os
 import weakref
 from typing import Mapping
 
@@ -56,22 +55,13 @@ import torch
 
 from ...layouts import Layout, Primitive, State
 from ...manifest import StatePlan
+from ...profiles.transfer import TransferConfig
 from ..block_tables import PageKeys
 from . import page_pulls
 from .page_pulls import PullRoute
 from .transfer import Pending, Transfer, TransferContext, byte_view
 
 KV, INDEXER = State.KV, State.INDEXER
-CHUNK_BYTES = 128 << 20  # per collective: large enough for full link bandwidth, few enough launches
-MAX_CHUNKS = 4
-# Over copy engines (2 x H200, same-run A/Bs in bench/results/h200x2/): a layer's transfer alone
-# reaches 0.79 / 0.72 of a bare collective in 1 chunk, 0.90 / 0.82 in 2, 0.93 / 0.87 in 4
-# (all-to-all / all-gather at 128K: primitive_costs-4a0663a-chunks1.json, primitive_costs.json,
-# -chunks4.json), because chunks overlap packing and unpacking with the transfer. A switch's
-# overhead at 64K and 128K was the same in 1, 2 or 4 within run-to-run noise
-# (switch_trace-4a0663a.json, switch_trace-f6fc5c9.json), after 4 had cost 1.2-19 ms more than
-# 1 at 64K in an earlier run (switch_trace-6807ba4.json). 2 is the fewest that meet 0.8.
-MAX_CHUNKS_BUFFERED = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +109,12 @@ class PagesMover:
 
     states = (KV, INDEXER)
 
-    def __init__(self):
+    def __init__(self, transfer: TransferConfig = TransferConfig()):
+        """``transfer``: chunking (``chunk_bytes``, ``max_chunks``, ``max_chunks_buffered``) and
+        pulls (``pitched_pulls``, ``min_run_bytes``); every layer's agreement and pulls cut runs alike."""
         self._routes: weakref.WeakKeyDictionary[StatePlan, dict] = weakref.WeakKeyDictionary()
-        self.pitched = pitched_pulls()  # read once: every layer's agreement and pulls cut runs alike
+        self.transfer = transfer
+        self.pitched = transfer.pitched_pulls
 
     def prepare(self, layer, plans: Mapping[State, StatePlan], rank: int, T: int,
                 io: TransferContext | None = None) -> None:
@@ -144,10 +137,11 @@ class PagesMover:
         ``buffered`` (see the module docstring); built once."""
         known = self._routes.setdefault(plan, {})
         as_gather = buffered and T == 2 and plan.primitive is Primitive.ALL_TO_ALL
-        chunks = MAX_CHUNKS_BUFFERED if buffered else MAX_CHUNKS
-        key = (rank, T, page_bytes, CHUNK_BYTES, chunks, as_gather)
+        cfg = self.transfer
+        chunks = cfg.max_chunks_buffered if buffered else cfg.max_chunks
+        key = (rank, T, page_bytes, chunks, as_gather)
         if key not in known:
-            known[key] = _build_route(plan, rank, T, page_bytes, chunks, as_gather)
+            known[key] = _build_route(plan, rank, T, page_bytes, chunks, cfg.chunk_bytes, as_gather)
         return known[key]
 
     def start(self, layer, plans: Mapping[State, StatePlan], dst: Layout, io: TransferContext) -> Transfer:
@@ -186,13 +180,13 @@ class PagesMover:
                         out = io.gather_buffer((state, k), (cut.recv_rows, *cache.shape[1:]), cache.dtype,
                                                layer=layer.index, state=state)
                         if out is None:
-                            send = io.kernels.pack(cache, send_index)
+                            send = io.pack(cache, send_index)
                             out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         else:  # packed straight into this rank's slot: gathered in place
-                            send = io.kernels.pack(cache, send_index, out=io.own_slot(out))
+                            send = io.pack(cache, send_index, out=io.own_slot(out))
                         pending = io.all_gather(out, send, layer=layer.index, state=state)
                     else:
-                        send = io.kernels.pack(cache, send_index)
+                        send = io.pack(cache, send_index)
                         out = send.new_empty((cut.recv_rows, *send.shape[1:]))
                         pending = io.all_to_all(out, send, cut.splits[1], cut.splits[0], layer=layer.index, state=state)
                     chunk.pendings.append((state, pending, out))
@@ -218,7 +212,7 @@ class PagesMover:
         sent = [where for where, _ in shared]
         pages = sum(int(r[:, 1].sum()) for where in sent for r in where if r is not None)
         copies = page_pulls.copies(shared)
-        if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, min_run_bytes(io.peers)):
+        if not page_pulls.worth_pulling(pages, copies, layer.kv.format.kv_page_bytes, self.min_run_bytes(io.peers)):
             return None
         return page_pulls.received_places(sent, layer.index, io.rank, route)
 
@@ -260,8 +254,14 @@ class PagesMover:
                 io.wait(pending)
             for first_row, count, pages in chunk.slots:
                 for state, _, out in chunk.pendings:
-                    io.kernels.unpack(byte_view(caches[state]), pages, out[first_row: first_row + count])
+                    io.unpack(byte_view(caches[state]), pages, out[first_row: first_row + count])
         moving.chunks = []  # the receive buffers go
+
+    def min_run_bytes(self, peers) -> float:
+        """The shortest average copy worth a pull: the transfer options' ``min_run_bytes`` where
+        set (0: pull wherever the pools are shared), else the peer memory's own."""
+        chosen = self.transfer.min_run_bytes
+        return float(chosen) if chosen is not None else float(getattr(peers, "min_run_bytes", 0))
 
     def retire(self, t: Transfer) -> None:
         t.layer.kv.free_keys(t.data.route.freed)
@@ -273,23 +273,6 @@ class PagesMover:
             t.layer.kv.free_keys(moving.route.arriving)
             moving.allocated = False
         moving.chunks, moving.done = [], None
-
-
-def min_run_bytes(peers) -> float:
-    """The shortest average copy worth a pull: ``SPLASH_PEER_MIN_RUN_BYTES`` where set (0: pull
-    wherever the pools are shared; an A/B knob), else the peer memory's ``min_run_bytes``."""
-    value = os.environ.get("SPLASH_PEER_MIN_RUN_BYTES")
-    return float(value) if value else float(getattr(peers, "min_run_bytes", 0))
-
-
-def pitched_pulls() -> bool:
-    """Whether runs of every T-th page are pulled in pitched copies (else only consecutive pages
-    are runs): ``SPLASH_PEER_PITCHED=0`` (read when the executor's movers are made) turns them
-    off, an A/B knob. On one H200 a pitched copy of
-    72 KiB rows ran at about half a plain copy's rate within the GPU and slowed a step beside it
-    about twice as much (bench/results/h200/copy_interference.json); between GPUs the link, not
-    the copy engine, should bound both."""
-    return os.environ.get("SPLASH_PEER_PITCHED", "1") != "0"
 
 
 def _pulls(layer, io: TransferContext) -> bool:
@@ -306,7 +289,7 @@ def _parts(n: int, k: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, max_chunks: int,
+def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, max_chunks: int, chunk_bytes: int,
                  as_gather: bool = False) -> _Route:
     blocks = plan.rank(rank)
     freed = PageKeys.of(blocks.freed)
@@ -315,7 +298,7 @@ def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, max_chunks
     counts = plan.diff.recv[0]  # [dst, src] pages
     gather = plan.primitive is Primitive.ALL_GATHER or as_gather
     busiest = int(counts.max()) if gather else int(counts.sum(axis=0).max())
-    n = int(min(max_chunks, max(1, -(-busiest * page_bytes // CHUNK_BYTES))))
+    n = int(min(max_chunks, max(1, -(-busiest * page_bytes // chunk_bytes))))
     recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])
     sent, fetched, cuts = [], [], []
     if gather:  # this rank's payload is the same for every peer

@@ -22,6 +22,49 @@ from ... import ownership
 from ...layouts import Layout, Ownership, State
 from ...manifest import LayerPlan, Manifest, plan_switch
 from ..step_batch import StepBatch
+from .modes import Mode
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SwitchPlan:
+    """One switching step as every rank executes it, planned once (on rank 0 in a serving group,
+    which broadcasts it with the step: no other rank plans or checks Eq 5 again).
+
+    ``manifests``: one per source layout among the moving layers, of the histories before the
+    step; ``deferred``: the model position of the layer that computes the step in its source
+    layout and moves after it, with ``deferred_manifests`` of its histories after the step;
+    ``refusal``: why Eq 5 refused the switch (nothing may move), or None. ``layouts`` and
+    ``batch_key`` say which model state and batch it was planned for (:meth:`matches`)."""
+
+    dst: Layout
+    mode: Mode
+    layouts: tuple[Layout, ...]
+    batch_key: tuple
+    manifests: dict[Layout, Manifest]
+    deferred: int | None = None
+    deferred_manifests: dict[Layout, Manifest] | None = None
+    plan_ms: float = 0.0
+    refusal: str | None = None
+
+    @staticmethod
+    def key_of(batch: StepBatch) -> tuple:
+        return (batch.T, batch.page_size, batch.ids.tobytes(), batch.owners.tobytes(), batch.starts.tobytes(),
+                batch.rows.tobytes())
+
+    def matches(self, layouts, batch: StepBatch) -> str | None:
+        """Why this plan is not the one for layer layouts ``layouts`` and ``batch``, or None."""
+        if tuple(layouts) != self.layouts:
+            return f"planned for layer layouts {[str(l) for l in self.layouts]}, the model has {[str(l) for l in layouts]}"
+        if self.key_of(batch) != self.batch_key:
+            return "planned for another batch"
+        return None
+
+    def layer_plans(self) -> dict[int, LayerPlan]:
+        """Per model layer index, the plan the switch executes (the deferred layer's after the step)."""
+        plans = layer_plans(self.manifests)
+        if self.deferred_manifests:
+            plans.update(layer_plans(self.deferred_manifests))
+        return plans
 
 
 def history_batch(batch: StepBatch, after_step: bool = False) -> ownership.Batch:

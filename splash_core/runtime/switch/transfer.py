@@ -52,6 +52,7 @@ from ...layouts import Layout, State
 from ...manifest import StatePlan
 from ..kv_pool import to_device
 from .errors import InjectedFault, TransferError
+from .tracing import QUIET, SwitchTracer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Fault:
                 and (self.ranks is None or rank in self.ranks))
 
 
-BARRIER_TIMEOUT_S = 600.0  # a peer barrier's wait where the executor sets none (NCCL's default timeout)
+BARRIER_TIMEOUT_S = 600.0  # a peer barrier's wait where the executor sets none (a collective library's usual default timeout)
 
 
 class _Ordered:
@@ -104,14 +105,14 @@ class TransferContext:
 
     def __init__(self, *, rank: int, T: int, device, collectives: Collectives, streams: StreamOps,
                  side_stream, kernels, host: Collectives, timeout_s: float | None = None,
-                 fault: Fault | None = None, peers: PeerBuffers | None = None):
+                 fault: Fault | None = None, peers: PeerBuffers | None = None, tracer: SwitchTracer = QUIET):
         """``host``: collectives on host memory, for what ranks agree on before moving;
         ``peers``: the group's shared KV pools, which pages are pulled out of (None: pages move
-        by collectives)."""
+        by collectives); ``tracer``: sees the issues, waits, pulls, packs and unpacks."""
         self.rank, self.T, self.device = rank, T, device
         self.collectives, self.streams, self.side_stream = collectives, streams, side_stream
         self.kernels, self.timeout_s, self.fault = kernels, timeout_s, fault
-        self.host, self.peers = host, peers
+        self.host, self.peers, self.tracer = host, peers, tracer
         self.hung = False  # a hang fault fired: nothing more is issued on the side communicator
         self._flags: dict[State, torch.Tensor] = {}  # per state: the tensor of its pulls' collective
         self._epoch = 0  # the last peer barrier's (every rank counts alike)
@@ -149,7 +150,21 @@ class TransferContext:
         copied without blocking, so issuing a layer's transfer never waits for the streams)."""
         return to_device(array, self.device, torch.int32)
 
+    def pack(self, cache: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Pages ``index`` of ``cache`` gathered into one buffer (``MLAKernels.pack``)."""
+        with self.tracer.span("pack"):
+            return self.kernels.pack(cache, index, out=out) if out is not None else self.kernels.pack(cache, index)
+
+    def unpack(self, cache: torch.Tensor, index: torch.Tensor, data: torch.Tensor) -> None:
+        """Rows of ``data`` written to pages ``index`` of ``cache`` (``MLAKernels.unpack``)."""
+        with self.tracer.span("unpack"):
+            self.kernels.unpack(cache, index, data)
+
     def _issue(self, layer: int, state: State, primitive: str, launch) -> Pending:
+        with self.tracer.span("issue"):
+            return self._issue_now(layer, state, primitive, launch)
+
+    def _issue_now(self, layer: int, state: State, primitive: str, launch) -> Pending:
         if self.hung or (self.fault is not None and self.fault.hang and self.fault.hits(layer, state, self.rank)):
             self.hung = True  # a hung rank issues nothing after this (issuing later ones would mismatch peers)
             return Pending(None, layer, state, primitive, withheld=True)
@@ -174,7 +189,8 @@ class TransferContext:
         if self.hung:
             return
         try:
-            self.peers.pull(source, runs)
+            with self.tracer.span("pull"):
+                self.peers.pull(source, runs)
         except Exception as exc:
             raise TransferError(layer, state, "pull", f"from rank {source}: {type(exc).__name__}: {exc}") from exc
 
@@ -207,10 +223,11 @@ class TransferContext:
         if pending.withheld:
             raise TransferError(*where, "injected fault: this rank never issued the collective")
         try:
-            if self.timeout_s is None:
-                pending.work.wait()
-            else:
-                pending.work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            with self.tracer.span("wait"):
+                if self.timeout_s is None:
+                    pending.work.wait()
+                else:
+                    pending.work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except Exception as exc:
             raise TransferError(*where, f"{type(exc).__name__}: {exc}") from exc
         if self.fault is not None and not self.fault.hang and self.fault.hits(pending.layer, pending.state, self.rank):

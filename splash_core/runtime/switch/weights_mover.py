@@ -10,8 +10,8 @@
   in the other order is copied once. The largest tensors go first. They do not go through the
   side collectives' transfer buffers (:meth:`TransferContext.gather_buffer`): a buffer reused
   by the next layer would cost a copy in and out, and on 2 x H200 copy-engine weight gathers
-  did not make a weights-only switch faster (results/h200x2/switch_overhead-9ed0e0f.json
-  against switch_overhead.json; switch_trace-3a32392.json).
+  did not make a weights-only switch faster (bench/results/h200x2/switch_overhead-9ed0e0f.json
+  against switch_overhead.json, and switch_trace-3a32392.json, at git 148a7b0).
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 

@@ -1,0 +1,64 @@
+"""Argument types shared by the subcommands: bad values fail while the command line is parsed,
+before anything runs, as one line (``splash plan: error: argument --batch: must be >= 1 (got 0)``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the plots are written as (matplotlib picks by suffix)
+
+
+def _number(text: str, kind: type):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'} "
+                                         f"(got {text!r})") from None
+
+
+def at_least(low: int):
+    """An int type accepting ``low`` or more."""
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if not value > 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {text})")
+    return value
+
+
+def figure_path(text: str) -> str:
+    """A file to draw into: a known image suffix, not a folder, in a folder that exists."""
+    path = Path(text)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"{text}: unsupported figure format {path.suffix or '(none)'!r}; "
+                                         f"use {', '.join(FIGURE_SUFFIXES)}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: folder {path.parent} does not exist")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    path = Path(text)
+    if path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory does not exist")
+    return text
