@@ -5,6 +5,8 @@ arguments, missing files and folders given as files."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from splash_core.cli.main import main
@@ -12,7 +14,8 @@ from splash_core.profiles import ProfileError, load_file
 from splash_core.profiles.loader import builtin_root
 
 SHIPPED = builtin_root()
-DEPLOYMENT = (SHIPPED / "deployments" / "cpu-tiny.yaml").read_text()
+# cpu-tiny on the synthetic tiny model (the shipped one serves a checkpoint), so a test can swap the model
+DEPLOYMENT = re.sub(r"^model: .*$", "model: tiny-mla", (SHIPPED / "deployments" / "cpu-tiny.yaml").read_text(), flags=re.M)
 MODEL = (SHIPPED / "models" / "tiny-mla.yaml").read_text()
 
 

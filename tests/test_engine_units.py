@@ -23,7 +23,7 @@ from splash_core.profiles.workload import RequestSpec
 from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_batch import StepRequest
-from splash_core.runtime.weights import SeededWeights
+from splash_core.checkpoint.source import weight_source
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 
@@ -204,7 +204,7 @@ def test_policy_specs():
 
 def test_the_reference_check_accepts_the_references_own_tokens_and_names_a_wrong_one():
     dep = load("deployment", "cpu-tiny")
-    ref = ReferenceModel(dep.model, SeededWeights(dep.seed), "cpu", torch.float32, dep.layers)
+    ref = ReferenceModel(dep.model, weight_source(dep.model, dep.seed), "cpu", torch.float32, dep.layers)
     prompts = {0: np.arange(20) % 256, 1: (np.arange(7) * 5) % 256}
     gen = generate(ref.step, [Prompt(i, 0, tuple(int(t) for t in p)) for i, p in prompts.items()], T=1,
                    page_size=16, chunk=8, new_tokens=5, release=ref.release)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from splash_core.checkpoint.source import weight_source
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
 from splash_core.runtime.driver import Prompt, generate
@@ -29,7 +30,7 @@ def _from_deployment(ctx):
 
 def test_model_from_deployment_profile(rank_pools):
     deployment = load("deployment", "cpu-tiny")
-    ref_model = ReferenceModel(deployment.model, SeededWeights(deployment.seed))
+    ref_model = ReferenceModel(deployment.model, weight_source(deployment.model, deployment.seed))
     ref = generate(ref_model.step, PROMPTS, release=ref_model.release, **RUN)
     layout, kv_dtype, dtype, gen = rank_pools(2).run(_from_deployment)[1]
     assert (layout, kv_dtype, dtype) == (str(deployment.initial_layout), torch.float32, torch.float32)

@@ -23,7 +23,9 @@ def cpu_tiny(**hardware):
     values = dict(CPU, **hardware)
     data = {"name": "cpu-frozen", "platform": "cpu", "device": "test"}
     data.update({k: {"value": v, "source": "assumed", "ref": "test copy of cpu.yaml"} for k, v in values.items()})
-    return dataclasses.replace(load("deployment", "cpu-tiny"), hardware=load("hardware", data))
+    # the synthetic tiny model these budgets were sized for (cpu-tiny itself serves a checkpoint)
+    return dataclasses.replace(load("deployment", "cpu-tiny"), hardware=load("hardware", data),
+                               model=load("model", "tiny-mla"))
 
 
 def workload(**spec):

@@ -24,6 +24,7 @@ from ..profiles import ProfileError
 # Subcommand modules, in the order ``splash --help`` lists them.
 COMMANDS = (
     "run",
+    "generate",
     "backends",
     "profiles",
     "weights",

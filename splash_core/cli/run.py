@@ -11,12 +11,10 @@ describes (one rank per process); otherwise the ranks are spawned here.
 from __future__ import annotations
 
 import os
-import sys
 
-from ..backend import get_backend
 from ..profiles import load
-from ..runtime.spawn import RankError
 from .args import at_least, positive_float
+from .engine_job import deployment_for, run_group
 from .main import UsageError
 from .output import print_json
 
@@ -32,6 +30,9 @@ def add_parser(sub) -> None:
                                    f"serving {DEFAULT_WORKLOAD} (an RL rollout).")
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
                    help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a Hugging Face checkpoint folder (DeepseekV2/V3ForCausalLM) to serve instead of the "
+                        "deployment's model")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help=f"workload profile: name or path (default {DEFAULT_WORKLOAD})")
     p.add_argument("--policy", default="splash",
@@ -51,13 +52,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..engine import Job, run_job  # torch: imported only when the command runs
+    from ..engine import Job  # torch: imported only when the command runs
     from ..engine.launch import under_torchrun
     from ..engine.policy import make_policy
     from ..engine.preflight import JobError, check_job
     from ..engine.summary import render
 
-    deployment = load("deployment", args.deployment)
+    deployment = deployment_for(args)  # with --model; its backend can run here
     workload = load("workload", args.workload)
     try:
         policy = make_policy(args.policy, deployment)
@@ -67,24 +68,16 @@ def run(args) -> int:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but deployment "
                          f"{deployment.name!r} has T = {deployment.T}: start one process per rank "
                          f"(--nproc-per-node {deployment.T})")
-    backend = get_backend(deployment.backend)
-    if not backend.info.accelerator and deployment.hardware.platform != "cpu":
-        raise UsageError(f"deployment {deployment.name!r} is for {deployment.hardware.platform}, but backend "
-                         f"{deployment.backend!r} resolved to {backend.name!r} on the CPU here; run it on that "
-                         f"machine with its backend installed (splash backends), or use a CPU deployment")
     try:
         check_job(deployment, workload, policy, args.kv_pages)  # before any rank starts
     except JobError as exc:
         raise UsageError(str(exc)) from None
-    job = Job(deployment=args.deployment, workload=args.workload, policy=args.policy,
+    job = Job(deployment=args.deployment, model=args.model, workload=args.workload, policy=args.policy,
               prefill_chunk=args.prefill_chunk, kv_pages=args.kv_pages, switch_mode=args.switch_mode,
               check=not args.no_check, progress=not args.json)
-    try:
-        summary = run_job(job, timeout_s=args.timeout)
-    except RankError as exc:
-        print(str(exc), file=sys.stderr)
-        print(f"splash run: error: the group stopped: rank {exc.rank} failed (its error is above)", file=sys.stderr)
-        return 1
+    summary = run_group(job, "run", args.timeout)
+    if isinstance(summary, int):  # a rank failed
+        return summary
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return 0
     if args.json:

@@ -6,6 +6,7 @@ Modules, one concept each:
 - ``admission``: the KV pool's size and first-come-first-served admission by KV capacity.
 - ``policy``: who picks each step's layout: the scheduler (SPLASH), a fixed layout, a script.
 - ``controller``: rank 0's decisions each step (admission, rows per request, layout).
+- ``sampling``: each request's next token (greedy, temperature, top-k, top-p, seed) and stop ids.
 - ``plan``: the compact step plan rank 0 broadcasts so every rank runs the same step.
 - ``engine``: :func:`serve`, the step loop every rank runs (torchrun or a RankPool worker).
 - ``preflight``: what ``splash run`` checks before any rank starts (KV format, requests that fit).
@@ -13,7 +14,8 @@ Modules, one concept each:
 - ``reference_check``: outputs against the single-device reference model.
 - ``summary``, ``progress``: what a run reports, and the progress bar while it runs.
 
-``splash run`` (:mod:`splash_core.cli.run`) is the command-line face.
+``splash run`` (:mod:`splash_core.cli.run`) and ``splash generate`` (:mod:`splash_core.cli.generate`)
+are the command-line faces.
 """
 
 from .engine import EngineError, Job, serve

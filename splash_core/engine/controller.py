@@ -5,7 +5,7 @@ admission), give every decoding request one row and the prefilling ones up to ``
 rows per owner rank in admission order, ask the policy for the layout, and check the layout
 against the KV pool. A request that has fed any token holds KV, so it gets at least one row
 in every step until it finishes: a switch moves exactly the histories of the step's batch.
-After the step, :meth:`Controller.record` turns the greedy tokens into progress and finished
+After the step, :meth:`Controller.record` turns the chosen tokens into progress and finished
 requests, whose pages the next plan releases.
 """
 
@@ -161,7 +161,7 @@ class Controller:
 
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
                refused: str = "") -> None:
-        """Book the step: ``next_tokens`` are the greedy tokens of the batch's requests, in batch
+        """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
         plan's switch, if it did."""
         if plan.layout is not self.layout:

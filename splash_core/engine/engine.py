@@ -5,9 +5,10 @@ batch composition, the policy's layout) and broadcasts a compact plan
 (:mod:`~splash_core.engine.plan`); every rank then frees the pages of finished requests and
 runs the step: :meth:`Model.step <splash_core.runtime.model.Model.step>` in the current layout,
 or, when the plan names another layout, the switch executor's step, during which every layer
-moves to it while the batch keeps computing. The logits (identical on every rank) give the
-greedy tokens rank 0 books. A switch the executor refuses before anything moves (Eq 5) runs
-the step in the current layout instead.
+moves to it while the batch keeps computing. From the logits (identical on every rank) rank 0
+chooses each request's next token (:mod:`~splash_core.engine.sampling`: greedy or seeded
+sampling) and books it; the next plan carries it to every rank. A switch the executor refuses
+before anything moves (Eq 5) runs the step in the current layout instead.
 
 Faults stop the group instead of hanging it: collectives time out after the group's timeout
 (``deployment.collective_timeout_s`` when launched by :mod:`~splash_core.engine.launch`); a
@@ -25,8 +26,15 @@ import time
 import warnings
 from typing import Callable
 
+import numpy as np
+import torch
+
+from ..checkpoint.deployments import resolve
+from ..checkpoint.source import weight_source
 from ..profiles import load
-from ..runtime.model import Model, greedy
+from ..profiles.deployment import DeploymentProfile
+from ..profiles.workload import RequestSpec
+from ..runtime.model import Model
 from ..runtime.switch import SwitchExecutor, SwitchRefused
 from . import reference_check
 from .admission import plan_capacity
@@ -34,7 +42,8 @@ from .controller import Controller
 from .plan import Command, StepPlan, exchange
 from .policy import make_policy
 from .progress import Progress
-from .requests import Request, State
+from .requests import GenerationRequest, Request, State
+from .sampling import GREEDY, next_tokens as choose_tokens
 from .summary import RunSummary, SwitchSummary
 
 
@@ -44,11 +53,15 @@ class EngineError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """What to serve, how. Profiles are names, paths or mappings (loaded on every rank); ``policy``
-    is a spec string (:func:`~splash_core.engine.policy.make_policy`) or a picklable policy object."""
+    """What to serve, how. Profiles are names, paths, mappings (loaded on every rank) or a loaded
+    deployment; ``policy`` is a spec string (:func:`~splash_core.engine.policy.make_policy`) or a
+    picklable policy object. The requests are a workload's or, for ``splash generate``, the
+    ``prompts`` given (then ``workload`` is None). ``model`` (a checkpoint folder) and ``T``
+    replace the deployment's (:func:`splash_core.checkpoint.deployments.resolve`, on every rank:
+    a loaded profile does not pickle)."""
 
-    deployment: str | dict
-    workload: str | dict
+    deployment: str | dict | DeploymentProfile
+    workload: str | dict | None = None
     policy: object = "splash"
     prefill_chunk: int = 8192  # prefill rows per owner rank per step (as `splash simulate`)
     kv_pages: int | None = None  # pages per layer and rank (None: from the budget and the workload)
@@ -56,6 +69,29 @@ class Job:
     check: bool = True  # compare outputs with the single-device reference (rank 0, after the run)
     check_tolerance: float | None = None  # for compute formats below float32 (None: the default)
     progress: bool = False  # progress bar on rank 0's stderr
+    prompts: tuple[GenerationRequest, ...] = ()  # requests by prompt ids (instead of a workload)
+    model: str | None = None  # a checkpoint folder to serve instead of the deployment's model
+    T: int | None = None  # a group size instead of the deployment's
+
+    def __post_init__(self):
+        if (self.workload is None) == (not self.prompts):
+            raise ValueError("a job serves either a workload or prompts")
+
+
+def deployment_of(job: Job) -> DeploymentProfile:
+    """The job's deployment with its replacements."""
+    return resolve(job.deployment, model=job.model, T=job.T)
+
+
+def _requests(job: Job, deployment) -> tuple[str, int, list[Request]]:
+    """(name of what is served, concurrency, the requests with their prompts)."""
+    if job.workload is None:
+        specs = [RequestSpec(i, len(g.prompt), g.max_new_tokens) for i, g in enumerate(job.prompts)]
+        return "prompts", len(specs), [Request(s, np.asarray(g.prompt, dtype=np.int64), sampling=g.sampling)
+                                       for s, g in zip(specs, job.prompts)]
+    workload = load("workload", job.workload)
+    return workload.name, workload.concurrency, [Request(s, workload.prompt_token_ids(s, deployment.model.vocab_size))
+                                                 for s in workload.requests()]
 
 
 def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
@@ -64,16 +100,19 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     ``on_step(ctx, step)`` runs on every rank before each step (instrumentation, fault injection)."""
     # torch 2.13 deprecates the all-gather the collectives use; 2.11 (the device machine) lacks its successor
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
-    deployment = load("deployment", job.deployment)
-    workload = load("workload", job.workload)
+    deployment = deployment_of(job)
     if ctx.world_size != deployment.T:
         raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
                           f"the group has {ctx.world_size} ranks")
-    specs = workload.requests()
-    capacity = plan_capacity(deployment, workload.concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs],
-                             job.kv_pages)
+    served, concurrency, requests = _requests(job, deployment)
+    capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages)
     policy = make_policy(job.policy, deployment)
-    model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial)
+    t_load = time.perf_counter()
+    source = weight_source(deployment.model, deployment.seed)
+    model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial,
+                                  source=source)
+    ctx.streams.synchronize()
+    load_report = _load_report(source, time.perf_counter() - t_load, model)
     executor = None
     if len(policy.layouts) > 1:  # Eq 5 against the same budget the scheduler plans with
         executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
@@ -82,10 +121,9 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     lead = ctx.rank == 0
     controller = progress = None
     if lead:
-        requests = [Request(s, workload.prompt_token_ids(s, deployment.model.vocab_size)) for s in specs]
-        controller = Controller(requests, policy, capacity, concurrency=workload.concurrency,
+        controller = Controller(requests, policy, capacity, concurrency=concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
-        progress = Progress(sum(s.max_new_tokens for s in specs), len(specs), job.progress)
+        progress = Progress(sum(r.spec.max_new_tokens for r in requests), len(requests), job.progress)
     reports = []
     ctx.collectives.barrier()
     start = time.perf_counter()
@@ -102,7 +140,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
             t0 = time.perf_counter()
             switch = _share_switch_plan(ctx, executor, controller, plan, model, job.switch_mode)
             logits, report, refused = _run_step(model, executor, plan, tokens, job.switch_mode, switch)
-            next_tokens = greedy(logits).cpu().numpy() if lead else None
+            next_tokens = _choose(controller, plan, logits) if lead else None
             seconds = time.perf_counter() - t0
             if report is not None:
                 reports.append((step, report))
@@ -121,7 +159,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
             _draw(progress, controller, step)
             progress.close()
     elapsed = time.perf_counter() - start
-    everyone = ctx.collectives.all_gather_object(reports)
+    everyone = ctx.collectives.all_gather_object((reports, load_report))
     if not lead:
         return None
     del model, executor  # the reference check needs the memory on an accelerator
@@ -130,9 +168,34 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         finished = [r for r in controller.requests.values() if r.state is State.FINISHED]
         result = reference_check.check(deployment, {r.id: r.prompt for r in finished},
                                        {r.id: r.generated for r in finished}, ctx.device,
-                                       tolerance=job.check_tolerance)
+                                       tolerance=job.check_tolerance,
+                                       sampling={r.id: r.sampling for r in finished})
         check = {**dataclasses.asdict(result), "line": result.line()}
-    return _summary(ctx, deployment, workload, policy, job, capacity, controller, elapsed, everyone, check)
+    load_report = {**load_report, "seconds_slowest_rank": max(r[1]["seconds"] for r in everyone)}
+    return _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed,
+                    [r[0] for r in everyone], check, load_report)
+
+
+def _choose(controller: Controller, plan: StepPlan, logits):
+    """Rank 0: each request's next token; rows that yield no output (mid-prompt) take argmax."""
+    reqs = [controller.requests[q.id] for q in plan.requests]
+    params = [r.sampling if r.outputs_this_step(q.rows) else GREEDY for r, q in zip(reqs, plan.requests)]
+    return choose_tokens(logits, params, [r.id for r in reqs], [len(r.generated) for r in reqs])
+
+
+def _load_report(source, seconds: float, model: Model) -> dict:
+    """How long building the model took, what it read, and what it holds (bytes per part)."""
+    read = int(getattr(source, "bytes_read", 0))
+    pool = sum(t.numel() * t.element_size() for layer in model.paged_layers
+               for t in (layer.kv.kv, layer.kv.indexer) if t is not None)
+    where = torch.device(model.device)
+    module = torch.get_device_module(where) if where.type != "cpu" else None
+    held = module.mem_get_info(where) if module is not None and hasattr(module, "mem_get_info") else None
+    return {"source": "checkpoint" if read else "seeded", "checkpoint": model.profile.checkpoint,
+            "device_memory": None if held is None else {"free": int(held[0]), "total": int(held[1])},
+            "seconds": seconds, "bytes_read": read, "gb_per_s": read / seconds / 1e9 if seconds > 0 else 0.0,
+            "format": model.profile.notes if model.profile.checkpoint else "",
+            "memory": {**model.nbytes(), "kv_pool": pool}, "dtype": str(model.dtype).removeprefix("torch.")}
 
 
 def _next_plan(ctx, controller, step: int, page_size: int) -> tuple[StepPlan, object]:
@@ -192,7 +255,8 @@ def _draw(progress: Progress, controller: Controller, step: int) -> None:
                     switches=sum(not s.refused for s in controller.switches))
 
 
-def _summary(ctx, deployment, workload, policy, job, capacity, controller, elapsed, reports, check) -> RunSummary:
+def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed, reports, check,
+             load_report) -> RunSummary:
     requests = list(controller.requests.values())
     finished = [r for r in requests if r.state is State.FINISHED]
     by_step = _merge_reports(reports)
@@ -203,8 +267,10 @@ def _summary(ctx, deployment, workload, policy, job, capacity, controller, elaps
     layout_steps: dict[str, int] = {}
     for s in controller.steps:
         layout_steps[str(s.layout)] = layout_steps.get(str(s.layout), 0) + 1
+    outputs = tuple({"id": r.id, "prompt_token_ids": [int(t) for t in r.prompt], "token_ids": list(r.generated),
+                     "finish_reason": r.finish_reason} for r in requests) if job.prompts else ()
     return RunSummary(
-        deployment=deployment.name, workload=workload.name, policy=policy.name, backend=ctx.backend.name,
+        deployment=deployment.name, workload=served, policy=policy.name, backend=ctx.backend.name,
         device=str(ctx.device), model=deployment.model.name, T=deployment.T,
         layers=deployment.layers or deployment.model.num_layers, compute_dtype=deployment.compute_dtype,
         kv_pages=capacity.pages, kv_pages_source=capacity.source, prefill_chunk=job.prefill_chunk,
@@ -213,7 +279,8 @@ def _summary(ctx, deployment, workload, policy, job, capacity, controller, elaps
         prompt_tokens=sum(r.prompt_tokens for r in finished), output_tokens=sum(len(r.generated) for r in finished),
         elapsed_s=elapsed, steps=len(controller.steps), layout_steps=layout_steps,
         step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
-        decisions=dict(controller.decisions), check=check)
+        decisions=dict(controller.decisions), check=check, load=load_report, outputs=outputs,
+        step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps))
 
 
 def _merge_reports(per_rank: list[list]) -> dict[int, dict]:

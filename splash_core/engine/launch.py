@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 
-from ..profiles import load
 from ..runtime.group import from_env, shutdown
 from ..runtime.spawn import RankPool
-from .engine import Job, serve
+from .engine import Job, deployment_of, serve
 from .summary import RunSummary
 
 
@@ -22,7 +21,7 @@ def under_torchrun() -> bool:
 
 def run_job(job: Job, *, timeout_s: float | None = None, run_timeout_s: float = 24 * 3600.0) -> RunSummary | None:
     """Serve ``job`` on a fresh group; the summary on rank 0 (and in a spawning parent), else None."""
-    deployment = load("deployment", job.deployment)
+    deployment = deployment_of(job)
     timeout = timeout_s or deployment.collective_timeout_s
     if under_torchrun():
         ctx = from_env(deployment.backend, timeout)

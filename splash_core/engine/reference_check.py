@@ -7,8 +7,8 @@ this is the same as generating greedily with the reference from the same prompt 
 number of tokens, and it scores a whole request in a few chunked passes instead of one step
 per token, so it is cheap enough for long requests on an accelerator.
 
-In float32 the check is exact (layouts differ from the reference only in reduction order). In
-a lower-precision compute format the reference runs in float32 on the same rounded weights, and
+In float32 (compute and KV cache) the check is exact (layouts differ from the reference only in
+reduction order). In a lower-precision format the reference runs in float32 on the same rounded weights, and
 a differing token passes when the reference itself nearly ties there: its top logit exceeds
 the engine token's by at most ``tolerance`` x the largest |logit| of that row.
 
@@ -35,11 +35,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
-from ..profiles.model import LayerKind
-from ..runtime.mla import rms_norm
 from ..runtime.reference_model import ReferenceModel
-from ..runtime.weights import RoundedWeights, SeededWeights, layer_prefix
+from ..runtime.weights import RoundedWeights
+from .sampling import GREEDY, SamplingParams, choose, kept, uniform
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need
@@ -74,22 +74,10 @@ class _Scorer(ReferenceModel):
 
     def score(self, request: int, tokens: torch.Tensor, chunk: int, first: int = 0) -> torch.Tensor:
         """Logits [n - first, V] float32 of positions ``first``.. of ``tokens`` fed from position 0."""
-        p, w = self.profile, self.w
         out = []
         for start in range(0, tokens.numel(), chunk):
-            ids = tokens[start: start + chunk]
-            pos = torch.arange(start, start + ids.numel(), device=ids.device)
-            h = w["model.embed_tokens.weight"][ids]
-            for layer in range(self.count):
-                pre = layer_prefix(layer)
-                attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
-                h = h + attention(layer, request, start, rms_norm(h, w[f"{pre}.input_layernorm.weight"], p.rms_norm_eps), pos)
-                if p.intermediate_size:
-                    x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], p.rms_norm_eps)
-                    gate = torch.nn.functional.silu(x @ w[f"{pre}.mlp.gate_proj.weight"].t())
-                    h = h + (gate * (x @ w[f"{pre}.mlp.up_proj.weight"].t())) @ w[f"{pre}.mlp.down_proj.weight"].t()
-            h = h[max(0, first - start):]  # rows before ``first`` predict nothing we check
-            out.append((rms_norm(h, w["model.norm.weight"], p.rms_norm_eps) @ w["lm_head.weight"].t()).float())
+            h = self.forward(request, start, tokens[start: start + chunk])
+            out.append(self.logits(h[max(0, first - start):]))  # rows before ``first`` predict nothing we check
         self.release(request)
         return torch.cat(out)
 
@@ -101,8 +89,10 @@ def reference_flops(profile, layers: int, tokens: int, chunk: int) -> float:
     pairs = tokens * tokens / 2 + tokens * chunk / 2
     expand = (tokens / chunk + 1) * tokens / 2 * m.heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank
     attend = pairs * m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-    dense = tokens * (3 * profile.hidden_size * (profile.intermediate_size or 0))
-    return 2.0 * layers * (expand + attend + dense)
+    moe = profile.moe if profile.runtime_experts else None
+    width = (moe.moe_intermediate_size * (moe.n_routed_experts + moe.n_shared_experts)  # every expert, every row
+             if moe is not None else profile.intermediate_size or 0)
+    return 2.0 * layers * (expand + attend + tokens * 3 * profile.hidden_size * width)
 
 
 def kv_tolerance(kv_dtype: torch.dtype) -> float:
@@ -113,16 +103,18 @@ def kv_tolerance(kv_dtype: torch.dtype) -> float:
 
 
 def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, Sequence[int]], device="cpu", *,
-          tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET) -> CheckResult:
+          tolerance: float | None = None, chunk: int = 512, flop_budget: float = DEFAULT_FLOP_BUDGET,
+          sampling: Mapping[int, SamplingParams] | None = None) -> CheckResult:
     """Compare the engine's ``outputs`` (request id -> generated tokens) of the given ``prompts``
     with the reference on ``device``, cheapest requests first within ``flop_budget``; ``tolerance``
-    overrides the one the compute and KV formats give."""
+    overrides the one the compute and KV formats give. A request with ``sampling`` parameters
+    (default greedy) is compared with the reference's choice from the same uniform draws."""
     compute, kv = torch_dtype(deployment.compute_dtype), torch_dtype(deployment.model.kv_cache.latent_dtype)
     low_compute = compute != torch.float32
     exact = not low_compute and kv == torch.float32
     tol = 0.0 if exact else (max(DEFAULT_TOLERANCE if low_compute else 0.0, kv_tolerance(kv))
                              if tolerance is None else tolerance)
-    source = SeededWeights(deployment.seed)
+    source = weight_source(deployment.model, deployment.seed)
     if low_compute:
         source = RoundedWeights(source, compute)
     ref = _Scorer(deployment.model, source, device, torch.float32, deployment.layers,
@@ -143,16 +135,33 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
         fed = torch.as_tensor(np.concatenate([prompt, np.asarray(generated[:-1], dtype=np.int64)]), device=device)
         logits = ref.score(rid, fed, chunk, first=len(prompt) - 1)
         engine = torch.as_tensor(np.asarray(generated, dtype=np.int64), device=device)
-        top = logits.max(dim=-1)
-        differ = logits.argmax(dim=-1) != engine
-        gap = top.values - logits.gather(1, engine[:, None])[:, 0]
-        bad = differ & (gap > tol * logits.abs().max(dim=-1).values)
+        params = (sampling or {}).get(rid, GREEDY)
+        if params.greedy:
+            top = logits.max(dim=-1)
+            differ = logits.argmax(dim=-1) != engine
+            gap = top.values - logits.gather(1, engine[:, None])[:, 0]
+            bad = differ & (gap > tol * logits.abs().max(dim=-1).values)
+        else:
+            differ, bad, gap = _sampled(logits, engine, params, rid, exact)
         tokens += len(generated)
         mismatches += int(differ.sum())
         decisive += int(bad.sum())
         if bad.any() and not first:
             k = int(torch.nonzero(bad)[0])
             first = (f"request {rid}, output {k}: engine token {int(engine[k])}, reference {int(logits[k].argmax())} "
-                     f"(logit gap {float(gap[k]):.4g})")
+                     f"(logit gap {float(gap[k]):.4g})" if params.greedy else
+                     f"request {rid}, output {k}: engine sampled {int(engine[k])}, outside the reference's kept tokens")
     return CheckResult(decisive == 0 and bool(chosen), len(chosen), len(cost), tokens, mismatches, decisive, exact,
                        tol, first)
+
+
+def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams, rid: int, exact: bool):
+    """(differ, decisive, gap) of a sampled request: the reference's choice from the same draws
+    must be the engine's; in a lower precision a differing token counts only when the reference
+    would never have kept it (outside its top-k / top-p set)."""
+    ref = torch.tensor([choose(row, params, uniform(params, rid, k)) for k, row in enumerate(logits)],
+                       device=engine.device)
+    differ = ref != engine
+    outside = torch.tensor([int(t) not in set(kept(row, params)[1].tolist()) for row, t in zip(logits, engine.tolist())],
+                           device=engine.device)
+    return differ, differ & (outside | exact), torch.zeros(len(engine), device=engine.device)

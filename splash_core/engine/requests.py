@@ -2,15 +2,17 @@
 
 ::
 
-    waiting ──admit──> prefilling ──last prompt chunk──> decoding ──max_new_tokens──> finished
+    waiting ──admit──> prefilling ──last prompt chunk──> decoding ──max_new_tokens or stop id──> finished
        └──────────reject (no layout can ever hold it)──> rejected
 
 A request is admitted with its owner rank (chosen from projected KV growth,
 :func:`splash_core.ownership.assign_owner`) and keeps it in every layout. Prefill feeds the
 prompt in chunks; the step that feeds the last prompt token yields the first generated token,
-and every decode step feeds the last generated token and yields the next. A request generates
-exactly ``max_new_tokens`` tokens (no early stop, the paper's protocol), so the last generated
-token is never fed back: its history peaks at ``prompt + max_new_tokens - 1`` tokens.
+and every decode step feeds the last generated token and yields the next, chosen by the
+request's :class:`~splash_core.engine.sampling.SamplingParams`. A request generates
+``max_new_tokens`` tokens, or fewer when it emits one of its stop ids (EOS; workload requests have
+none: the paper's protocol generates exactly ``max_new_tokens``); the last generated token is
+never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import enum
 import numpy as np
 
 from ..profiles.workload import RequestSpec
+from .sampling import GREEDY, SamplingParams
 
 
 class State(enum.Enum):
@@ -44,6 +47,8 @@ class Request:
     reason: str = ""  # why it was rejected
     admitted_step: int = -1
     finished_step: int = -1
+    sampling: SamplingParams = GREEDY
+    finish_reason: str = ""  # "length" (max_new_tokens) or "stop" (a stop id)
 
     @property
     def id(self) -> int:
@@ -89,5 +94,26 @@ class Request:
             return  # mid-prompt: the prediction is not an output
         self.state = State.DECODING
         self.generated.append(int(next_token))
-        if len(self.generated) >= self.spec.max_new_tokens:
-            self.state, self.finished_step = State.FINISHED, step
+        if int(next_token) in self.sampling.stop_token_ids:
+            self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "stop"
+        elif len(self.generated) >= self.spec.max_new_tokens:
+            self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "length"
+
+    def outputs_this_step(self, rows: int) -> bool:
+        """Whether a step feeding ``rows`` of this request yields an output token."""
+        return self.fed + rows >= self.prompt_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """A request given by its prompt's token ids (``splash generate``), not drawn from a workload."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = GREEDY
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise ValueError("a prompt needs at least one token")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")

@@ -58,6 +58,10 @@ class RunSummary:
     switches: tuple[SwitchSummary, ...]
     decisions: dict  # policy action -> steps
     check: dict | None  # reference_check.CheckResult as a dict; None when skipped
+    load: dict = dataclasses.field(default_factory=dict)  # model build: seconds, bytes read, memory per part (rank 0)
+    outputs: tuple = ()  # ({"id", "prompt_token_ids", "token_ids", "finish_reason"}, ...) of requests given by prompt
+    step_rows: tuple = ()  # query rows of every step
+    step_requests: tuple = ()  # requests in every step
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,7 +82,6 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out.pop("step_ms")
         steps = list(self.step_ms)
         out.update(tokens_per_s=self.tokens_per_s, output_tokens_per_s=self.output_tokens_per_s,
                    step_ms_p50=percentile(steps, 50) if steps else None,
@@ -94,7 +97,10 @@ def render(s: RunSummary) -> str:
     lines = [f"{s.deployment}: {s.model} ({s.layers} layers), T = {s.T} on {s.device} ({s.backend}), "
              f"{s.compute_dtype}; workload {s.workload}; policy {s.policy}",
              f"KV pool: {s.kv_pages:,} pages per layer and rank ({s.kv_pages_source}); "
-             f"prefill chunk {s.prefill_chunk} rows per owner rank", ""]
+             f"prefill chunk {s.prefill_chunk} rows per owner rank"]
+    if s.load:
+        lines.append(load_line(s.load))
+    lines.append("")
     rows = [("requests served", f"{s.served} of {s.requests}" + (f" ({len(s.rejected)} rejected)" if s.rejected else "")),
             ("tokens", f"{s.prompt_tokens:,} prompt + {s.output_tokens:,} generated"),
             ("time", f"{number(s.elapsed_s)} s, {s.steps} steps"
@@ -125,3 +131,16 @@ def render(s: RunSummary) -> str:
     else:
         lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
     return "\n".join(lines)
+
+
+def load_line(load: dict) -> str:
+    """One line on how the model was built: from where, how fast, what rank 0 holds."""
+    memory = load.get("memory", {})
+    held = ", ".join(f"{k} {v / MIB:,.1f}" for k, v in memory.items() if v)
+    if load.get("source") == "checkpoint":
+        where = (f"weights from {load['checkpoint']}: {load['bytes_read'] / MIB:,.1f} MiB read in "
+                 f"{load['seconds']:.2f} s ({load['gb_per_s']:.2f} GB/s)")
+    else:
+        where = f"weights drawn from the deployment's seed in {load.get('seconds', 0.0):.2f} s"
+    fmt = f"; {load['format']}" if load.get("format") else ""
+    return f"model: {where}, held in {load.get('dtype', '')}{fmt}; rank 0 holds MiB: {held}"

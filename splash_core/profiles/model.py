@@ -6,8 +6,10 @@ import dataclasses
 import enum
 import functools
 
+from typing import Any
+
 from .. import dtypes
-from .schema import Problem, field, non_negative, one_of, positive
+from .schema import Problem, build, field, non_negative, one_of, positive
 
 _DTYPE = one_of(*dtypes.NAMES)
 
@@ -70,6 +72,10 @@ class MoEConfig:
                                        checks=[non_negative])
     scoring_func: str = field("router scores: sigmoid (V3) or softmax (V2)", default="softmax",
                               checks=[one_of("softmax", "sigmoid")])
+    topk_method: str = field(
+        "expert choice: greedy (top-k of all), group_limited_greedy (V2: groups ranked by their best "
+        "score) or noaux_tc (V3: scores plus e_score_correction_bias, groups ranked by their top-2 sum)",
+        default="greedy", checks=[one_of("greedy", "group_limited_greedy", "noaux_tc")])
     n_group: int = field("expert groups for grouped top-k (1: plain top-k)", default=1, checks=[positive])
     topk_group: int = field("groups each token may pick experts from", default=1, checks=[positive])
     norm_topk_prob: bool = field("renormalise the chosen experts' weights to sum to 1", default=False)
@@ -83,6 +89,30 @@ class MoEConfig:
             yield Problem("n_group", f"must divide n_routed_experts ({self.n_routed_experts})", self.n_group)
         if self.topk_group > self.n_group:
             yield Problem("topk_group", f"exceeds n_group ({self.n_group})", self.topk_group)
+        if self.topk_method == "noaux_tc" and self.n_routed_experts // self.n_group < 2:
+            yield Problem("n_group", "noaux_tc ranks groups by their top-2 scores: groups need >= 2 experts",
+                          self.n_group)
+        if self.topk_method != "greedy" and self.topk_group * (self.n_routed_experts // self.n_group) \
+                < self.num_experts_per_tok:
+            yield Problem("topk_group", f"the chosen groups hold fewer than num_experts_per_tok "
+                                        f"({self.num_experts_per_tok}) experts", self.topk_group)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """YaRN rotary scaling (``rope_scaling`` of DeepSeek's config.json, ``type: yarn``): frequencies
+    interpolated by ``factor`` below the correction range set by ``beta_fast``/``beta_slow``
+    (rounded to whole dims, as DeepSeek does), cos/sin scaled by mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim), and the softmax scale by mscale(factor, mscale_all_dim)²,
+    where mscale(s, m) = 0.1 m ln s + 1."""
+
+    factor: float = field("context extension factor s", checks=[positive])
+    original_max_position_embeddings: int = field("context length of pre-training", checks=[positive])
+    beta_fast: float = field("rotations where extrapolation ends", default=32.0, checks=[positive])
+    beta_slow: float = field("rotations where interpolation starts", default=1.0, checks=[positive])
+    mscale: float = field("m of the cos/sin scale's numerator", default=1.0, checks=[non_negative])
+    mscale_all_dim: float = field("m of its denominator and of the softmax correction (0: none)", default=0.0,
+                                  checks=[non_negative])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +162,16 @@ class ModelProfile:
     moe: MoEConfig | None = field("routed experts (None: a dense MLP in every layer)", default=None)
     rms_norm_eps: float = field("RMSNorm epsilon", default=1e-6, checks=[positive])
     rope_theta: float = field("RoPE base", default=10000.0, checks=[positive])
+    rope_scaling: RopeScaling | None = field("YaRN scaling of the rotary frequencies (None: plain RoPE)", default=None)
+    rope_interleave: bool = field(
+        "the checkpoint's rotary channels are interleaved pairs (DeepSeek's layout); the loader permutes "
+        "them into the rotate-half order the runtime computes in", default=False)
+    checkpoint: str = field("Hugging Face checkpoint folder the runtime reads weights from "
+                            "('': weights drawn from the deployment's seed)", default="")
+    runtime_experts: bool = field(
+        "whether the runtime's model builds the routed experts of ``moe`` (False: a dense MLP of "
+        "intermediate_size in every layer, the attention benchmarks' stand-in; the cost model still "
+        "sees ``moe``)", default=True)
     source: str = field("where the dims come from (config URL, paper section)", default="")
     notes: str = field("caveats, e.g. where a stand-in disagrees with a paper figure", default="")
 
@@ -147,9 +187,25 @@ class ModelProfile:
             yield Problem("moe.first_k_dense_replace", f"exceeds the layer count ({self.layers.count})",
                           self.moe.first_k_dense_replace)
 
+    @classmethod
+    def from_yaml_value(cls, value: Any, *, file: str, path: str) -> "ModelProfile":
+        """A deployment's ``model:`` mapping: a profile's keys, or a checkpoint folder, ``{path: DIR}``,
+        or the checkpoint SPLASH writes itself, ``{builtin: NAME}`` (optionally into ``path``), each
+        with optional overrides of derived fields (e.g. ``kv_cache``); the profile is derived from
+        the folder's ``config.json`` (:mod:`splash_core.checkpoint.config`)."""
+        if isinstance(value, dict) and ("path" in value or "builtin" in value):
+            from ..checkpoint.config import profile_from_mapping
+
+            return profile_from_mapping(value, file=file, path=path)
+        return build(cls, value, file=file, path=path)
+
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer ``index`` (0-based) routes to experts rather than a dense MLP."""
         return self.moe is not None and index >= self.moe.first_k_dense_replace
+
+    def runtime_moe_layer(self, index: int) -> bool:
+        """Whether the runtime's model builds routed experts in layer ``index``."""
+        return self.runtime_experts and self.is_moe_layer(index)
 
     # ---- derived sizes (bytes) --------------------------------------------------------
 

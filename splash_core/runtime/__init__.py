@@ -10,11 +10,14 @@ Modules, one concept each:
   placement rule :func:`held_pages`; ``block_tables``: its block tables and free pages, with
   array operations over many requests' pages (:class:`PageKeys`) for live switches; ``page_placement``: where new pages go (each
   history in long runs, so switches pull it in few copies); ``kv_format``: the cache formats the pool can store.
-- ``weights``: seeded or safetensors weights in DeepSeek's naming; ``mla``: the layout-free MLA
-  math and :class:`MLAWeights` (all heads or a head shard).
+- ``weights``: seeded or safetensors weights in DeepSeek's naming (checkpoint folders:
+  :mod:`splash_core.checkpoint`); ``mla``: the layout-free MLA math and :class:`MLAWeights` (all
+  heads or a head shard); ``rotary``: RoPE and YaRN.
+- ``feed_forward``: the dense MLP (tensor parallel) and DeepSeek's MoE (expert parallel) of each
+  block, fixed while attention switches; ``experts``: the router and the grouped expert matmuls.
 - ``mla_layer``: :class:`MLALayer`, one layer in its own layout; ``exchange``: the activation
   collectives of the layouts.
-- ``model``: embedding, MLA + tensor-parallel dense MLP blocks, vocabulary-parallel LM head;
+- ``model``: embedding, MLA + dense MLP or MoE blocks, vocabulary-parallel LM head;
   ``reference_model``: the single-process oracle; ``driver``: chunked prefill + greedy decode.
 - ``step_bench``: rank-side work of ``bench/runtime_step.py``.
 - ``switch``: live layout switching: :class:`~splash_core.runtime.switch.SwitchExecutor` runs one

@@ -7,8 +7,9 @@ softmax-weighted latent [n, h, d_c] and the value up-projection W_UV plus O turn
 hidden width. Every function works on any subset of heads: given a head shard's weights it
 computes that shard's queries and that shard's partial O output (to be summed over shards).
 
-RoPE rotates the first and second halves of the rotary channels (the Hugging Face
-``rotate_half`` convention), with base ``rope_theta``; softmax scale ``1/sqrt(d_n + d_r)``.
+RoPE (:mod:`~splash_core.runtime.rotary`) rotates the first and second halves of the rotary
+channels (the Hugging Face ``rotate_half`` convention), with base ``rope_theta`` and YaRN scaling
+where the profile has it; softmax scale ``1/sqrt(d_n + d_r)`` (with YaRN's correction).
 
 Host cost is part of the design: every layer of a step rotates the same positions, so the
 rotation tables are a :class:`Rotary` made once per step; Q-A, KV-A and the indexer keys read
@@ -19,13 +20,15 @@ batched matmuls over heads.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
 
 from ..profiles.model import ModelProfile
-from .weights import WeightSource, head_shard, layer_prefix, tensor_shapes
+from .rotary import Rotary, rope, softmax_scale
+from .weights import WeightSource, head_shard, layer_prefix, layer_tensor_shapes
+
+__all__ = ["MLAMath", "MLAWeights", "Rotary", "rms_norm", "rope"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,42 +38,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if weight.dtype == x.dtype:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rotary:
-    """RoPE of n positions: ``cos`` = [cos a, cos a] and ``sin`` = [-sin a, sin a], [n, d_r] float32.
-
-    Computed once per step (every layer rotates the same positions) and applied to any rows
-    [n, ..., d_r] of those positions as ``x cos + swap_halves(x) sin``: element for element the
-    rotate-half formula ``x1 cos - x2 sin, x2 cos + x1 sin`` in float32, so the result is the same
-    to the bit as rotating with the angles recomputed."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-    @classmethod
-    def at(cls, positions: torch.Tensor, dim: int, theta: float) -> "Rotary":
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
-        angles = positions.float()[:, None] * inv_freq[None, :]  # [n, d/2]
-        cos, sin = angles.cos(), angles.sin()
-        return cls(torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
-
-    def rows(self, index) -> "Rotary":
-        """The rotation of a subset of the rows (a slice keeps views)."""
-        return Rotary(self.cos[index], self.sin[index])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [n, ..., d_r] rotated, in its own dtype."""
-        half = x.shape[-1] // 2
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-        return (x * self.cos.view(shape) + swapped * self.sin.view(shape)).to(x.dtype)
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x`` [n, ..., d_r] by ``positions`` [n] (rotate-half convention)."""
-    return Rotary.at(positions, x.shape[-1], theta)(x)
 
 
 @dataclasses.dataclass
@@ -105,7 +72,7 @@ class MLAWeights:
         """Read layer ``layer``'s attention weights for ``heads`` (all heads by default)."""
         m = profile.mla
         heads = range(m.heads) if heads is None else heads
-        shapes = tensor_shapes(profile, layer + 1)
+        shapes = layer_tensor_shapes(profile, layer)
         a = f"{layer_prefix(layer)}.self_attn"
         qk, kvh = m.qk_nope_head_dim + m.qk_rope_head_dim, m.qk_nope_head_dim + m.v_head_dim
         kw = dict(device=device, dtype=dtype)
@@ -181,8 +148,8 @@ class MLAMath:
     def __init__(self, profile: ModelProfile):
         m = profile.mla
         self.d_c, self.d_r, self.d_n, self.d_v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
-        self.eps, self.theta = profile.rms_norm_eps, profile.rope_theta
-        self.scale = 1.0 / math.sqrt(self.d_n + self.d_r)
+        self.eps, self.theta, self.rope_scaling = profile.rms_norm_eps, profile.rope_theta, profile.rope_scaling
+        self.scale = softmax_scale(profile)
 
     @property
     def kv_width(self) -> int:

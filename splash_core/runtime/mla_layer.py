@@ -77,7 +77,7 @@ class MLALayer(HeadShardedLayer):
         return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
 
     def _rotary(self, step: StepContext, own: bool):
-        return step.rotary(self.math.d_r, self.math.theta, own)
+        return step.rotary(self.math.d_r, self.math.theta, own, self.math.rope_scaling)
 
     def _tp(self, x, step):
         m, w = self.math, self.weights

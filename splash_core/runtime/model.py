@@ -1,13 +1,13 @@
-"""The runtime's small model on one rank: embedding, L blocks of attention (MLA or KDA, as the
-profile's layer kinds say) + dense MLP, LM head.
+"""The runtime's model on one rank: embedding, L blocks of attention (MLA or KDA, as the
+profile's layer kinds say) + a dense MLP or routed experts, LM head.
 
 Data flow of :meth:`Model.step` (docs/design.md §3): the residual stream of all rows of the step is
 the same on every rank between blocks. Each attention layer computes in its own layout (see
 :mod:`~splash_core.runtime.mla_layer` and :mod:`~splash_core.runtime.kda_layer`) and returns all
-rows; the dense MLP is always
-tensor-parallel over the group (gate/up split by rows of the intermediate width, down by its
-columns, one all-reduce), so DP/DOP/CP rows are gathered to every rank before it and each owner
-selects its rows again at the next attention layer, as DP-attention engines do.
+rows; the feed-forward part keeps one parallelism whatever the attention layout
+(:mod:`~splash_core.runtime.feed_forward`: tensor-parallel dense MLP, expert-parallel MoE, one
+all-reduce each), so DP/DOP/CP rows are gathered to every rank before it and each owner selects
+its rows again at the next attention layer, as DP-attention engines do.
 
 Logits are those of each request's last row, vocabulary-parallel (each rank computes
 ceil(V/T) rows of the LM head) and all-gathered, so logits and greedy tokens are identical on
@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..interfaces import Collectives, KDAKernels
 from ..layouts import Layout, Placement
@@ -34,13 +35,14 @@ from ..profiles.transfer import TransferConfig
 from .block_tables import PageKeys
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
+from .feed_forward import DenseMLP, MoE, load_feed_forward
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights, rms_norm
 from .mla_layer import MLALayer
 from .recurrent_pool import RecurrentFormat, RecurrentPool
 from .step_batch import StepBatch
 from .step_context import StepContext
-from .weights import SeededWeights, WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
+from .weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
 
 
 class Model:
@@ -83,11 +85,9 @@ class Model:
         self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
         kda_math = KDAMath(profile) if kda_layers else None
         self.embed = get("model.embed_tokens.weight")
-        inter = even_shard(profile.intermediate_size, rank, T)
         self.layers: list[MLALayer | KDALayer] = []
-        # The MLP's gate and up projections are stacked so one matmul computes both.
         self.norms: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.mlps: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self.mlps: list[DenseMLP | MoE | None] = []  # never move in a switch
         for i, layout in enumerate(layouts):
             p = layer_prefix(i)
             sharded = layout.placement is Placement.SHARDED
@@ -100,10 +100,7 @@ class Model:
                 weights = MLAWeights.load(source, profile, i, heads, **kw)
                 self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
             self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
-            self.mlps.append(None if not profile.intermediate_size else (
-                torch.cat([get(f"{p}.mlp.gate_proj.weight", rows=slice(inter.start, inter.stop)),
-                           get(f"{p}.mlp.up_proj.weight", rows=slice(inter.start, inter.stop))]),
-                get(f"{p}.mlp.down_proj.weight", cols=slice(inter.start, inter.stop))))
+            self.mlps.append(load_feed_forward(source, profile, i, rank, T, **kw))
         self.final_norm = get("model.norm.weight")
         vocab = even_shard(profile.vocab_size, rank, T)
         self.vocab_per_rank = -(-profile.vocab_size // T)
@@ -130,17 +127,17 @@ class Model:
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
                         layouts=None) -> "Model":
-        """Build from a deployment profile: its model, page size, compute format, layer count, seed
-        (unless ``source`` is given), initial layout (unless ``layouts`` is given) and transfer
-        options; the KV pool stores the model's cache format (latent and rotary key must share
-        one format)."""
+        """Build from a deployment profile: its model, page size, compute format, layer count,
+        weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
+        ``source`` is given), initial layout (unless ``layouts`` is given) and transfer options;
+        the KV pool stores the model's cache format (latent and rotary key must share one format)."""
         kv = deployment.model.kv_cache
         if kv.latent_dtype != kv.rope_dtype or kv.scale_bytes:
             raise ValueError(f"model {deployment.model.name!r}: the runtime stores latent and rotary key in one "
                              f"format without scales (got {kv.latent_dtype}/{kv.rope_dtype}, {kv.scale_bytes} scale bytes)")
         if ctx.world_size != deployment.T:
             raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
-        return cls.from_context(ctx, deployment.model, source or SeededWeights(deployment.seed),
+        return cls.from_context(ctx, deployment.model, source or weight_source(deployment.model, deployment.seed),
                                 deployment.initial_layout if layouts is None else layouts,
                                 pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                                 dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
@@ -171,21 +168,13 @@ class Model:
                 before_layer(i)
             h = h + layer.forward(rms_norm(h, in_norm, eps), step)
             if mlp is not None:
-                h = h + self._mlp(rms_norm(h, post_norm, eps), mlp)
+                h = h + mlp.forward(rms_norm(h, post_norm, eps), self.collectives)
         last = rms_norm(h.index_select(0, step.last_rows), self.final_norm, eps)
         local = last @ self.lm_head.t()  # [R, ceil(V/T)]
         out = local.new_empty(self.T * local.shape[0], local.shape[1])
         self.collectives.all_gather_into(out, local.contiguous())
         logits = out.view(self.T, -1, local.shape[1]).transpose(0, 1).reshape(local.shape[0], -1)
         return logits[:, : self.profile.vocab_size].float()
-
-    def _mlp(self, x, weights):
-        gate_up, down = weights
-        both = x @ gate_up.t()  # [n, 2 I/T]: gate, then up
-        width = gate_up.shape[0] // 2
-        partial = (torch.nn.functional.silu(both[:, :width]) * both[:, width:]) @ down.t()
-        self.collectives.all_reduce(partial)
-        return partial
 
     # ---- pages ----------------------------------------------------------------------------
 
@@ -275,14 +264,18 @@ class Model:
     def nbytes(self) -> dict[str, int]:
         """Bytes this rank holds, per state of the ownership model: 'weights' (Q-B, KV-B, O of every
         MLA layer, and the head-indexed KDA tensors: W_A or W_A/T), 'kv' and 'indexer' (pages in
-        use), 'recurrent' (KDA state and conv caches held), and 'other' (embedding, norms,
-        Q-A/KV-A, KDA gate down-projections and conv taps, dense MLP shard, LM head shard)."""
+        use), 'recurrent' (KDA state and conv caches held); what never moves in a switch:
+        'experts' (the routed experts held here), 'mlp' (dense MLP and shared-expert shards,
+        routers) and 'other' (embedding, norms, Q-A/KV-A, KDA gate down-projections and conv
+        taps, LM head shard)."""
         size = lambda t: t.numel() * t.element_size()  # noqa: E731
-        out = {"weights": 0, "kv": 0, "indexer": 0, "recurrent": 0, "other": 0}
+        out = {"weights": 0, "kv": 0, "indexer": 0, "recurrent": 0, "experts": 0, "mlp": 0, "other": 0}
         for layer, norms, mlp in zip(self.layers, self.norms, self.mlps):
             w = layer.weights.nbytes()
             out["weights"] += w["projections"]
-            out["other"] += w["replicated"] + sum(map(size, norms)) + (sum(map(size, mlp)) if mlp else 0)
+            out["other"] += w["replicated"] + sum(map(size, norms))
+            for part, n in (mlp.nbytes() if mlp is not None else {}).items():
+                out[part] += n
         out.update(self.pool.nbytes())
         out.update(self.recurrent.nbytes())
         out["other"] += size(self.embed) + size(self.final_norm) + size(self.lm_head)
@@ -311,7 +304,3 @@ def _check_recurrent(layer: KDALayer, batch: StepBatch, ids: set[int]) -> None:
         raise AssertionError(f"rank {layer.rank} layer {layer.index} holds recurrent state of requests "
                              f"{sorted(stray)} not in the batch")
 
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Greedy next tokens [R] (lowest index on ties, as torch.argmax)."""
-    return logits.argmax(dim=-1)

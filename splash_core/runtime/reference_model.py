@@ -6,8 +6,10 @@ normalised latents and rotated rotary keys per layer; attention expands them per
 W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask. KDA layers keep
 each request's whole history of pre-convolution inputs (convolved with ``F.conv1d`` over the
 full sequence, not from a cache) and its state, updated token by token in the transition form
-``S <- (I - beta k kᵀ) diag(exp g) S + beta k vᵀ`` (not the kernels' delta form). Only RMSNorm,
-RoPE and the weight source are shared with the runtime.
+``S <- (I - beta k kᵀ) diag(exp g) S + beta k vᵀ`` (not the kernels' delta form). MoE layers run
+every expert on every row and combine them with a dense [rows, experts] matrix of the routing
+weights (not the runtime's grouped, expert-parallel path). Only RMSNorm, RoPE, the router and the
+weight source are shared with the runtime.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..profiles.model import LayerKind, ModelProfile
-from .mla import rms_norm, rope
+from .experts import route
+from .mla import rms_norm
+from .rotary import rope, softmax_scale
 from .step_batch import StepBatch
 from .weights import WeightSource, layer_prefix, tensor_shapes
 
@@ -42,42 +46,59 @@ class ReferenceModel:
 
     def step(self, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [R, V] float32 of each request's last row, in batch request order."""
-        p, w = self.profile, self.w
-        eps = p.rms_norm_eps
-        device = w["model.embed_tokens.weight"].device
-        tokens = tokens.to(device).long()
-        logits = []
-        for i, req in enumerate(batch.requests):
-            lo, hi = batch.row_offsets[i], batch.row_offsets[i + 1]
-            pos = torch.arange(req.start, req.start + req.rows, device=device)
-            h = w["model.embed_tokens.weight"][tokens[lo:hi]]
-            for layer in range(self.count):
-                pre = layer_prefix(layer)
-                x = rms_norm(h, w[f"{pre}.input_layernorm.weight"], eps)
-                attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
-                h = h + attention(layer, req.id, req.start, x, pos)
-                if p.intermediate_size:
-                    x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], eps)
-                    gate = torch.nn.functional.silu(x @ w[f"{pre}.mlp.gate_proj.weight"].t())
-                    h = h + (gate * (x @ w[f"{pre}.mlp.up_proj.weight"].t())) @ w[f"{pre}.mlp.down_proj.weight"].t()
-            last = rms_norm(h[-1:], w["model.norm.weight"], eps)
-            logits.append((last @ w["lm_head.weight"].t()).float())
-        return torch.cat(logits)
+        tokens = tokens.to(self.w["model.embed_tokens.weight"].device).long()
+        return torch.cat([self.logits(self.forward(req.id, req.start, tokens[lo:hi])[-1:])
+                          for req, lo, hi in zip(batch.requests, batch.row_offsets, batch.row_offsets[1:])])
+
+    def forward(self, request: int, start: int, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream [n, d] after the last block for ``tokens`` of ``request`` at
+        positions ``start``..; appends to the request's histories."""
+        w, eps = self.w, self.profile.rms_norm_eps
+        pos = torch.arange(start, start + tokens.numel(), device=tokens.device)
+        h = w["model.embed_tokens.weight"][tokens]
+        for layer in range(self.count):
+            pre = layer_prefix(layer)
+            attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
+            h = h + attention(layer, request, start, rms_norm(h, w[f"{pre}.input_layernorm.weight"], eps), pos)
+            x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], eps)
+            if self.profile.runtime_moe_layer(layer):
+                h = h + self._moe(layer, x)
+            elif self.profile.intermediate_size:
+                h = h + self._mlp(f"{pre}.mlp", x)
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [n, V] of residual rows ``h``."""
+        return (rms_norm(h, self.w["model.norm.weight"], self.profile.rms_norm_eps) @ self.w["lm_head.weight"].t()).float()
+
+    def _mlp(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        gate = torch.nn.functional.silu(x @ w[f"{prefix}.gate_proj.weight"].t())
+        return (gate * (x @ w[f"{prefix}.up_proj.weight"].t())) @ w[f"{prefix}.down_proj.weight"].t()
+
+    def _moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        moe, p = self.profile.moe, f"{layer_prefix(layer)}.mlp"
+        weights, experts = route(x, self.w[f"{p}.gate.weight"], self.w.get(f"{p}.gate.e_score_correction_bias"), moe)
+        combine = torch.zeros(x.shape[0], moe.n_routed_experts, device=x.device).scatter_add_(1, experts, weights)
+        out = sum(combine[:, j, None] * self._mlp(f"{p}.experts.{j}", x).float() for j in range(moe.n_routed_experts))
+        if moe.n_shared_experts:
+            out = out + self._mlp(f"{p}.shared_experts", x).float()
+        return out.to(x.dtype)
 
     def _attention(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         m, w = self.profile.mla, self.w
         a = f"{layer_prefix(layer)}.self_attn"
-        eps, theta = self.profile.rms_norm_eps, self.profile.rope_theta
+        eps, theta, scaling = self.profile.rms_norm_eps, self.profile.rope_theta, self.profile.rope_scaling
         H, dn, dr, dv, dc = m.heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
         if m.q_lora_rank:
             q = rms_norm(x @ w[f"{a}.q_a_proj.weight"].t(), w[f"{a}.q_a_layernorm.weight"], eps) @ w[f"{a}.q_b_proj.weight"].t()
         else:
             q = x @ w[f"{a}.q_proj.weight"].t()
         q = q.view(-1, H, dn + dr)
-        q_nope, q_rope = q[..., :dn], rope(q[..., dn:], pos, theta)
+        q_nope, q_rope = q[..., :dn], rope(q[..., dn:], pos, theta, scaling)
         kv = x @ w[f"{a}.kv_a_proj_with_mqa.weight"].t()
         c_new = rms_norm(kv[:, :dc], w[f"{a}.kv_a_layernorm.weight"], eps)
-        k_rope_new = rope(kv[:, dc:], pos, theta)
+        k_rope_new = rope(kv[:, dc:], pos, theta, scaling)
         if self.kv_dtype is not None:
             c_new, k_rope_new = (t.to(self.kv_dtype).to(t.dtype) for t in (c_new, k_rope_new))
         c_old, k_old = self.cache[layer].get(request, (c_new[:0], k_rope_new[:0]))
@@ -89,7 +110,7 @@ class ReferenceModel:
         k_nope = torch.einsum("sc,hdc->shd", c, kv_b[:, :dn])
         v = torch.einsum("sc,hvc->shv", c, kv_b[:, dn:])
         scores = (torch.einsum("nhd,shd->nhs", q_nope, k_nope)
-                  + torch.einsum("nhr,sr->nhs", q_rope, k_rope)) / (dn + dr) ** 0.5
+                  + torch.einsum("nhr,sr->nhs", q_rope, k_rope)) * softmax_scale(self.profile)
         visible = torch.arange(c.shape[0], device=c.device)[None, :] <= pos[:, None]
         probs = torch.softmax(scores.float().masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
         out = torch.einsum("nhs,shv->nhv", probs.to(v.dtype), v).reshape(-1, H * dv)

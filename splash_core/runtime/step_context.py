@@ -27,7 +27,8 @@ import torch
 from ..interfaces import Collectives, MLAKernels
 from ..layouts import Layout, Ownership
 from .kv_pool import LayerKV, to_device
-from .mla import Rotary
+from ..profiles.model import RopeScaling
+from .rotary import Rotary
 from .step_batch import StepBatch
 
 
@@ -68,11 +69,11 @@ class StepContext:
         """[N] int64 positions of all rows (RoPE)."""
         return self._tensor(self.batch.row_positions)
 
-    def rotary(self, dim: int, theta: float, own: bool = False) -> Rotary:
+    def rotary(self, dim: int, theta: float, own: bool = False, scaling: RopeScaling | None = None) -> Rotary:
         """RoPE of all rows' positions (``own``: this rank's rows), computed once per step."""
-        key = (dim, theta)
+        key = (dim, theta, scaling)
         if key not in self._rotary:
-            every = Rotary.at(self.positions, dim, theta)
+            every = Rotary.at(self.positions, dim, theta, scaling)
             self._rotary[key] = (every, every.rows(self.own_rows))
         return self._rotary[key][own]
 

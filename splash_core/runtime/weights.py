@@ -29,16 +29,23 @@ Tensor names follow DeepSeek's Hugging Face checkpoints (``nn.Linear`` weights a
     model.layers.{i}.self_attn.o_norm.weight               [V]
     model.layers.{i}.self_attn.o_proj.weight               [d, H V]
     model.layers.{i}.post_attention_layernorm.weight       [d]
-    model.layers.{i}.mlp.{gate,up}_proj.weight             [I, d]
+    model.layers.{i}.mlp.{gate,up}_proj.weight             [I, d]     (dense layers)
     model.layers.{i}.mlp.down_proj.weight                  [d, I]
+    MoE layers (E routed experts of width I_e, S shared ones):
+    model.layers.{i}.mlp.gate.weight                       [E, d]     (router)
+    model.layers.{i}.mlp.gate.e_score_correction_bias      [E]        (noaux_tc routing)
+    model.layers.{i}.mlp.experts.{j}.{gate,up}_proj.weight [I_e, d]
+    model.layers.{i}.mlp.experts.{j}.down_proj.weight      [d, I_e]
+    model.layers.{i}.mlp.shared_experts.{gate,up}_proj.weight  [S I_e, d]
+    model.layers.{i}.mlp.shared_experts.down_proj.weight       [d, S I_e]
     model.norm.weight [d],  lm_head.weight [V, d]
 
 Head h owns rows ``h (d_n + d_r) ..`` of Q-B, rows ``h (d_n + d_v) ..`` of KV-B (first d_n the
 key up-projection W_UK, then d_v the value up-projection W_UV) and columns ``h d_v ..`` of O.
 In a KDA layer head h owns rows ``h K ..`` of every [H K, ...] tensor, row h of ``b_proj``,
 entry h of ``A_log`` and columns ``h V ..`` of ``o_proj``.
-Real DeepSeek-V3 checkpoints also hold FP8 block scales and MoE experts; this loader reads the
-dense BF16/FP32 subset above.
+Hugging Face checkpoint folders (FP8 block scales, interleaved rotary channels, sharded
+files) are read by :class:`~splash_core.checkpoint.source.CheckpointWeights`.
 
 :class:`SeededWeights` makes every tensor a pure function of ``(seed, name)``, generated on
 the rank's device, so each rank builds exactly its own shard without a broadcast and without
@@ -65,36 +72,63 @@ def layer_prefix(layer: int) -> str:
 
 def tensor_shapes(profile: ModelProfile, layers: int | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor the runtime's model reads for the first ``layers`` layers, with its full shape."""
-    d, m = profile.hidden_size, profile.mla
+    d = profile.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (profile.vocab_size, d)}
-    count = profile.num_layers if layers is None else layers
-    for i, kind in enumerate(profile.layer_kinds[:count]):
-        p = layer_prefix(i)
-        shapes[f"{p}.input_layernorm.weight"] = (d,)
-        shapes[f"{p}.post_attention_layernorm.weight"] = (d,)
-        if kind is LayerKind.MLA:
-            a = f"{p}.self_attn"
-            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            if m.q_lora_rank:
-                shapes[f"{a}.q_a_proj.weight"] = (m.q_lora_rank, d)
-                shapes[f"{a}.q_a_layernorm.weight"] = (m.q_lora_rank,)
-                shapes[f"{a}.q_b_proj.weight"] = (m.heads * qk, m.q_lora_rank)
-            else:
-                shapes[f"{a}.q_proj.weight"] = (m.heads * qk, d)
-            shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (m.kv_lora_rank + m.qk_rope_head_dim, d)
-            shapes[f"{a}.kv_a_layernorm.weight"] = (m.kv_lora_rank,)
-            shapes[f"{a}.kv_b_proj.weight"] = (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-            shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
-            if profile.indexer is not None:
-                shapes[f"{a}.indexer.wk.weight"] = (profile.indexer.head_dim, d)
-        elif kind is LayerKind.KDA:
-            shapes.update(kda_tensor_shapes(profile, i))
-        if profile.intermediate_size:
-            shapes[f"{p}.mlp.gate_proj.weight"] = (profile.intermediate_size, d)
-            shapes[f"{p}.mlp.up_proj.weight"] = (profile.intermediate_size, d)
-            shapes[f"{p}.mlp.down_proj.weight"] = (d, profile.intermediate_size)
+    for i in range(profile.num_layers if layers is None else layers):
+        shapes.update(layer_tensor_shapes(profile, i))
     shapes["model.norm.weight"] = (d,)
     shapes["lm_head.weight"] = (profile.vocab_size, d)
+    return shapes
+
+
+def layer_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of layer ``layer`` the runtime's model reads, with their full shapes."""
+    d, m = profile.hidden_size, profile.mla
+    p = layer_prefix(layer)
+    shapes = {f"{p}.input_layernorm.weight": (d,), f"{p}.post_attention_layernorm.weight": (d,)}
+    kind = profile.layer_kinds[layer]
+    if kind is LayerKind.MLA:
+        a = f"{p}.self_attn"
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            shapes[f"{a}.q_a_proj.weight"] = (m.q_lora_rank, d)
+            shapes[f"{a}.q_a_layernorm.weight"] = (m.q_lora_rank,)
+            shapes[f"{a}.q_b_proj.weight"] = (m.heads * qk, m.q_lora_rank)
+        else:
+            shapes[f"{a}.q_proj.weight"] = (m.heads * qk, d)
+        shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (m.kv_lora_rank + m.qk_rope_head_dim, d)
+        shapes[f"{a}.kv_a_layernorm.weight"] = (m.kv_lora_rank,)
+        shapes[f"{a}.kv_b_proj.weight"] = (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+        shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
+        if profile.indexer is not None:
+            shapes[f"{a}.indexer.wk.weight"] = (profile.indexer.head_dim, d)
+    elif kind is LayerKind.KDA:
+        shapes.update(kda_tensor_shapes(profile, layer))
+    if profile.runtime_moe_layer(layer):
+        shapes.update(moe_tensor_shapes(profile, layer))
+    elif profile.intermediate_size:
+        shapes.update(mlp_shapes(f"{p}.mlp", profile.intermediate_size, d))
+    return shapes
+
+
+def mlp_shapes(prefix: str, width: int, d: int) -> dict[str, tuple[int, ...]]:
+    """A SiLU-gated MLP of intermediate ``width``: gate and up [width, d], down [d, width]."""
+    return {f"{prefix}.gate_proj.weight": (width, d), f"{prefix}.up_proj.weight": (width, d),
+            f"{prefix}.down_proj.weight": (d, width)}
+
+
+def moe_tensor_shapes(profile: ModelProfile, layer: int, experts: range | None = None) -> dict[str, tuple[int, ...]]:
+    """The router, the routed experts (``experts``; default all) and the shared experts of MoE
+    layer ``layer``, DeepSeek's names and full shapes."""
+    e, d = profile.moe, profile.hidden_size
+    p = f"{layer_prefix(layer)}.mlp"
+    shapes = {f"{p}.gate.weight": (e.n_routed_experts, d)}
+    if e.topk_method == "noaux_tc":
+        shapes[f"{p}.gate.e_score_correction_bias"] = (e.n_routed_experts,)
+    for j in range(e.n_routed_experts) if experts is None else experts:
+        shapes.update(mlp_shapes(f"{p}.experts.{j}", e.moe_intermediate_size, d))
+    if e.n_shared_experts:
+        shapes.update(mlp_shapes(f"{p}.shared_experts", e.n_shared_experts * e.moe_intermediate_size, d))
     return shapes
 
 

@@ -1,0 +1,174 @@
+"""A checkpoint folder as the runtime's weight source (the slice-reading interface of
+:class:`~splash_core.runtime.weights.WeightSource`).
+
+Tensors are found through ``model.safetensors.index.json`` when the folder has one, else in
+every ``*.safetensors`` file (headers only are read to list them). ``get`` reads exactly the
+slice asked for through safetensors' lazy ``safe_open(...).get_slice``, so a rank streams only
+its shard (its heads of Q-B, KV-B and O, its experts, its part of the MLP and LM head), and
+presents it as the runtime computes with it:
+
+- FP8 block-scaled weights (:mod:`~splash_core.checkpoint.fp8`) are read with the scale blocks
+  that cover the slice and dequantized on the target device, in the requested format;
+- with ``rope_interleave`` the rotary rows of Q-B (or Q) and KV-A are permuted from DeepSeek's
+  interleaved pairs (x0, x1), (x2, x3), ... into rotate-half order (x0, x2, ..., x1, x3, ...):
+  query and key rotate alike, so their dot products, and so the model, are unchanged;
+- with ``tie_word_embeddings`` and no ``lm_head.weight`` the LM head reads the embedding.
+
+``bytes_read`` and ``seconds`` count what was read from the files, for load reports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import fp8
+from .config import CheckpointError, profile_fields, profile_from_checkpoint
+
+_ELEMENT = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+
+
+class CheckpointWeights:
+    """Weights read lazily from a Hugging Face checkpoint folder of the DeepSeek MLA family."""
+
+    def __init__(self, folder: str | Path, profile=None):
+        from safetensors import safe_open
+
+        self.folder = Path(folder).expanduser()
+        self.profile = profile or profile_from_checkpoint(self.folder)
+        _, facts = profile_fields(self.folder)
+        self.block, self.tied = facts["fp8_block"], facts["tie_word_embeddings"]
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError) as exc:
+                raise CheckpointError(str(index), "weight_map", f"cannot read: {exc}") from None
+            self._where = {name: str(self.folder / f) for name, f in weight_map.items()}
+        else:
+            files = sorted(self.folder.glob("*.safetensors"))
+            if not files:
+                raise CheckpointError(str(self.folder), "*.safetensors", "no weights in the checkpoint folder")
+            self._where = {}
+            for f in files:
+                with safe_open(str(f), framework="pt") as handle:
+                    self._where.update(dict.fromkeys(handle.keys(), str(f)))
+        self._open = safe_open
+        self._handles: dict = {}
+        self.bytes_read, self.seconds = 0, 0.0
+
+    # ---- what is there ------------------------------------------------------------------
+
+    def _slice(self, name: str):
+        file = self._where.get(name)
+        if file is None:
+            raise CheckpointError(str(self.folder), name, "tensor missing from the checkpoint")
+        if file not in self._handles:
+            if not Path(file).is_file():
+                raise CheckpointError(file, name, "the index names this file, which is missing")
+            self._handles[file] = self._open(file, framework="pt")
+        return self._handles[file].get_slice(name)
+
+    def _stored(self, name: str) -> str:
+        if name == "lm_head.weight" and name not in self._where and self.tied:
+            return "model.embed_tokens.weight"
+        return name
+
+    def _quantized(self, name: str) -> bool:
+        return self.block is not None and fp8.scale_name(name) in self._where
+
+    def check(self, shapes: dict) -> None:
+        """Raise :class:`CheckpointError` for the first tensor of ``shapes`` (name -> full shape,
+        what the model reads) that is missing or whose shape disagrees (headers only)."""
+        for name, shape in shapes.items():
+            part = self._slice(self._stored(name))
+            got = tuple(part.get_shape())
+            if got != tuple(shape):
+                raise CheckpointError(self._where[self._stored(name)], name,
+                                      f"shape {list(got)} disagrees with config.json, which implies {list(shape)}")
+            if self._quantized(name):
+                grid = [-(-n // b) for n, b in zip(shape, self.block)]
+                scale = tuple(self._slice(fp8.scale_name(name)).get_shape())
+                if scale != tuple(grid):
+                    raise CheckpointError(self._where[fp8.scale_name(name)], fp8.scale_name(name),
+                                          f"shape {list(scale)} is not the {self.block[0]}x{self.block[1]} block grid "
+                                          f"{grid} of the weight")
+            elif part.get_dtype() == "F8_E4M3":
+                raise CheckpointError(self._where[name], name, "FP8 weight without weight_scale_inv "
+                                      "(or config.json lacks quantization_config)")
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def _rotary_order(self, name: str, rows: int) -> np.ndarray | None:
+        """Stored row of each row the runtime sees, for tensors with rotary rows when interleaved."""
+        p = self.profile
+        if not p.rope_interleave or p.mla is None:
+            return None
+        m = p.mla
+        d_r = m.qk_rope_head_dim
+        half = np.concatenate([np.arange(0, d_r, 2), np.arange(1, d_r, 2)])
+        order = np.arange(rows)
+        if name.endswith(("self_attn.q_b_proj.weight", "self_attn.q_proj.weight")):
+            qk = m.qk_nope_head_dim + d_r
+            for h in range(rows // qk):
+                order[h * qk + m.qk_nope_head_dim: (h + 1) * qk] = h * qk + m.qk_nope_head_dim + half
+            return order
+        if name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+            order[m.kv_lora_rank:] = m.kv_lora_rank + half
+            return order
+        return None
+
+    def get(self, name, shape, *, rows=None, cols=None, device=None, dtype=None):
+        t0 = time.perf_counter()
+        stored = self._stored(name)
+        part = self._slice(stored)
+        full = tuple(part.get_shape())
+        if full != tuple(shape):
+            raise CheckpointError(self._where[stored], name,
+                                  f"shape {list(full)} disagrees with config.json, which implies {list(shape)}")
+        rows = slice(*(rows or slice(None)).indices(full[0]))
+        order = self._rotary_order(name, full[0])
+        pick = None
+        if order is not None:
+            wanted = order[rows]
+            rows = slice(int(wanted.min()), int(wanted.max()) + 1) if wanted.size else slice(rows.start, rows.start)
+            pick = torch.from_numpy(wanted - rows.start)
+        device = torch.device(device or "cpu")
+        if len(full) == 1:
+            t = part[rows]
+        else:
+            cols = slice(*(cols or slice(None)).indices(full[1]))
+            t = part[rows, cols]
+        self.bytes_read += t.numel() * t.element_size()
+        if self._quantized(name):
+            scale = self._slice(fp8.scale_name(name))[fp8.scale_rows(rows, self.block[0]), fp8.scale_rows(cols, self.block[1])]
+            self.bytes_read += scale.numel() * scale.element_size()
+            t = fp8.dequantize(t.to(device), scale.to(device), rows, cols, self.block)
+        if pick is not None:
+            t = t.index_select(0, pick.to(t.device))
+        out = t.to(device=device, dtype=dtype or t.dtype).contiguous()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def stored_bytes(self, names) -> int:
+        """Bytes the named tensors (and their FP8 scales) take in the files."""
+        total = 0
+        for name in names:
+            for n in (self._stored(name), fp8.scale_name(name)):
+                if n in self._where:
+                    part = self._slice(n)
+                    total += int(np.prod(part.get_shape())) * _ELEMENT.get(part.get_dtype(), 4)
+        return total
+
+
+def weight_source(profile, seed: int = 0):
+    """The weights of ``profile``: its checkpoint folder's, else drawn from ``seed``."""
+    if profile.checkpoint:
+        return CheckpointWeights(profile.checkpoint, profile)
+    from ..runtime.weights import SeededWeights
+
+    return SeededWeights(seed)
