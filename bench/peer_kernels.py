@@ -20,9 +20,11 @@ the copy bandwidth and bf16 matmul rate measured in the same run. Kernels:
 Each kernel first runs a small case against the torch reference (``correct``); a wrong one is
 timed but flagged. FP8 KV and extend are not compared here (no FP8 cache in SPLASH yet;
 FlashMLA's prefill is not absorbed MLA). ``--write-providers PATH`` writes the hopper
-backend's provider table (``tuned/providers.json``): per head count the faster of
-``splash`` and ``flashmla`` by the geometric mean of their time ratio over the points.
-Writes ``OUT/<platform>/peer_kernels.json``.
+backend's provider table (``tuned/providers.json``): per head count, the fewest KV tokens of a
+call from which FlashMLA was faster at every measured point
+(:func:`splash_backend_hopper.providers.thresholds`); ``--providers-from FILE`` derives it from
+an earlier run's ``peer_kernels.json`` instead of measuring. Writes
+``OUT/<platform>/peer_kernels.json``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,6 +40,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import torch  # noqa: E402
 
 import gpu_timing as gt  # noqa: E402
+from splash_backend_hopper.providers import thresholds  # noqa: E402
 from splash_core.reference import mla as ref_mla  # noqa: E402
 from splash_core.results import machine_description, make_result, write_result  # noqa: E402
 from splash_core.testing.mla_inputs import decode_case, tolerance  # noqa: E402
@@ -52,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
     p.add_argument("--platform", default="h200")
     p.add_argument("--write-providers", default=None, help="write the hopper backend's provider table here")
+    p.add_argument("--providers-from", default=None, help="an earlier peer_kernels.json to derive the table from")
     p.add_argument("--quick", action="store_true", help="batch 16 only")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU with the torch reference as 'splash'")
     return p.parse_args(argv)
@@ -190,28 +192,28 @@ def run(args) -> dict:
         print(f"B={batch:3d} heads={heads:3d} {context // 1024:4d}K  " +
               "  ".join(f"{n} {t:.3f} ms" for n, t in times.items()), flush=True)
     summary = {"kernels": {n: {k: v for k, v in info.items() if k != "fn"} for n, info in kernels.items()},
-               "rates": rates, "providers": providers(samples)}
+               "rates": rates, "providers": thresholds(samples)}
     return {"samples": samples, "summary": summary}
 
 
-def providers(samples: list[dict]) -> dict:
-    """Per head count, the faster of splash and flashmla (geometric mean of the time ratio)."""
-    out = {}
-    for heads in sorted({s["heads"] for s in samples}):
-        pairs = {(s["batch"], s["context"]): s for s in samples if s["heads"] == heads and s["kernel"] == "splash"}
-        ratios = [s["ms"] / pairs[(s["batch"], s["context"])]["ms"] for s in samples
-                  if s["heads"] == heads and s["kernel"] == "flashmla" and (s["batch"], s["context"]) in pairs]
-        if ratios:
-            mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
-            out[str(heads)] = {"winner": "flashmla" if mean < 1.0 else "triton", "flashmla_over_splash": round(mean, 4),
-                               "points": len(ratios)}
-    return out
+def write_providers(path: str, decode: dict, command: str, machine: str) -> None:
+    table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine,
+             "command": command, "decode": decode}
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    print("wrote", path)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    data = run(args)
     command = "python3 bench/peer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.providers_from:
+        from splash_core.results import read_result
+
+        earlier = read_result(args.providers_from)
+        write_providers(args.write_providers, thresholds(earlier["samples"]),
+                        f"{command} (from {earlier['command']}, git {earlier['git_commit']})", earlier["machine"])
+        return 0
+    data = run(args)
     result = make_result(benchmark="peer_kernels", platform="cpu" if args.smoke else args.platform,
                          backend="reference" if args.smoke else "hopper", model="deepseek-v3", T=1, dtype="bf16",
                          samples=data["samples"], summary=data["summary"], command=command,
@@ -219,10 +221,7 @@ def main(argv=None) -> int:
                                "vs_flashmla = this kernel's time / FlashMLA's at the same point")
     print("wrote", write_result(result, args.out))
     if args.write_providers and data["summary"]["providers"]:
-        table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine_description(),
-                 "command": command, "decode": data["summary"]["providers"]}
-        Path(args.write_providers).write_text(json.dumps(table, indent=1) + "\n")
-        print("wrote", args.write_providers)
+        write_providers(args.write_providers, data["summary"]["providers"], command, machine_description())
     return 0
 
 

@@ -186,7 +186,8 @@ def device_examples() -> dict[str, tuple[dict, list]]:
                          "flashmla": {"what": "sgl-flash-mla 1.0.0", "correct": True, "max_abs_err": 0.004},
                          "sglang": {"what": "sglang", "skipped": "ImportError: no sglang"}},
              "rates": {"copy_gbps": 4200.0, "matmul_tflops": 780.0},
-             "providers": {"128": {"winner": "flashmla", "flashmla_over_splash": 0.34, "points": 1}}},
+             "providers": {"128": {"flashmla_from_kv_tokens": 524288, "points": 1,
+                                   "flashmla_faster_at": [[16, 32768]]}}},
             [{"kernel": k, "batch": 16, "heads": 128, "context": 32768, "ms": t, "kv_gbps": 1e3 / t,
               "tflops": 200.0 / t, "vs_flashmla": t / 0.23} for k, t in (("splash", 0.67), ("flashmla", 0.23))]),
     }

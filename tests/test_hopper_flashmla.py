@@ -84,15 +84,30 @@ def test_visible_keys_count_only_written_slots():
     assert flashmla.visible_keys(table, index, pos, PAGE).tolist() == [PAGE + 10, 0]
 
 
-def test_measured_table_picks_the_provider_per_head_count(tmp_path):
-    table = {"decode": {16: "triton", 64: "flashmla", 128: "flashmla"}}
-    assert [providers.decode_provider(h, table) for h in (8, 16, 32, 64, 100, 128, 256)] == [
+def test_measured_table_picks_the_provider_per_head_count_and_size(tmp_path):
+    table = {"decode": {16: None, 64: 1 << 19, 128: 1 << 18}}
+    assert [providers.decode_provider(h, 1 << 20, table) for h in (8, 16, 32, 64, 100, 128, 256)] == [
         "triton", "triton", "triton", "flashmla", "flashmla", "flashmla", "flashmla"]
-    assert providers.decode_provider(128, {}) == "triton"  # nothing measured: Triton everywhere
+    assert providers.decode_provider(128, 1 << 17, table) == "triton"  # a small call stays on Triton
+    assert providers.decode_provider(128, 1 << 30, {}) == "triton"  # nothing measured: Triton everywhere
     path = tmp_path / "providers.json"
-    path.write_text(json.dumps({"source": "measured", "decode": {"16": {"winner": "flashmla"}}}))
-    assert providers.load(path)["decode"] == {16: "flashmla"}
+    path.write_text(json.dumps({"source": "measured", "decode": {"16": {"flashmla_from_kv_tokens": 4096}}}))
+    assert providers.load(path)["decode"] == {16: 4096}
     path.write_text("{}")
     with pytest.raises(ValueError, match="providers.json: not a provider table"):
         providers.load.__wrapped__(path)
     assert providers.describe("no wheel here") == "decode: triton (no wheel here)"
+
+
+def test_thresholds_start_where_flashmla_wins_every_larger_point():
+    def row(kernel, batch, context, ms):
+        return {"kernel": kernel, "heads": 64, "batch": batch, "context": context, "ms": ms}
+
+    samples = [row("splash", 1, 4096, 0.06), row("flashmla", 1, 4096, 0.25),  # 4K tokens: Triton
+               row("splash", 16, 4096, 0.30), row("flashmla", 16, 4096, 0.25),  # 64K: FlashMLA, but ...
+               row("splash", 1, 131072, 0.12), row("flashmla", 1, 131072, 0.27),  # ... 128K: Triton again
+               row("splash", 16, 32768, 0.37), row("flashmla", 16, 32768, 0.26),  # 512K: FlashMLA from here
+               row("splash", 64, 131072, 5.6), row("flashmla", 64, 131072, 2.4)]
+    got = providers.thresholds(samples)["64"]
+    assert got["flashmla_from_kv_tokens"] == 16 * 32768 and got["points"] == 5
+    assert got["flashmla_faster_at"] == [[16, 4096], [16, 32768], [64, 131072]]

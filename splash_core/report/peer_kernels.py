@@ -37,9 +37,11 @@ def render(result: Result, ctx: Context) -> list[str]:
     lines += table(["heads", "B", "context", *names, "splash / flashmla"], rows, "rrr" + "r" * (len(names) + 1)) + [""]
     picks = s.get("providers") or {}
     if picks:
-        lines += ["Decode provider chosen per head count (geometric mean of FlashMLA's time over SPLASH's Triton "
-                  "kernel's): " + "; ".join(f"{h} heads: {p['winner']} ({p['flashmla_over_splash']:.2f})"
-                                            for h, p in sorted(picks.items(), key=lambda kv: int(kv[0]))) + ".", ""]
+        lines += ["Decode provider per head count (FlashMLA from the fewest KV tokens, batch x context, at which it "
+                  "was faster at every measured point; Triton below): " + "; ".join(
+                      f"{h} heads: " + ("Triton everywhere" if p["flashmla_from_kv_tokens"] is None else
+                                        f"FlashMLA from {tokens(p['flashmla_from_kv_tokens'])} tokens")
+                      for h, p in sorted(picks.items(), key=lambda kv: int(kv[0]))) + ".", ""]
     if len(names) > 1:
         lines += [f"![decode TFLOP/s by kernel]({_plot(result, ctx, names)})", ""]
     return lines

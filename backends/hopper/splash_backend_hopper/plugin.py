@@ -50,7 +50,7 @@ def splash_mla_kernels(device, dtype):
 
     config, _ = tuned.load()
     kernels = triton_mla_kernels(config.with_processors(detect.processors(device)))
-    if flashmla.missing_reason() or not any(p == "flashmla" for p in providers.load().get("decode", {}).values()):
+    if flashmla.missing_reason() or all(t is None for t in providers.load().get("decode", {}).values()):
         return kernels
     return dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
                                name=f"{kernels.name}+flashmla")
@@ -58,9 +58,10 @@ def splash_mla_kernels(device, dtype):
 
 def by_heads(flashmla_decode, triton_decode):
     """A decode that runs whichever provider the measured table chose for the call's heads."""
-    def decode(q, *args):
-        chosen = flashmla_decode if providers.decode_provider(q.shape[1]) == "flashmla" else triton_decode
-        return chosen(q, *args)
+    def decode(q, kv_cache, block_table, *args):
+        kv_tokens = block_table.shape[0] * block_table.shape[1] * kv_cache.shape[1]
+        chosen = flashmla_decode if providers.decode_provider(q.shape[1], kv_tokens) == "flashmla" else triton_decode
+        return chosen(q, kv_cache, block_table, *args)
 
     return decode
 

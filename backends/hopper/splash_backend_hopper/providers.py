@@ -1,9 +1,12 @@
-"""Which kernel serves MLA decode at each head count: the one ``bench/peer_kernels.py`` measured
-faster on an H200 (``tuned/providers.json``; written by that benchmark's ``--write-providers``).
+"""Which kernel serves an MLA decode call: the one ``bench/peer_kernels.py`` measured faster on
+an H200 (``tuned/providers.json``, written by that benchmark's ``--write-providers``).
 
-Heads between measured counts take the choice of the nearest measured count below (above, for
-fewer heads than any measured); with no measurement, or without the FlashMLA wheel, the Triton
-kernel serves every call.
+Per measured head count the table holds the fewest KV tokens of a call (batch x context) from
+which FlashMLA was faster at every measured point (``flashmla_from_kv_tokens``; absent: Triton
+was faster somewhere at every size). FlashMLA's dense decode costs about 0.25 ms a call however
+small (it plans its splits on every call), so small calls stay on Triton. Heads between measured
+counts take the row of the nearest measured count below (above, for fewer heads than any
+measured); with no measurement, or without the FlashMLA wheel, Triton serves every call.
 """
 
 from __future__ import annotations
@@ -17,25 +20,49 @@ PROVIDERS = Path(__file__).with_name("tuned") / "providers.json"
 
 @functools.lru_cache(maxsize=None)
 def load(path: str | Path = PROVIDERS) -> dict:
-    """``{"decode": {heads: provider}, ...provenance}``; {} where nothing was measured. Errors name the file."""
+    """``{"decode": {heads: FlashMLA's threshold in KV tokens or None}, ...provenance}``; {} where
+    nothing was measured. Errors name the file."""
     path = Path(path)
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text())
-        decode = {int(h): str(row["winner"]) for h, row in data["decode"].items()}
-    except (ValueError, KeyError, TypeError) as exc:
+        decode = {int(h): (None if row.get("flashmla_from_kv_tokens") is None else int(row["flashmla_from_kv_tokens"]))
+                  for h, row in data["decode"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a provider table: {exc}") from None
     return {**data, "decode": decode}
 
 
-def decode_provider(heads: int, table: dict | None = None) -> str:
-    """``"flashmla"`` or ``"triton"`` for a decode call with ``heads`` heads per rank."""
+def decode_provider(heads: int, kv_tokens: int, table: dict | None = None) -> str:
+    """``"flashmla"`` or ``"triton"`` for a decode call of ``heads`` heads per rank over
+    ``kv_tokens`` listed keys (batch x context)."""
     measured = (load() if table is None else table).get("decode", {})
     if not measured:
         return "triton"
     below = [h for h in measured if h <= heads]
-    return measured[max(below)] if below else measured[min(measured)]
+    threshold = measured[max(below)] if below else measured[min(measured)]
+    return "flashmla" if threshold is not None and kv_tokens >= threshold else "triton"
+
+
+def thresholds(samples: list[dict]) -> dict[str, dict]:
+    """Per head count of ``bench/peer_kernels.py``'s samples, the fewest KV tokens from which
+    FlashMLA was faster than SPLASH's Triton decode at every measured point (None: nowhere)."""
+    out = {}
+    for heads in sorted({s["heads"] for s in samples}):
+        mine = {(s["batch"], s["context"]): s["ms"] for s in samples if s["heads"] == heads and s["kernel"] == "splash"}
+        theirs = {(s["batch"], s["context"]): s["ms"] for s in samples
+                  if s["heads"] == heads and s["kernel"] == "flashmla" and (s["batch"], s["context"]) in mine}
+        points = sorted(theirs, key=lambda p: (p[0] * p[1], p))
+        start = None
+        for p in reversed(points):  # the longest run of FlashMLA wins ending at the largest call
+            if theirs[p] >= mine[p]:
+                break
+            start = p
+        out[str(heads)] = {"flashmla_from_kv_tokens": None if start is None else start[0] * start[1],
+                           "points": len(points),
+                           "flashmla_faster_at": [list(p) for p in points if theirs[p] < mine[p]]}
+    return out
 
 
 def describe(flashmla_missing: str | None) -> str:
@@ -45,5 +72,6 @@ def describe(flashmla_missing: str | None) -> str:
     measured = load().get("decode", {})
     if not measured:
         return "decode: triton (FlashMLA installed, no measured provider table yet)"
-    picks = ", ".join(f"{h} heads: {p}" for h, p in sorted(measured.items()))
-    return f"decode by measurement ({picks})"
+    picks = ", ".join(f"{h} heads: " + ("triton" if t is None else f"flashmla from {t // 1024}K KV tokens")
+                      for h, t in sorted(measured.items()))
+    return f"decode by measurement ({picks}; else triton)"
