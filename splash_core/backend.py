@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import plugins
-from .interfaces import BackendInfo, Collectives, KDAKernels, MLAKernels, PeerMemory, StreamOps
+from .interfaces import BackendInfo, Collectives, FusedKernels, GraphOps, KDAKernels, MLAKernels, PeerMemory, StreamOps
 from .profiles.transfer import TransferConfig
 
 
@@ -65,6 +65,13 @@ class Backend:
 
     def stream_ops(self, device) -> StreamOps:
         return self._first("splash_stream_ops", device=device)
+
+    def graph_ops(self, device) -> GraphOps | None:
+        """Capture and replay of device work, or None where the backend has none."""
+        return self._first_or_none("splash_graph_ops", device=device)
+
+    def fused_kernels(self, device, dtype) -> FusedKernels:
+        return self._first("splash_fused_kernels", device=device, dtype=dtype)
 
     def mla_kernels(self, device, dtype) -> MLAKernels:
         return self._first("splash_mla_kernels", device=device, dtype=dtype)

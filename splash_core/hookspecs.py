@@ -130,6 +130,20 @@ def splash_stream_ops(device):
 
 
 @hookspec(firstresult=True)
+def splash_graph_ops(device):
+    """Capture and replay of device work (e.g. CUDA graphs), for decode steps replayed from
+    persistent buffers instead of launched op by op.
+
+    Called once per rank when a model enables decode graphs (``deployment.graphs``).
+
+    :param device: the rank's ``torch.device``.
+    :returns: :class:`splash_core.interfaces.GraphOps`, or None where the device cannot
+        capture (the model then runs the same static-buffer step eagerly, or its plain step).
+        firstresult.
+    """
+
+
+@hookspec(firstresult=True)
 def splash_mla_kernels(device, dtype):
     """MLA attention kernels for this device and compute dtype.
 
@@ -138,6 +152,19 @@ def splash_mla_kernels(device, dtype):
     :param device: ``torch.device`` the cache lives on.
     :param dtype: ``torch.dtype`` of queries and cache.
     :returns: :class:`splash_core.interfaces.MLAKernels`, or None to fall back. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def splash_fused_kernels(device, dtype):
+    """Fused small ops of a step (residual add + RMSNorm, RoPE with the latent-cache write,
+    SiLU·mul) for this device and compute dtype.
+
+    Called once per runtime.
+
+    :param device: ``torch.device``.
+    :param dtype: ``torch.dtype`` of activations.
+    :returns: :class:`splash_core.interfaces.FusedKernels`, or None to fall back. firstresult.
     """
 
 

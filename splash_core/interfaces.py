@@ -137,6 +137,42 @@ class PeerMemory(Protocol):
         that cannot map a peer's raises on that rank only (the caller agrees on the outcome)."""
 
 
+@runtime_checkable
+class CapturedGraph(Protocol):
+    """Device work recorded once (:meth:`GraphOps.capture`) and launched again by :meth:`replay`.
+
+    ``outputs`` is what the captured function returned at capture time: tensors every replay
+    rewrites in place. ``capture_s`` is the host time capture took (warm-up included) and
+    ``nbytes`` the device memory the graph holds in its pool (both as measured at capture)."""
+
+    outputs: Any
+    capture_s: float
+    nbytes: int
+
+    def replay(self) -> None:
+        """Launch the recorded work again on the current stream, reading the same addresses."""
+
+
+@runtime_checkable
+class GraphOps(Protocol):
+    """Capture and replay of a device's work (CUDA graphs and the like), for decode steps whose
+    host cost would otherwise exceed their device time (issue 22).
+
+    A captured function reads and writes only tensors whose addresses stay fixed (persistent
+    buffers refreshed in place before each replay); it may call the group's collectives where
+    the backend's collective library can be captured. Every rank of a group captures the same
+    functions at the same points (capture runs the function eagerly during warm-up)."""
+
+    def new_pool(self) -> Any:
+        """A memory pool handle that graphs captured with it share."""
+
+    def capture(self, fn: Callable[[], Any], pool: Any, warmup: int = 2) -> CapturedGraph:
+        """Run ``fn`` ``warmup`` times eagerly (compiles kernels, sizes workspaces), then record
+        one more call of it into a graph allocating from ``pool``. The recorded call does not
+        execute: the caller replays the graph. ``fn`` must be idempotent (a decode step that
+        rewrites the same cache slots with the same values is)."""
+
+
 class PeerMemoryError(RuntimeError):
     """Peer memory could not be set up (the message names the rank and the cause)."""
 
@@ -176,6 +212,34 @@ class MLAKernels:
     merge: Callable
     pack: Callable
     unpack: Callable
+    name: str = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedKernels:
+    """Small ops of a serving step fused into one kernel each (issue 22 §2), with the torch
+    reference in :mod:`splash_core.reference.fused` as their spec. Rows are the leading dim;
+    the channel dim must have a unit stride; norms compute in float32 and return the input's
+    dtype.
+
+    - ``add_rms_norm(x, residual, weight, eps) -> (normed, summed)``: ``summed = residual + x``
+      in x's dtype, ``normed = RMSNorm(summed) * weight``: the residual-add of a block and the
+      next norm in one pass (``residual`` None: ``summed`` is ``x``, a plain RMSNorm).
+    - ``latent(kv, weight, cos, sin, eps) -> entries [n, d_c + d_r]``: MLA cache entries from
+      KV-A's output ``kv`` [n, d_c + d_r] (d_c = ``weight.numel()``): RMSNorm of the latent
+      channels, then the rotary channels rotated as
+      :class:`~splash_core.runtime.rotary.Rotary` does (``x cos + swap_halves(x) sin``, with
+      ``cos``/``sin`` [n, d_r] float32).
+    - ``latent_write(kv, weight, cos, sin, eps, cache, slots) -> None``: ``latent`` written
+      straight into the cache [pages, page_size, d_c + d_r] at flat slots ``slots`` [n]
+      int64 (page * page_size + offset), in the cache's format: RoPE fused with the cache write.
+    - ``silu_mul(gate_up) -> [n, w]``: ``silu(gate_up[:, :w]) * gate_up[:, w:]``.
+    """
+
+    add_rms_norm: Callable
+    latent: Callable
+    latent_write: Callable
+    silu_mul: Callable
     name: str = "reference"
 
 

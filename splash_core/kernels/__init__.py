@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from ..interfaces import MLAKernels
+from ..interfaces import FusedKernels, MLAKernels
 from .config import PORTABLE, AttentionTile, MLAKernelConfig, TileRule
 from .kda import fla_kda_kernels, fla_missing_reason
 
@@ -32,5 +32,15 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
     )
 
 
+def triton_fused_kernels() -> FusedKernels:
+    """:class:`~splash_core.interfaces.FusedKernels` in Triton (residual add + RMSNorm, RoPE with
+    the latent-cache write, SiLU·mul), one program per row: nothing a device must tune."""
+    from . import fused, interpreter
+
+    if interpreter.interpreting():
+        interpreter.patch_scalar_index()
+    return fused.KERNELS
+
+
 __all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels", "fla_missing_reason",
-           "triton_mla_kernels"]
+           "triton_fused_kernels", "triton_mla_kernels"]

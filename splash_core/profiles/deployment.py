@@ -11,6 +11,7 @@ from ..layouts import Layout
 from .hardware import GIB, HardwareProfile
 from .model import LayerKind, ModelProfile
 from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
+from .graphs import GraphConfig
 from .transfer import TransferConfig
 
 
@@ -68,6 +69,7 @@ class DeploymentProfile:
     seed: int = field("seed for generated weights", default=0)
     scheduler: SchedulerConfig = field("scheduler settings", default=SchedulerConfig())
     transfer: TransferConfig = field("how a switch moves state (routes, chunks, pipelining)", default=TransferConfig())
+    graphs: GraphConfig = field("how decode steps replay captured graphs (buckets, table widths)", default=GraphConfig())
     notes: str = field("caveats", default="")
 
     def problems(self):

@@ -8,7 +8,7 @@ from .. import __version__
 from ..collectives import DistCollectives
 from ..hookspecs import hookimpl
 from ..interfaces import BackendInfo, KDAKernels, MLAKernels
-from . import kda, mla
+from . import fused, kda, mla
 from .streams import HostStreamOps
 
 
@@ -66,6 +66,11 @@ def splash_mla_kernels(device, dtype):
         decode=mla.attention, extend=mla.attention, merge=mla.merge, pack=mla.pack,
         unpack=mla.unpack, name="reference",
     )
+
+
+@hookimpl
+def splash_fused_kernels(device, dtype):
+    return fused.KERNELS
 
 
 @hookimpl

@@ -122,6 +122,18 @@ class BlockTables:
         self._table = np.full((0, 0), -1, dtype=np.int32)  # [row, logical page] -> physical page, -1: none
         self._held = np.zeros(0, dtype=np.int64)  # pages held per row
         self.version = 0  # bumped on every change of a table
+        self._changed: set[int] | None = None  # requests whose tables changed, while someone follows them
+
+    def follow_changes(self) -> None:
+        """From now on, remember which requests' tables change (:meth:`drain_changes`): what a
+        copy of the tables elsewhere (on the device) must update."""
+        if self._changed is None:
+            self._changed = set(self._row)
+
+    def drain_changes(self) -> set[int]:
+        """The requests whose tables changed since the last call (all holding pages, on the first)."""
+        changed, self._changed = self._changed or set(), set()
+        return changed
 
     @property
     def num_pages(self) -> int:
@@ -233,7 +245,7 @@ class BlockTables:
         np.put(self._table, flat, physical)
         self._nfree -= n
         self._held[rows] += keys.counts
-        self.version += 1
+        self._changes(keys)
         return physical
 
     def placement(self, keys: PageKeys) -> np.ndarray:
@@ -366,8 +378,13 @@ class BlockTables:
         self._nfree += k
         self._held[rows] -= counts
         self._drop_empty(keys.requests)
-        self.version += 1
+        self._changes(keys)
         return int(k)
+
+    def _changes(self, keys: PageKeys) -> None:
+        self.version += 1
+        if self._changed is not None:
+            self._changed.update(keys.requests)
 
     # ---- one request -----------------------------------------------------------------------
 

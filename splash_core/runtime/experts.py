@@ -17,9 +17,9 @@ however the tokens are routed.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..profiles.model import MoEConfig
+from ..reference.fused import silu_mul as reference_silu_mul
 
 _GROUPED_MM: dict = {}  # (device type, dtype) -> whether torch._grouped_mm ran there
 
@@ -72,10 +72,11 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -
 
 
 def expert_outputs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, first: int,
-                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+                   gate_up: torch.Tensor, down: torch.Tensor, silu_mul=reference_silu_mul) -> torch.Tensor:
     """Sum over each row's routed pairs of weight x expert(row), for the experts ``first`` ..
     ``first + G - 1`` held here (``gate_up`` [G, 2 I, d], ``down`` [G, d, I]); pairs routed to
-    other experts add nothing. [n, d] in ``x``'s dtype."""
+    other experts add nothing. [n, d] in ``x``'s dtype. ``silu_mul``: the activation of the
+    stacked gate/up output."""
     n, k = experts.shape
     held = gate_up.shape[0]
     if held == 0 or n == 0:
@@ -87,8 +88,7 @@ def expert_outputs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
         0, group, torch.ones_like(group))[:held]  # (bincount would read its size back to the host)
     rows = order // k
     both = grouped_linear(x.index_select(0, rows), gate_up, counts)
-    width = gate_up.shape[1] // 2
-    out = grouped_linear(F.silu(both[:, :width]) * both[:, width:], down, counts)
+    out = grouped_linear(silu_mul(both), down, counts)
     mine = (group.index_select(0, order) < held)[:, None]
     # weighted and summed in the compute format, as transformers does: a float32 copy of every
     # routed pair would cost 8 x 4 bytes per hidden channel and token in a long prefill

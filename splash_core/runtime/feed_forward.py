@@ -21,9 +21,9 @@ and return the block's output for all rows, the same on every rank, after one al
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..profiles.model import ModelProfile
+from ..reference.fused import silu_mul as _silu_mul
 from .experts import expert_outputs, route
 from .weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
 
@@ -34,14 +34,15 @@ def _size(t: torch.Tensor | None) -> int:
 
 class DenseMLP:
     """This rank's shard of a SiLU-gated MLP: ``gate_up`` [2 w, d] (gate rows, then up rows) and
-    ``down`` [d, w] for its ``w`` columns of the intermediate width."""
+    ``down`` [d, w] for its ``w`` columns of the intermediate width; ``silu_mul`` applies the
+    activation to the stacked projection (a fused kernel where the backend has one)."""
 
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
-        self.gate_up, self.down = gate_up, down
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, silu_mul=_silu_mul):
+        self.gate_up, self.down, self.silu_mul = gate_up, down, silu_mul
 
     @classmethod
     def load(cls, source: WeightSource, prefix: str, width: int, d: int, rank: int, T: int,
-             device=None, dtype=None) -> "DenseMLP":
+             device=None, dtype=None, silu_mul=_silu_mul) -> "DenseMLP":
         shapes, cut = mlp_shapes(prefix, width, d), even_shard(width, rank, T)
         rows = slice(cut.start, cut.stop)
 
@@ -49,13 +50,11 @@ class DenseMLP:
             return source.get(f"{prefix}.{name}", shapes[f"{prefix}.{name}"], **part, device=device, dtype=dtype)
 
         return cls(torch.cat([get("gate_proj.weight", rows=rows), get("up_proj.weight", rows=rows)]),
-                   get("down_proj.weight", cols=rows))
+                   get("down_proj.weight", cols=rows), silu_mul)
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This shard's part of the output (to be summed over ranks)."""
-        both = x @ self.gate_up.t()  # [n, 2 w]: gate, then up
-        width = self.gate_up.shape[0] // 2
-        return (F.silu(both[:, :width]) * both[:, width:]) @ self.down.t()
+        return self.silu_mul(x @ self.gate_up.t()) @ self.down.t()  # gate_up: [n, 2 w], gate then up
 
     def forward(self, x: torch.Tensor, collectives) -> torch.Tensor:
         out = self.partial(x)
@@ -72,14 +71,14 @@ class MoE:
     of the shared experts."""
 
     def __init__(self, profile: ModelProfile, router: torch.Tensor, bias: torch.Tensor | None, experts: range,
-                 gate_up: torch.Tensor, down: torch.Tensor, shared: DenseMLP | None):
+                 gate_up: torch.Tensor, down: torch.Tensor, shared: DenseMLP | None, silu_mul=_silu_mul):
         self.config = profile.moe
         self.router, self.bias, self.experts = router, bias, experts
-        self.gate_up, self.down, self.shared = gate_up, down, shared
+        self.gate_up, self.down, self.shared, self.silu_mul = gate_up, down, shared, silu_mul
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
-             device=None, dtype=None) -> "MoE":
+             device=None, dtype=None, silu_mul=_silu_mul) -> "MoE":
         e, d = profile.moe, profile.hidden_size
         experts = even_shard(e.n_routed_experts, rank, T)
         shapes = moe_tensor_shapes(profile, layer, experts)
@@ -99,13 +98,13 @@ class MoE:
             gate_up[i, :width] = get(f"{p}.experts.{j}.gate_proj.weight")
             gate_up[i, width:] = get(f"{p}.experts.{j}.up_proj.weight")
             down[i] = probe if i == 0 else get(f"{p}.experts.{j}.down_proj.weight")
-        shared = (DenseMLP.load(source, f"{p}.shared_experts", e.n_shared_experts * width, d, rank, T, device, dtype)
-                  if e.n_shared_experts else None)
-        return cls(profile, router, bias, experts, gate_up, down, shared)
+        shared = (DenseMLP.load(source, f"{p}.shared_experts", e.n_shared_experts * width, d, rank, T, device, dtype,
+                                silu_mul) if e.n_shared_experts else None)
+        return cls(profile, router, bias, experts, gate_up, down, shared, silu_mul)
 
     def forward(self, x: torch.Tensor, collectives) -> torch.Tensor:
         weights, chosen = route(x, self.router, self.bias, self.config)
-        out = expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down)
+        out = expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down, self.silu_mul)
         if self.shared is not None:
             out = out + self.shared.partial(x)
         collectives.all_reduce(out)
@@ -119,11 +118,13 @@ class MoE:
 
 
 def load_feed_forward(source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
-                      device=None, dtype=None) -> DenseMLP | MoE | None:
-    """Layer ``layer``'s feed-forward part on rank ``rank`` (None: the model has none)."""
+                      device=None, dtype=None, silu_mul=None) -> DenseMLP | MoE | None:
+    """Layer ``layer``'s feed-forward part on rank ``rank`` (None: the model has none), its
+    activation applied by ``silu_mul`` (None: torch's)."""
+    silu_mul = silu_mul or _silu_mul
     if profile.runtime_moe_layer(layer):
-        return MoE.load(source, profile, layer, rank, T, device, dtype)
+        return MoE.load(source, profile, layer, rank, T, device, dtype, silu_mul)
     if not profile.intermediate_size:
         return None
     return DenseMLP.load(source, f"{layer_prefix(layer)}.mlp", profile.intermediate_size, profile.hidden_size,
-                         rank, T, device, dtype)
+                         rank, T, device, dtype, silu_mul)

@@ -30,6 +30,7 @@ import torch
 
 from .. import ownership
 from ..layouts import Layout, Ownership, State
+from ..reference.fused import write_rows
 from .block_tables import BlockTables, PageKeys, PoolFullError
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
@@ -101,7 +102,11 @@ def to_device(array: np.ndarray, device, dtype: torch.dtype = torch.int32) -> to
 
 class LayerKV(BlockTables):
     """Pages of one MLA layer on this rank: the page tensors, and (inherited) their block tables
-    and free pages."""
+    and free pages.
+
+    The page tensors hold one page more than the tables hand out: the *sink* (physical page
+    ``num_pages``, :attr:`sink_slot`), where a captured step writes the cache entries of the
+    rows it pads a batch with, so every row writes somewhere and no shape depends on the batch."""
 
     def __init__(self, layer: int, num_pages: int, fmt: PageFormat, device, buffer: torch.Tensor | None = None,
                  offset: int = 0):
@@ -111,8 +116,8 @@ class LayerKV(BlockTables):
         super().__init__(layer, num_pages)
         self.format = fmt
         self.device = device
-        kv_shape = (num_pages, fmt.page_size, fmt.kv_width)
-        idx_shape = (num_pages, fmt.page_size, fmt.indexer_width)
+        kv_shape = (num_pages + 1, fmt.page_size, fmt.kv_width)
+        idx_shape = (num_pages + 1, fmt.page_size, fmt.indexer_width)
         # Zero-filled: kernels read whole pages and mask by position, so unwritten slots must
         # hold finite values (0 * NaN would poison the output).
         if buffer is None:
@@ -120,12 +125,17 @@ class LayerKV(BlockTables):
             self.kv = torch.zeros(kv_shape, dtype=fmt.kv_dtype, device=device)
             self.indexer = torch.zeros(idx_shape, dtype=fmt.indexer_dtype, device=device) if fmt.indexer_width else None
         else:
-            kv_bytes = num_pages * fmt.kv_page_bytes
+            kv_bytes = (num_pages + 1) * fmt.kv_page_bytes
             self.offsets = {State.KV: offset, State.INDEXER: offset + _aligned(kv_bytes)}
             self.kv = _view(buffer, offset, kv_shape, fmt.kv_dtype)
             self.indexer = (_view(buffer, self.offsets[State.INDEXER], idx_shape, fmt.indexer_dtype)
                             if fmt.indexer_width else None)
         self._cache: tuple[int, dict] | None = None  # (version, {request ids: tables})
+
+    @property
+    def sink_slot(self) -> int:
+        """A flat cache slot no request's page holds: writes nobody reads go there."""
+        return self.num_pages * self.format.page_size
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of the pages in use: latent+rotary KV and indexer keys."""
@@ -177,13 +187,13 @@ class LayerKV(BlockTables):
                                f"{int(pages[bad])}, which it holds no slot for here")
         return physical * page_size + positions % page_size
 
-    def write(self, slots: torch.Tensor, kv: torch.Tensor, indexer: torch.Tensor | None = None) -> None:
-        """Store per-token entries kv [n, W] (and indexer keys [n, I]) at flat ``slots`` [n]."""
-        flat = _byte_view(self.kv).view(-1, self.format.kv_width)
-        flat.index_copy_(0, slots, _byte_view(kv.to(self.kv.dtype)))
+    def write(self, slots: torch.Tensor, kv: torch.Tensor | None, indexer: torch.Tensor | None = None) -> None:
+        """Store per-token entries kv [n, W] (and indexer keys [n, I]) at flat ``slots`` [n]
+        (kv None: only the indexer keys, the entries having been written already)."""
+        if kv is not None:
+            write_rows(self.kv, slots, kv)
         if self.indexer is not None and indexer is not None:
-            flat = _byte_view(self.indexer).view(-1, self.format.indexer_width)
-            flat.index_copy_(0, slots, _byte_view(indexer.to(self.indexer.dtype)))
+            write_rows(self.indexer, slots, indexer)
 
     def block_table(self, request_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Kernel block table and page index [R, P] int32 (device) for ``request_ids`` in order:
@@ -226,8 +236,10 @@ class KVPool:
 
     @staticmethod
     def layer_bytes(pages_per_layer: int, fmt: PageFormat) -> int:
-        """Bytes one layer's pages take in a shared buffer (KV, then indexer keys, each aligned)."""
-        return _aligned(pages_per_layer * fmt.kv_page_bytes) + _aligned(pages_per_layer * fmt.indexer_page_bytes)
+        """Bytes one layer's pages take in a shared buffer (KV, then indexer keys, each aligned;
+        the sink page included)."""
+        pages = pages_per_layer + 1
+        return _aligned(pages * fmt.kv_page_bytes) + _aligned(pages * fmt.indexer_page_bytes)
 
     def __getitem__(self, layer: int) -> LayerKV:
         try:

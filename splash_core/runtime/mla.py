@@ -143,13 +143,18 @@ def _blocks(stacked: torch.Tensor, parts, dim: int = 0) -> list[torch.Tensor | N
 
 
 class MLAMath:
-    """The projections of one model's MLA layers (dims, eps and RoPE base from the profile)."""
+    """The projections of one model's MLA layers (dims, eps and RoPE base from the profile), with
+    the cache entries made by ``fused`` (:class:`~splash_core.interfaces.FusedKernels`; None:
+    the torch reference)."""
 
-    def __init__(self, profile: ModelProfile):
+    def __init__(self, profile: ModelProfile, fused=None):
         m = profile.mla
         self.d_c, self.d_r, self.d_n, self.d_v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
         self.eps, self.theta, self.rope_scaling = profile.rms_norm_eps, profile.rope_theta, profile.rope_scaling
         self.scale = softmax_scale(profile)
+        if fused is None:
+            from ..reference.fused import KERNELS as fused  # the reference imports this module
+        self.fused = fused
 
     @property
     def kv_width(self) -> int:
@@ -179,7 +184,13 @@ class MLAMath:
 
     def latent(self, w: MLAWeights, kv: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Cache entries [n, d_c + d_r] from KV-A's output: normalised latent, then the rotated shared key."""
-        return torch.cat([rms_norm(kv[:, : self.d_c], w.kv_a_norm, self.eps), rotary(kv[:, self.d_c:])], dim=-1)
+        return self.fused.latent(kv, w.kv_a_norm, rotary.cos, rotary.sin, self.eps)
+
+    def write_latent(self, w: MLAWeights, kv: torch.Tensor, rotary: Rotary, cache: torch.Tensor,
+                     slots: torch.Tensor) -> None:
+        """:meth:`latent` of KV-A's output rows written into ``cache`` at flat ``slots`` (one fused
+        kernel where the backend has it)."""
+        self.fused.latent_write(kv, w.kv_a_norm, rotary.cos, rotary.sin, self.eps, cache, slots)
 
     def output(self, w: MLAWeights, latent_out: torch.Tensor) -> torch.Tensor:
         """O output [n, d] of ``w``'s heads for attention results [n, h, d_c] (partial if sharded)."""

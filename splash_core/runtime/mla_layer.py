@@ -60,13 +60,23 @@ class MLALayer(HeadShardedLayer):
     def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
         return _FORWARD[self.layout](self, x, step)
 
-    def _store(self, step: StepContext, entries, keys, all_rows: bool) -> None:
-        """Write the new tokens this rank holds. ``entries``/``keys`` cover all rows of the step
-        (``all_rows``) or exactly this rank's own rows (owner layouts, whose holder rows they are)."""
+    def _write(self, step: StepContext, kv, rot, keys) -> None:
+        """Write the cache entries of KV-A's output ``kv`` (and indexer ``keys``) of exactly the rows
+        this rank holds (TP: all rows; owner layouts: its own), RoPE fused with the write."""
+        if kv.shape[0] == 0:
+            return
+        slots = step.write_slots(self.kv, self.layout)
+        self.math.write_latent(self.weights, kv, rot, self.kv.kv, slots)
+        if keys is not None:
+            self.kv.write(slots, None, keys)
+
+    def _store(self, step: StepContext, entries, keys) -> None:
+        """CP: write, of the cache entries ``entries`` (and ``keys``) of all rows, the rows whose
+        page this rank holds."""
         rows = step.holder_rows(self.layout)
         if rows.size == 0:
             return
-        if all_rows and rows.size != step.batch.num_rows:
+        if rows.size != step.batch.num_rows:
             index = step.holder_index(self.layout)
             entries = entries.index_select(0, index)
             keys = None if keys is None else keys.index_select(0, index)
@@ -83,23 +93,22 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         rot = self._rotary(step, own=False)
         q_in, kv, keys = m.project(w, x)
-        self._store(step, m.latent(w, kv, rot), keys, all_rows=True)
+        self._write(step, kv, rot, keys)
         out, _ = self._attend(m.queries(w, q_in, rot), step)
         o = m.output(w, out)
         step.collectives.all_reduce(o)
         return o
 
     def _owner_rows(self, x, step):
-        """(query input, RoPE, cache entries, indexer keys) of this rank's own rows."""
-        m, w = self.math, self.weights
+        """(query input, RoPE, KV-A output, indexer keys) of this rank's own rows."""
         rot = self._rotary(step, own=True)
-        q_in, kv, keys = m.project(w, x[step.own_rows])
-        return q_in, rot, m.latent(w, kv, rot), keys
+        q_in, kv, keys = self.math.project(self.weights, x[step.own_rows])
+        return q_in, rot, kv, keys
 
     def _dp(self, x, step):
         m, w = self.math, self.weights
-        q_in, rot, entries, keys = self._owner_rows(x, step)
-        self._store(step, entries, keys, all_rows=False)
+        q_in, rot, kv, keys = self._owner_rows(x, step)
+        self._write(step, kv, rot, keys)
         out, _ = self._attend(m.queries(w, q_in, rot), step)
         return exchange.gather_rows(step, m.output(w, out))
 
@@ -107,7 +116,7 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, kv, keys = m.project(w, x, kv_rows=step.own_rows)
         q = m.queries(w, q_in, self._rotary(step, own=False))  # [N, H/T, W]: this rank's heads, all rows
-        self._store(step, m.latent(w, kv, self._rotary(step, own=True)), keys, all_rows=False)
+        self._write(step, kv, self._rotary(step, own=True), keys)
         out_own, _ = self._attend(exchange.rows_to_owners(step, q), step)
         o = m.output(w, exchange.owners_to_rows(step, out_own))
         step.collectives.all_reduce(o)
@@ -115,7 +124,8 @@ class MLALayer(HeadShardedLayer):
 
     def _cp(self, x, step):
         m, w = self.math, self.weights
-        q_in, rot, entries, keys = self._owner_rows(x, step)
+        q_in, rot, kv, keys = self._owner_rows(x, step)
+        entries = m.latent(w, kv, rot)
         q_own = m.queries(w, q_in, rot)
         n, heads, width = q_own.shape
         parts = [q_own.reshape(n, heads * width), entries] + ([keys] if keys is not None else [])
@@ -125,7 +135,7 @@ class MLALayer(HeadShardedLayer):
         q = gathered[:, : heads * width].view(-1, heads, width)
         all_entries = gathered[:, heads * width: heads * width + m.kv_width]
         all_keys = gathered[:, heads * width + m.kv_width:] if keys is not None else None
-        self._store(step, all_entries, all_keys, all_rows=True)
+        self._store(step, all_entries, all_keys)
         out, lse = self._attend(q, step)
         outs, lses = exchange.partials_to_owners(step, out, lse)
         merged, _ = step.kernels.merge(outs, lses)

@@ -17,6 +17,12 @@ Pages for a step's new tokens are reserved in every layer before any computation
 step opens a page anywhere (a property of the batch every rank knows), the ranks all-reduce
 their shortfalls and, if any rank lacks pages in any layer, all raise
 :class:`~splash_core.runtime.kv_pool.PoolFullError` with nothing allocated or written.
+
+A block's residual add and the next norm are one fused op, and so are RoPE and the cache write
+(the backend's :class:`~splash_core.interfaces.FusedKernels`; the torch reference by default).
+With decode graphs (``graphs``, a :class:`~splash_core.profiles.graphs.GraphConfig`), a pure
+decode step runs from persistent buffers and replays a captured graph of its layouts and batch
+bucket (:mod:`~splash_core.runtime.decode_graphs`); prefill, mixed and switching steps run eagerly.
 """
 
 from __future__ import annotations
@@ -28,20 +34,25 @@ import torch
 
 from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
-from ..interfaces import Collectives, KDAKernels
+from ..interfaces import Collectives, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..layouts import Layout, Placement
+from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
+from ..reference import fused as reference_fused
+from ..reference.streams import HostStreamOps
 from .block_tables import PageKeys
+from .decode_graphs import DecodeGraphs, DecodeOutputs
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
 from .feed_forward import DenseMLP, MoE, load_feed_forward
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
-from .mla import MLAMath, MLAWeights, rms_norm
+from .mla import MLAMath, MLAWeights
 from .mla_layer import MLALayer
 from .recurrent_pool import RecurrentFormat, RecurrentPool
 from .step_batch import StepBatch
 from .step_context import StepContext
+from .step_tokens import StepTokens
 from .weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
 
 
@@ -52,12 +63,18 @@ class Model:
                  profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
                  pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
                  num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None,
-                 host_collectives: Collectives | None = None):
+                 host_collectives: Collectives | None = None, fused: FusedKernels | None = None,
+                 graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None,
+                 streams: StreamOps | None = None):
         """``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
         from, so switches pull pages rank to rank (None: pages move by collectives).
         ``host_collectives``: collectives on host memory for what the ranks agree on before a step
         (whether every pool has room, :meth:`reserve`), so that never waits for the device
-        (None: ``collectives``, a round trip to the device when a batch opens a page)."""
+        (None: ``collectives``, a round trip to the device when a batch opens a page).
+        ``fused``: the backend's fused small ops (None: the torch reference). ``graphs``: how
+        decode steps replay captured graphs through ``graph_ops`` (None, or mode ``off``: never;
+        mode ``auto`` needs ``graph_ops``; models with KDA layers always run eagerly).
+        ``streams``: the rank's streams and events (None: host ones), for :meth:`step_tokens`."""
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
         mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
@@ -71,7 +88,9 @@ class Model:
         self.collectives, self.kernels = collectives, kernels
         self.host_collectives = host_collectives
         self.profile, self.dtype, self.page_size = profile, dtype, page_size
-        self.math = MLAMath(profile) if mla_layers else None
+        self.fused = fused or reference_fused.KERNELS
+        self.streams = streams or HostStreamOps()
+        self.math = MLAMath(profile, self.fused) if mla_layers else None
         shapes = tensor_shapes(profile, count)
         kw = dict(device=device, dtype=dtype)
 
@@ -100,21 +119,25 @@ class Model:
                 weights = MLAWeights.load(source, profile, i, heads, **kw)
                 self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
             self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
-            self.mlps.append(load_feed_forward(source, profile, i, rank, T, **kw))
+            self.mlps.append(load_feed_forward(source, profile, i, rank, T, **kw, silu_mul=self.fused.silu_mul))
         self.final_norm = get("model.norm.weight")
         vocab = even_shard(profile.vocab_size, rank, T)
         self.vocab_per_rank = -(-profile.vocab_size // T)
         head = get("lm_head.weight", rows=slice(vocab.start, vocab.stop))
         self.lm_head = torch.cat([head, head.new_zeros(self.vocab_per_rank - head.shape[0], head.shape[1])])
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None and mla_layers and not kda_layers and graphs.mode != "off" and \
+                (graphs.mode == "static" or graph_ops is not None):
+            self.graphs = DecodeGraphs(self, graphs, graph_ops)
 
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
                      page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None,
-                     transfer: TransferConfig = TransferConfig()) -> "Model":
+                     transfer: TransferConfig = TransferConfig(), graphs: GraphConfig | None = None) -> "Model":
         """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
-        for a model with KDA layers, KDA) kernels, and the KV pool in its peer memory
+        for a model with KDA layers, KDA) kernels and fused ops, the KV pool in its peer memory
         (``ctx.peer_memory()``) where ``transfer.peer_pulls`` asks for pulls (else switches move
-        pages by collectives)."""
+        pages by collectives), and decode graphs as ``graphs`` says (None: none)."""
         count = profile.num_layers if num_layers is None else num_layers
         kda = ctx.backend.kda_kernels(ctx.device, dtype) if LayerKind.KDA in profile.layer_kinds[:count] else None
         return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
@@ -122,15 +145,18 @@ class Model:
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
                    kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda,
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
-                   host_collectives=ctx.host_collectives())
+                   host_collectives=ctx.host_collectives(), fused=ctx.backend.fused_kernels(ctx.device, dtype),
+                   graphs=graphs, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs is not None else None,
+                   streams=ctx.streams)
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
                         layouts=None) -> "Model":
         """Build from a deployment profile: its model, page size, compute format, layer count,
         weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
-        ``source`` is given), initial layout (unless ``layouts`` is given) and transfer options;
-        the KV pool stores the model's cache format (latent and rotary key must share one format)."""
+        ``source`` is given), initial layout (unless ``layouts`` is given), transfer options and
+        decode graphs; the KV pool stores the model's cache format (latent and rotary key must
+        share one format)."""
         kv = deployment.model.kv_cache
         if kv.latent_dtype != kv.rope_dtype or kv.scale_bytes:
             raise ValueError(f"model {deployment.model.name!r}: the runtime stores latent and rotary key in one "
@@ -141,7 +167,7 @@ class Model:
                                 deployment.initial_layout if layouts is None else layouts,
                                 pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                                 dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
-                                num_layers=deployment.layers, transfer=deployment.transfer)
+                                num_layers=deployment.layers, transfer=deployment.transfer, graphs=deployment.graphs)
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -154,22 +180,61 @@ class Model:
         layer) are the layouts the layers compute in by the time they run, so the step's new pages
         are reserved in those instead of the layers' current layouts; ``before_layer(i)`` is called
         before layer i computes (the executor lands layer i's state there and starts the next
-        layer's transfer). Without them a step is exactly as before."""
+        layer's transfer). Without them a step is exactly as before, and a decode step replays its
+        captured graph where the model has decode graphs."""
+        replayed = self._begin(batch, tokens, layouts, before_layer)
+        if replayed is not None:
+            return replayed.logits()
+        return self._eager(batch, tokens, before_layer)
+
+    def step_tokens(self, batch: StepBatch, tokens: torch.Tensor) -> StepTokens:
+        """:meth:`step`, plus each request's greedy next token chosen on the device (inside the
+        captured graph where the step replays one) and copied to pinned host memory behind an
+        event: the host reads them (:meth:`StepTokens.host`) once the device got there, without
+        draining anything else, and ``tokens`` may be the previous step's device tokens (they
+        never visit the host). The logits stay available for sampled requests."""
+        replayed = self._begin(batch, tokens, None, None)
+        if replayed is not None:
+            return StepTokens.start(replayed.tokens(), replayed.logits, self.streams)
+        logits = self._eager(batch, tokens)
+        return StepTokens.start(logits.argmax(dim=-1), lambda: logits, self.streams)
+
+    def _begin(self, batch: StepBatch, tokens: torch.Tensor, layouts, before_layer) -> DecodeOutputs | None:
+        """Check the batch and reserve its pages; replay it where it is a decode step the graphs take."""
         if batch.page_size != self.page_size or batch.T != self.T:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={self.T}, page {self.page_size}")
         if tokens.numel() != batch.num_rows:
             raise ValueError(f"{tokens.numel()} tokens for a batch of {batch.num_rows} rows")
         self.reserve(batch, layouts)
+        if self.graphs is None or layouts is not None or before_layer is not None:
+            return None
+        return self.graphs.run(batch, tokens)
+
+    def _eager(self, batch: StepBatch, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:
         step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
-        h = self.embed.index_select(0, tokens.to(self.device).long())
-        eps = self.profile.rms_norm_eps
-        for i, (layer, (in_norm, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):
+        return self.forward(step, tokens.to(self.device).long(), before_layer)
+
+    def forward(self, step: StepContext, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:
+        """Logits [R, V] float32 of ``step``'s rows of tokens ``tokens`` [N] (device int64): of each
+        request's last row, or of every row where ``step.last_rows`` is None. Device work only,
+        given a step context that makes none on the host (what a captured graph records)."""
+        eps, fused = self.profile.rms_norm_eps, self.fused
+        h = self.embed.index_select(0, tokens)
+        normed, _ = fused.add_rms_norm(h, None, self.norms[0][0], eps)
+        for i, (layer, (_, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):
             if before_layer is not None:
                 before_layer(i)
-            h = h + layer.forward(rms_norm(h, in_norm, eps), step)
+            out = layer.forward(normed, step)
             if mlp is not None:
-                h = h + mlp.forward(rms_norm(h, post_norm, eps), self.collectives)
-        last = rms_norm(h.index_select(0, step.last_rows), self.final_norm, eps)
+                x, h = fused.add_rms_norm(out, h, post_norm, eps)
+                out = mlp.forward(x, self.collectives)
+            if i + 1 < len(self.layers):  # this block's residual add and the next block's norm
+                normed, h = fused.add_rms_norm(out, h, self.norms[i + 1][0], eps)
+            else:
+                h = h + out
+        if step.last_rows is not None:
+            h = h.index_select(0, step.last_rows)
+        last, _ = fused.add_rms_norm(h, None, self.final_norm, eps)
         local = last @ self.lm_head.t()  # [R, ceil(V/T)]
         out = local.new_empty(self.T * local.shape[0], local.shape[1])
         self.collectives.all_gather_into(out, local.contiguous())
@@ -239,6 +304,8 @@ class Model:
         """Free a finished request's pages and recurrent state in every layer (call on every rank)."""
         self.pool.release(request_id)
         self.recurrent.release(request_id)
+        if self.graphs is not None:
+            self.graphs.release(request_id)
 
     def check_placement(self, batch: StepBatch) -> None:
         """Raise unless every layer holds exactly the pages (MLA) or recurrent heads (KDA) its layout

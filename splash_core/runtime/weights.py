@@ -262,6 +262,8 @@ class HeadShardedLayer:
     layout: Layout
     weights: object
 
+    weights_version: int = 0  # bumped whenever the layer takes other weights (captured graphs read their addresses)
+
     def set_layout(self, layout: Layout, weights=None) -> None:
         """Compute in ``layout`` from now on, with ``weights`` (or the current ones) checked to
         fit its placement: this rank's head shard when sharded, all heads when replicated
@@ -272,6 +274,8 @@ class HeadShardedLayer:
         if weights.heads != want:
             raise ValueError(f"layer {self.index}: {layout} on rank {self.rank} needs heads {want}, "
                              f"the weights hold {weights.heads}")
+        if weights is not getattr(self, "weights", None):
+            self.weights_version += 1
         self.layout, self.weights = layout, weights
 
 

@@ -72,6 +72,20 @@ def splash_mla_kernels(device, dtype):
 
 
 @hookimpl
+def splash_fused_kernels(device, dtype):
+    from splash_core.kernels import triton_fused_kernels
+
+    return triton_fused_kernels()
+
+
+@hookimpl
+def splash_graph_ops(device):
+    from .graphs import CudaGraphOps
+
+    return CudaGraphOps(device)
+
+
+@hookimpl
 def splash_kda_kernels(device, dtype):
     from splash_core.kernels import fla_kda_kernels
 

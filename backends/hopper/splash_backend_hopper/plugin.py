@@ -11,8 +11,8 @@ from splash_backend_cuda import common, detect
 # KDA kernels), registered as this plugin's too: the fallback along ``specializes`` would find
 # them in cuda, but not where SPLASH_BACKENDS leaves cuda out, and then the reference's CPU answers
 from splash_backend_cuda.plugin import (  # noqa: F401
-    splash_device, splash_kda_kernels, splash_make_collectives, splash_peer_memory, splash_process_group_backend,
-    splash_side_group_options, splash_stream_ops)
+    splash_device, splash_fused_kernels, splash_graph_ops, splash_kda_kernels, splash_make_collectives,
+    splash_peer_memory, splash_process_group_backend, splash_side_group_options, splash_stream_ops)
 from splash_core.hookspecs import hookimpl
 from splash_core.interfaces import BackendInfo
 
@@ -57,9 +57,11 @@ def splash_mla_kernels(device, dtype):
 
 
 def by_heads(flashmla_decode, triton_decode):
-    """A decode that runs whichever provider the measured table chose for the call's heads."""
+    """A decode that runs whichever provider the measured table chose for the call's heads. The
+    KV tokens it weighs are the query rows' (one request each in decode) times the table's width:
+    a captured decode step's table has a row for every request slot, not only the batch's."""
     def decode(q, kv_cache, block_table, *args):
-        kv_tokens = block_table.shape[0] * block_table.shape[1] * kv_cache.shape[1]
+        kv_tokens = q.shape[0] * block_table.shape[1] * kv_cache.shape[1]
         chosen = flashmla_decode if providers.decode_provider(q.shape[1], kv_tokens) == "flashmla" else triton_decode
         return chosen(q, kv_cache, block_table, *args)
 

@@ -1,0 +1,62 @@
+"""CUDA graphs as :class:`splash_core.interfaces.GraphOps`: a decode step captured once per
+(layout, batch bucket) and replayed with one launch.
+
+Warm-up runs on a side stream (as torch's ``make_graphed_callables`` does), so lazy
+initialisation (cuBLAS workspaces, Triton's compilation, NCCL's first use) happens outside the
+capture. Every graph of one model shares one memory pool: graphs replay one at a time, and
+each keeps its outputs alive, so one graph's intermediates may reuse another's. A capture's
+memory is the pool's growth while it ran (``torch.cuda.memory_reserved`` before and after the
+recorded call), its time the host's, warm-up included.
+
+NCCL collectives can be captured (torch's NCCL process groups record them into the graph);
+gloo's cannot, which is why the CPU path runs the same static-buffer step eagerly instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import torch
+
+
+@dataclasses.dataclass
+class CudaGraph:
+    """One captured graph and what its function returned at capture."""
+
+    graph: torch.cuda.CUDAGraph
+    outputs: Any
+    capture_s: float
+    nbytes: int
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphOps:
+    """:class:`~splash_core.interfaces.GraphOps` on one CUDA device."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def new_pool(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Any], pool: Any, warmup: int = 2) -> CudaGraph:
+        t0 = time.perf_counter()
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        current.wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = fn()
+        torch.cuda.synchronize(self.device)
+        nbytes = max(0, torch.cuda.memory_reserved(self.device) - before)
+        return CudaGraph(graph, outputs, time.perf_counter() - t0, nbytes)

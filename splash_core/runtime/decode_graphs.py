@@ -1,0 +1,193 @@
+"""Decode steps replayed from captured graphs: one per (layers' layouts, padded batch bucket).
+
+Data flow of a decode step that :meth:`DecodeGraphs.run` takes (docs/design.md §3 step 6):
+
+1. the model reserved the step's pages (as every step does);
+2. the bucket is the smallest of ``config.buckets`` holding the busiest owner's rows; the
+   device block tables (:class:`~splash_core.runtime.device_tables.DeviceTables`) give new
+   requests a row, widen to the batch's longest context where needed, and write the entries
+   that changed (a new page: one entry per layer);
+3. the graph of (layouts, bucket) is looked up, and captured first where it is missing or was
+   captured on addresses that changed since: a layer that took other weights (a live switch
+   lands new tensors: its ``weights_version``) or tables that were reallocated (``epoch``);
+4. the bucket's :class:`~splash_core.runtime.static_step.DecodeInputs` are refreshed in place and
+   the graph replays: embedding, every layer, LM head, and the greedy token of every row;
+5. the caller selects the real rows' logits or tokens (:class:`DecodeOutputs`).
+
+Where the backend has no :class:`~splash_core.interfaces.GraphOps` (the CPU reference), step 4
+runs the same function eagerly: the static-buffer logic is the one tested on gloo at T = 1..4.
+
+A switching step runs eagerly (it needs per-layer events and lands new weights layer by layer);
+the next decode step finds the switched layers' versions changed and captures the destination
+layout's graph for its bucket. That is the simpler of the two correct designs: the other keeps
+every layer's weights in stable buffers that a switch copies into (graphs of every layout
+captured once at start-up, no re-capture, at the memory of a replicated and a sharded copy of
+W_A per layer). A mover that writes into the weights' own tensors and hands the layer the same
+object (no version bump) gets it without any change here. Each capture's time and graph memory
+are kept in :attr:`DecodeGraphs.captures` (for Eq 7's switch cost and Eq 6's scratch term).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+
+from .. import ownership
+from ..interfaces import GraphOps
+from ..layouts import Layout, Ownership
+from ..profiles.graphs import GraphConfig
+from .device_tables import DeviceTables
+from .static_step import DecodeInputs, StaticStepContext, skeleton
+from .step_batch import StepBatch
+
+
+@dataclasses.dataclass
+class _Graph:
+    """One captured (or, without graph ops, eagerly run) decode step of one bucket."""
+
+    layouts: tuple[Layout, ...]
+    per_owner: int
+    signature: tuple
+    inputs: DecodeInputs
+    run: Any  # () -> (logits [T b, V], tokens [T b]): the step's function
+    captured: Any = None  # the backend's CapturedGraph, or None (eager)
+    outputs: tuple | None = None
+
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.captured is None:
+            self.outputs = self.run()
+        else:
+            self.captured.replay()
+        return self.outputs
+
+
+@dataclasses.dataclass
+class DecodeOutputs:
+    """A replayed step's outputs for the ``requests`` requests of its batch, in batch order."""
+
+    graph: _Graph
+    requests: int
+
+    def logits(self) -> torch.Tensor:
+        """[R, V] float32 logits (a copy: the buffers are rewritten by the next replay)."""
+        return self.graph.outputs[0].index_select(0, self.graph.inputs.places(self.requests))
+
+    def tokens(self) -> torch.Tensor:
+        """[R] int64 greedy tokens, chosen on the device inside the graph."""
+        return self.graph.outputs[1].index_select(0, self.graph.inputs.places(self.requests))
+
+
+class DecodeGraphs:
+    """The captured decode steps of one rank's :class:`~splash_core.runtime.model.Model`."""
+
+    def __init__(self, model, config: GraphConfig, graph_ops: GraphOps | None):
+        self.model, self.config, self.ops = model, config, graph_ops
+        self.tables = DeviceTables([layer.kv for layer in model.paged_layers], model.device, min_width=config.min_table_pages)
+        self.pool = graph_ops.new_pool() if graph_ops is not None else None
+        self.graphs: dict[tuple, _Graph] = {}
+        self.captures: list[dict] = []  # every capture: layouts, bucket, width, seconds, bytes, why
+        self.disabled = ""  # why decode steps stopped taking this path (a capture that failed)
+        self._signature: tuple | None = None
+        self._stale: set[tuple] = set()  # keys whose graph was dropped for changed addresses
+
+    # ---- which steps ----------------------------------------------------------------------
+
+    def bucket(self, batch: StepBatch) -> int | None:
+        """The bucket of ``batch``, or None when it does not take this path (not pure decode,
+        more rows on an owner than the largest bucket, or the path was disabled)."""
+        if self.disabled or not batch.is_decode:
+            return None
+        return self.config.bucket(int(batch.owner_rows.max()))
+
+    def table_width(self, batch: StepBatch) -> int:
+        """Entries a table row needs for ``batch``: its longest context's pages, held whole (TP, DP,
+        DOP) or every T-th (CP) by the layers' layouts; computed from the batch alone, so every
+        rank widens its tables at the same step."""
+        pages = int(ownership.pages_for(int(batch.contexts.max()), batch.page_size))
+        split = all(layer.layout.ownership is Ownership.POSITIONS for layer in self.model.paged_layers)
+        return -(-pages // batch.T) if split else pages
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def run(self, batch: StepBatch, tokens: torch.Tensor) -> DecodeOutputs | None:
+        """Run decode ``batch`` (pages reserved) from the graph of its bucket; None when it does
+        not take this path (the caller runs the step eagerly)."""
+        per_owner = self.bucket(batch)
+        if per_owner is None:
+            return None
+        rows = self.tables.prepare(batch.ids, self.table_width(batch))
+        graph = self._graph(per_owner)
+        if graph is None:
+            return None
+        graph.inputs.fill(batch, rows, tokens)
+        graph.replay()
+        return DecodeOutputs(graph, len(batch))
+
+    def release(self, request: int) -> None:
+        self.tables.release(request)
+
+    def signature(self) -> tuple:
+        """What the graphs' addresses depend on besides their own buffers and their layouts (their
+        key): the tables' tensors and each layer's weights. A switch that keeps a layer's weights
+        (between DP and CP, or TP and DOP) keeps the graphs of both layouts valid."""
+        return (self.tables.epoch, tuple(layer.weights_version for layer in self.model.layers))
+
+    def _graph(self, per_owner: int) -> _Graph | None:
+        signature = self.signature()
+        key = (tuple(layer.layout for layer in self.model.layers), per_owner)
+        if signature != self._signature:  # drop graphs on old addresses now: their memory goes back
+            self._stale |= {k for k, g in self.graphs.items() if g.signature != signature}
+            self.graphs = {k: g for k, g in self.graphs.items() if g.signature == signature}
+            self._signature = signature
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self._capture(per_owner, signature, "again: addresses changed" if key in self._stale else "first")
+            if graph is not None:
+                self.graphs[key] = graph
+                self._stale.discard(key)
+        return graph
+
+    def capture(self, per_owner: int) -> None:
+        """Capture the current layouts' graph of bucket ``per_owner`` now (start-up), with padding
+        rows only: they write the sink pages and read no key. Collective: every rank."""
+        self._graph(per_owner)
+
+    def _capture(self, per_owner: int, signature: tuple, why: str) -> _Graph | None:
+        m = self.model
+        layouts = tuple(layer.layout for layer in m.layers)
+        inputs = DecodeInputs(m.T, per_owner, m.device)
+        batch = skeleton(m.T, per_owner, m.page_size)
+
+        def step():
+            ctx = StaticStepContext(batch, m.rank, m.device, m.collectives, m.kernels, inputs, self.tables)
+            logits = m.forward(ctx, inputs.tokens)
+            return logits, logits.argmax(dim=-1)
+
+        graph = _Graph(layouts, per_owner, signature, inputs, step)
+        record = {"layouts": sorted({str(l) for l in layouts}), "bucket": per_owner, "rows": m.T * per_owner,
+                  "table_width": self.tables.width, "captured": self.ops is not None, "why": why}
+        if self.ops is not None:
+            try:
+                graph.captured = self.ops.capture(step, self.pool, warmup=self.config.warmup)
+            except Exception as exc:  # noqa: BLE001 - the same on every rank: stop capturing, run eagerly
+                self.disabled = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"rank {m.rank}: decode graphs off from now on, capturing bucket {per_owner} "
+                              f"failed: {self.disabled}")
+                return None
+            graph.outputs = graph.captured.outputs
+            record.update(seconds=graph.captured.capture_s, bytes=int(graph.captured.nbytes))
+        else:  # nothing to record: every replay runs the step
+            record.update(seconds=0.0, bytes=0)
+        self.captures.append(record)
+        return graph
+
+    def summary(self) -> dict:
+        """Captures so far: how many, their host time and graph memory, the buckets and widths."""
+        return {"captures": len(self.captures), "seconds": float(sum(c["seconds"] for c in self.captures)),
+                "bytes": int(sum(c["bytes"] for c in self.captures)), "live": len(self.graphs),
+                "buckets": list(self.config.buckets), "table_width": self.tables.width,
+                "disabled": self.disabled}
+

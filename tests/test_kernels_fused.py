@@ -1,0 +1,74 @@
+"""The fused small ops in Triton (residual add + RMSNorm, RoPE with the latent-cache write,
+SiLU·mul) against their torch reference, in Triton's interpreter on CPU, fp16 and fp32 (the
+interpreter's bf16 is checked on the GPU instead)."""
+
+from __future__ import annotations
+
+import kernel_interpreter  # noqa: F401  (must precede the kernels' import)
+import pytest
+import torch
+
+from splash_core.kernels import fused
+from splash_core.reference import fused as ref
+from splash_core.runtime.rotary import Rotary
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def _gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cols", [48, 64])
+def test_add_rms_norm_matches_the_reference(dtype, cols):
+    g = _gen()
+    x, res = (torch.randn(5, cols, generator=g).to(dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(cols, generator=g)).to(dtype)
+    wide = torch.randn(5, cols + 8, generator=g).to(dtype)[:, :cols]  # strided rows
+    for inp in (x, wide):
+        normed, summed = fused.add_rms_norm(inp, res, w, 1e-6)
+        want_normed, want_summed = ref.add_rms_norm(inp, res, w, 1e-6)
+        torch.testing.assert_close(summed, want_summed, **TOL[dtype])
+        torch.testing.assert_close(normed, want_normed, **TOL[dtype])
+    plain, same = fused.add_rms_norm(x, None, w, 1e-6)
+    assert same is x
+    torch.testing.assert_close(plain, ref.add_rms_norm(x, None, w, 1e-6)[0], **TOL[dtype])
+
+
+def _latent_case(dtype, n=6, d_c=32, d_r=16):
+    g = _gen(1)
+    kv = torch.randn(n, d_c + d_r, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(d_c, generator=g)).to(dtype)
+    rot = Rotary.at(torch.tensor([0, 3, 7, 100, 4095, 12]), d_r, 10000.0)
+    return kv, w, rot
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_latent_entries_match_the_reference(dtype):
+    kv, w, rot = _latent_case(dtype)
+    got = fused.latent(kv, w, rot.cos, rot.sin, 1e-6)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, ref.latent(kv, w, rot.cos, rot.sin, 1e-6), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_latent_write_fills_exactly_its_slots(dtype):
+    kv, w, rot = _latent_case(dtype)
+    slots = torch.tensor([5, 0, 17, 9, 30, 31])
+    caches = [torch.zeros(4, 8, kv.shape[1], dtype=dtype) for _ in range(2)]
+    fused.latent_write(kv, w, rot.cos, rot.sin, 1e-6, caches[0], slots)
+    ref.latent_write(kv, w, rot.cos, rot.sin, 1e-6, caches[1], slots)
+    torch.testing.assert_close(caches[0], caches[1], **TOL[dtype])
+    untouched = torch.ones(32, dtype=torch.bool)
+    untouched[slots] = False
+    assert not caches[0].view(32, -1)[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("width", [24, 1500])
+def test_silu_mul_matches_the_reference(dtype, width):
+    gate_up = torch.randn(3, 2 * width, generator=_gen(2)).to(dtype)
+    torch.testing.assert_close(fused.silu_mul(gate_up), ref.silu_mul(gate_up), **TOL[dtype])
