@@ -131,7 +131,7 @@ def splash_stream_ops(device):
 
 @hookspec(firstresult=True)
 def splash_graph_ops(device):
-    """Capture and replay of device work (e.g. CUDA graphs), for decode steps replayed from
+    """Capture and replay of device work (a device's graphs), for decode steps replayed from
     persistent buffers instead of launched op by op.
 
     Called once per rank when a model enables decode graphs (``deployment.graphs``).

@@ -155,7 +155,7 @@ class CapturedGraph(Protocol):
 
 @runtime_checkable
 class GraphOps(Protocol):
-    """Capture and replay of a device's work (CUDA graphs and the like), for decode steps whose
+    """Capture and replay of a device's work (graphs recorded once, launched again), for decode steps whose
     host cost would otherwise exceed their device time (issue 22).
 
     A captured function reads and writes only tensors whose addresses stay fixed (persistent
