@@ -142,6 +142,18 @@ def device_examples() -> dict[str, tuple[dict, list]]:
             [{"workload": "decode-h16", "kernel": "previous (abc1234)", "tile": "r1h16k32", "ms": [1.0, 2.25]},
              {"workload": "decode-h16", "kernel": "current", "tile": "r1h16k64", "ms": [0.5, 1.5]},
              {"workload": "extend-h16", "kernel": "current", "tile": "r4h16k32", "error": "does not fit"}]),
+        "decode_step": (
+            {"rates": {"copy_gbps": 4000.0, "matmul_tflops": 700.0, "copy_mib": 2048, "matmul_n": 8192},
+             "layers": {"1": 61, "16": 31}, "memory": {"1": {"layers_fit": 61}, "16": {"layers_fit": 31}},
+             "points": [{"batch": b, "context": 8192, "layers": 3, "eager_ms": 2.0, "eager_device_ms": 0.5,
+                         "graph_ms": 1.0, "replay_ms": 0.8, "roofline_ms": 0.4, "capture_s": 0.2,
+                         "graph_bytes": 1 << 20, "captured": True, "tokens_match": True, "wall_over_replay": 1.25,
+                         "eager_over_graph": 2.0, "replay_over_roofline": 2.0} for b in (1, 16)],
+             "skipped": ["B=16/131072"]},
+            [{"batch": b, "context": 8192, "layers": 3, "layout": "TP", "path": path, "wall_ms": [ms - 0.5, ms + 0.5]}
+             for b in (1, 16) for path, ms in (("eager", 2.0), ("graph", 1.0))]
+            + [{"batch": b, "context": 8192, "layers": 3, "layout": "TP", "path": "roofline", "roofline_ms": 0.4}
+               for b in (1, 16)]),
         "runtime_step": ({"layers": 3, "layers_fit": 5,
                           "memory": {"per_layer_bytes": {"TP": 3 << 29, "CP": 1 << 29}, "fixed_bytes": 1 << 30,
                                      "transient_bytes": 1 << 29, "budget_bytes": 8 << 30},

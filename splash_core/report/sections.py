@@ -9,8 +9,9 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import (capacity, costmodel_check, crossovers, device_checks, host_time, page_runs, peer_kernels, primitives,
-               real_widths, roofline, rollout, steps, sweeps, switch_trace, switching, timings, transport, tuning)
+from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, host_time, page_runs, peer_kernels,
+               primitives, real_widths, roofline, rollout, steps, sweeps, switch_trace, switching, timings, transport,
+               tuning)
 from .context import Context
 
 
@@ -56,6 +57,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("mla_kernel_sweep", "Attention tile sweep", "", tuning.render_sweep, group=TUNING),
     Section("gpu_rates", "Measured device ceilings (the rooflines)", "", tuning.render_rates, group=TUNING),
     Section("runtime_step", "Runtime step times", "", steps.render),
+    Section("decode_step", "A decode step replayed from its captured graph", "the paper's §4.1 step 3 (per-layout "
+            "device graphs captured at start-up)", decode_step.render),
     Section("costmodel_check", "Cost model vs runtime step times", "", costmodel_check.render, produced_by="model"),
     Section("runtime_host_profile", "Runtime host time per layer", "", host_time.render_runtime, group=HOST),
     Section("switch_host_profile", "Host work of a live switch", "", host_time.render_switch, group=HOST),

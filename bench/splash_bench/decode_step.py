@@ -1,0 +1,202 @@
+"""Rank-side work of ``bench/decode_step.py``: one decode step at T = 1, eager against replayed
+from its captured graph, per batch size and context, beside its roofline in the same run.
+
+Functions taking ``ctx`` run on the rank of a :class:`~splash_core.runtime.spawn.RankPool`
+(module-level, so they pickle). Times come from the rank's own streams and events
+(``ctx.streams``), so the same code runs on the CPU reference (``--smoke``) and on a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from splash_core import dtypes, ownership
+from splash_core.layouts import Layout
+from splash_core.profiles.graphs import GraphConfig
+from splash_core.profiles.loader import load
+from splash_core.reference import fused as reference_fused
+from splash_core.runtime.model import Model
+from splash_core.runtime.step_batch import StepBatch, StepRequest
+from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
+from splash_core.runtime.weights import SeededWeights
+
+from .kernels import kernels_for
+
+MIB = 1 << 20
+
+
+def _timed(ctx, fn, reps: int) -> list[float]:
+    """Device milliseconds of each of ``reps`` calls of ``fn`` (events around each call)."""
+    out = []
+    for _ in range(reps):
+        start, end = ctx.streams.new_event(timing=True), ctx.streams.new_event(timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def device_rates(ctx, copy_mib: int, matmul_n: int, dtype: torch.dtype, reps: int = 5) -> dict:
+    """The copy bandwidth (bytes read + written per second, device to device) and the dense
+    matrix-multiply rate of ``dtype``, measured here: the roofline's ceilings."""
+    src = torch.empty(copy_mib * MIB, dtype=torch.uint8, device=ctx.device).random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copy_ms = statistics.median(_timed(ctx, lambda: dst.copy_(src), reps))
+    a = torch.randn(matmul_n, matmul_n, device=ctx.device).to(dtype)
+    b = torch.randn(matmul_n, matmul_n, device=ctx.device).to(dtype)
+    a @ b
+    mm_ms = statistics.median(_timed(ctx, lambda: a @ b, reps))
+    del src, dst, a, b
+    return {"copy_gbps": 2 * copy_mib * MIB / copy_ms / 1e6, "matmul_tflops": 2 * matmul_n ** 3 / mm_ms / 1e9,
+            "copy_mib": copy_mib, "matmul_n": matmul_n}
+
+
+def build(ctx, spec: dict, batch: int) -> Model:
+    """The timing model: ``spec['layers'][batch]`` layers in ``spec['layout']`` with pages for
+    ``batch`` requests at the longest context, the backend's fused ops and graph ops, and
+    unit-scale synthetic histories (as RMSNorm leaves latents)."""
+    profile, dtype = load("model", spec["model"]), dtypes.torch_dtype(spec["dtype"])
+    layout = Layout(spec["layout"])
+    biggest = ownership.Batch.balanced(batch, max(spec["contexts"]), ctx.world_size)
+    pages = int(ownership.kv_pages_per_rank(layout, biggest, ctx.world_size, spec["page_size"]).max())
+    graph_ops = ctx.backend.graph_ops(ctx.device)
+    model = Model(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
+                  kernels=kernels_for(ctx, dtype, spec["kernels"]), profile=profile, source=SeededWeights(spec["seed"]),
+                  layouts=layout, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
+                  num_layers=spec["layers"][str(batch)], fused=ctx.backend.fused_kernels(ctx.device, dtype),
+                  graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]), graph_ops=graph_ops,
+                  streams=ctx.streams)
+    gen = torch.Generator(device=ctx.device)
+    gen.manual_seed(spec["seed"])
+    for layer in model.paged_layers:
+        layer.kv.kv.normal_(generator=gen)
+    return model
+
+
+def _use_unfused(model: Model, unfused: bool, backend_fused) -> None:
+    """The model's small ops: the backend's fused kernels, or the torch ops of before issue 22."""
+    fused = reference_fused.KERNELS if unfused else backend_fused
+    model.fused = model.math.fused = fused
+    for mlp in model.mlps:
+        if mlp is not None:
+            mlp.silu_mul = fused.silu_mul
+
+
+def roofline(model: Model, batch: int, context: int, rates: dict) -> dict:
+    """What the step must move and compute: every weight it reads once (all but the embedding,
+    of which it reads B rows) and every request's KV history in every layer, at the measured
+    copy bandwidth; the projections' and attention's FLOPs at the measured matmul rate."""
+    held = model.nbytes()
+    embed = model.embed.numel() * model.embed.element_size()
+    weight_bytes = held["weights"] + held["mlp"] + held["experts"] + held["other"] - embed
+    m = model.math
+    heads = model.profile.mla.heads
+    layers = len(model.paged_layers)
+    kv_bytes = batch * context * m.kv_width * model.paged_layers[0].kv.kv.element_size() * layers
+    attention_flops = 2 * batch * heads * context * (m.kv_width + m.d_c) * layers  # scores, then values
+    projection_flops = 2 * batch * weight_bytes // model.paged_layers[0].kv.kv.element_size()
+    memory_ms = (weight_bytes + kv_bytes) / (rates["copy_gbps"] * 1e6)
+    compute_ms = (attention_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
+    return {"weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "attention_flops": int(attention_flops),
+            "projection_flops": int(projection_flops), "memory_ms": memory_ms, "compute_ms": compute_ms,
+            "roofline_ms": max(memory_ms, compute_ms)}
+
+
+def _profiled_device_ms(ctx, fn) -> float | None:
+    """Device time of the kernels one call of ``fn`` launches (the profiler's sum), or None
+    where no device profiler runs (the host, or a machine without one)."""
+    if ctx.device.type == "cpu":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            ctx.streams.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    except Exception:  # noqa: BLE001 - a profiler that cannot start here: the replay's time stands alone
+        return None
+
+
+def _wall(ctx, fn, warmup: int, reps: int) -> list[float]:
+    """Host milliseconds of each call of ``fn`` from its start to the device being done."""
+    out = []
+    for rep in range(warmup + reps):
+        ctx.streams.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ctx.streams.synchronize()
+        if rep >= warmup:
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def time_point(ctx, model: Model, batch: int, context: int, spec: dict, rates: dict, backend_fused) -> list[dict]:
+    """Samples of one (batch, context): eager (fused, and unfused as before), graph replay
+    (whole step, and the replay alone), with the capture's time and memory and the roofline."""
+    T, page = ctx.world_size, spec["page_size"]
+    step = StepBatch.build([StepRequest(i, i % T, context - 1, 1) for i in range(batch)], T, page)
+    fill_histories(model, step, context)
+    gen = torch.Generator(device=ctx.device)
+    gen.manual_seed(spec["seed"] + context)
+    tokens = torch.randint(0, model.profile.vocab_size, (batch,), generator=gen, device=ctx.device)
+    common = {"batch": batch, "context": context, "layers": len(model.layers), "layout": spec["layout"]}
+    graphs, samples = model.graphs, []
+    model.graphs = None  # eager: the model's plain step (it rewrites the same slots: the history stays)
+    eager = {}
+    for variant, unfused in (("eager", False), ("eager_unfused", True)):
+        if unfused and not spec["unfused"]:
+            continue
+        _use_unfused(model, unfused, backend_fused)
+        wall = _wall(ctx, lambda: model.step(step, tokens), spec["warmup"], spec["reps"])
+        eager[variant] = model.step(step, tokens)
+        samples.append({**common, "path": variant, "wall_ms": wall,
+                        "device_ms": _profiled_device_ms(ctx, lambda: model.step(step, tokens))})
+    _use_unfused(model, False, backend_fused)
+    model.graphs = graphs
+    captures = len(graphs.captures)
+    logits = model.step(step, tokens)  # captures the graph of this bucket (tables widened for this context)
+    fresh = graphs.captures[captures:]
+    wall = _wall(ctx, lambda: model.step(step, tokens), spec["warmup"], spec["reps"])
+    graph = graphs.graphs[(tuple(layer.layout for layer in model.layers), batch)]
+    replay = _timed(ctx, graph.replay, spec["reps"])
+    diff = float((logits - eager["eager"]).abs().max())
+    samples.append({**common, "path": "graph", "wall_ms": wall, "replay_ms": replay,
+                    "captured": graph.captured is not None, "capture_s": float(sum(c["seconds"] for c in fresh)),
+                    "graph_bytes": int(sum(c["bytes"] for c in fresh)), "table_width": graphs.tables.width,
+                    "tokens_match": bool(torch.equal(logits.argmax(-1), eager["eager"].argmax(-1))),
+                    "max_logit_diff": diff, "logit_scale": float(eager["eager"].abs().max())})
+    samples.append({**common, "path": "roofline", **roofline(model, batch, context, rates)})
+    return samples
+
+
+def measure(ctx, spec: dict) -> dict:
+    """Every (batch, context) of ``spec`` until rank 0 passes ``spec['deadline']``: the device's
+    rates, then the samples (one model per batch size, its layers sized to fit)."""
+    dtype = dtypes.torch_dtype(spec["dtype"])
+    torch.set_float32_matmul_precision("high")
+    rates = device_rates(ctx, spec["copy_mib"], spec["matmul_n"], dtype)
+    backend_fused = ctx.backend.fused_kernels(ctx.device, dtype)
+    samples, skipped = [], []
+    for batch in spec["batches"]:
+        if past_deadline(ctx, spec["deadline"]):
+            skipped += [f"B={batch}/{c}" for c in spec["contexts"]]
+            continue
+        t0 = time.perf_counter()
+        model = build(ctx, spec, batch)
+        built_s = time.perf_counter() - t0
+        for context in sorted(spec["contexts"]):
+            if past_deadline(ctx, spec["deadline"]):
+                skipped.append(f"B={batch}/{context}")
+                continue
+            samples += [{**s, "build_s": built_s} for s in time_point(ctx, model, batch, context, spec, rates,
+                                                                      backend_fused)]
+        del model
+        release_cached_memory(ctx)
+    return {"rates": rates, "samples": samples, "skipped": skipped}

@@ -1,0 +1,34 @@
+"""A decode step eager against replayed from its captured graph (``decode_step``): per batch
+size and context, the wall times of both paths, the replay's device time alone, the roofline
+measured in the same run, and the capture's cost, with the ratios issue 22's targets name."""
+
+from __future__ import annotations
+
+from ..results import Result
+from .context import Context
+from .markdown import MISSING, ms, sig, table, tokens
+
+MIB = float(1 << 20)
+
+
+def render(result: Result, ctx: Context) -> list[str]:
+    summary = result["summary"]
+    rates = summary["rates"]
+    lines = [f"T = 1, one layout; the ceilings measured in the same run: copy {sig(rates['copy_gbps'])} GB/s "
+             f"(read + written), matmul {sig(rates['matmul_tflops'])} TFLOP/s. Wall: host start to device done; "
+             "replay: the captured graph's device time alone; roofline: (weights + KV) bytes at the copy rate or "
+             "FLOPs at the matmul rate, whichever is longer.", ""]
+    rows = []
+    for p in summary["points"]:
+        captured = "" if p["captured"] else " (eager)"
+        rows.append([str(p["batch"]), tokens(p["context"]), str(p["layers"]), ms(p["eager_ms"]),
+                     ms(p.get("eager_unfused_ms")) if "eager_unfused_ms" in p else MISSING,
+                     ms(p["graph_ms"]) + captured, ms(p["replay_ms"]), ms(p["roofline_ms"]),
+                     f"{p['wall_over_replay']:.2f}", f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}",
+                     f"{p['graph_bytes'] / MIB:.0f}", "yes" if p["tokens_match"] else "**no**"])
+    lines += table(["B", "context", "layers", "eager ms", "unfused ms", "graph ms", "replay ms", "roofline ms",
+                    "wall / replay", "eager / graph", "capture s", "graph MiB", "same tokens"], rows,
+                   "rrrrrrrrrrrrl") + [""]
+    if summary["skipped"]:
+        lines += [f"Skipped (time budget): {', '.join(summary['skipped'])}.", ""]
+    return lines
