@@ -48,10 +48,23 @@ class TransferBuffers:
         return sum(b.numel() for b in (*self._held.values(), *self._outgrown))
 
 
+class _Done:
+    """The handle of a collective that completed when called (one rank: nothing to wait for)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+def _done(async_op: bool):
+    return _Done() if async_op else None
+
+
 class DistCollectives:
     """:class:`splash_core.interfaces.Collectives` over one ``torch.distributed`` group; with
     ``transfer_buffers``, a side communicator's buffers for all-gathers that run without
-    processors."""
+    processors. A group of one rank moves nothing: its tensor collectives are local copies (or
+    nothing), so a one-device step launches no communication kernel at all (and a captured one
+    records none)."""
 
     def __init__(self, group: Any, device: torch.device, *, transfer_buffers: TransferBuffers | None = None):
         self.group = group
@@ -61,18 +74,29 @@ class DistCollectives:
         self.transfer_buffers = transfer_buffers  # None: all-gathers use ordinary memory
 
     def all_gather_into(self, out, inp, async_op: bool = False):
+        if self.size == 1:
+            if inp.data_ptr() != out.data_ptr():  # gathered in place, it is there already
+                out.copy_(inp.reshape(out.shape))
+            return _done(async_op)
         return dist.all_gather_into_tensor(out, inp.contiguous(), group=self.group, async_op=async_op)
 
     def all_to_all(self, out, inp, out_splits: Sequence[int], in_splits: Sequence[int], async_op: bool = False):
+        if self.size == 1:
+            out.copy_(inp.reshape(out.shape))
+            return _done(async_op)
         return dist.all_to_all_single(
             out, inp.contiguous(), list(map(int, out_splits)), list(map(int, in_splits)),
             group=self.group, async_op=async_op,
         )
 
     def all_reduce(self, tensor, async_op: bool = False):
+        if self.size == 1:
+            return _done(async_op)
         return dist.all_reduce(tensor, group=self.group, async_op=async_op)
 
     def broadcast(self, tensor, src: int, async_op: bool = False):
+        if self.size == 1:
+            return _done(async_op)
         return dist.broadcast(tensor, src=dist.get_global_rank(self.group, src), group=self.group,
                               async_op=async_op)
 

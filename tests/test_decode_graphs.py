@@ -194,3 +194,41 @@ def test_graph_options_are_validated():
             schema.build(GraphConfig, bad, file="x.yaml", path="graphs")
     assert load("deployment", "cpu-tiny").graphs == GraphConfig()  # auto: graphs where the backend captures
 
+
+
+def _tokens_without_waiting(ctx):
+    model = _model(ctx, DOP)
+    agree = []
+
+    def step(k, batch, tokens):
+        out = model.step_tokens(batch, tokens)
+        logits = out.logits()
+        agree.append(out.ready() and out.host().tolist() == logits.argmax(-1).tolist()
+                     and out.device.tolist() == out.host().tolist())
+        return logits
+
+    served = serve(step, JOINING[:3], ctx.world_size, model.release)
+    return {"served": served, "agree": agree, "replays": sum(g.replays for g in model.graphs.ops.graphs)}
+
+
+def test_step_tokens_are_the_greedy_tokens_of_the_step(rank_pools):
+    res = rank_pools(1).run(_tokens_without_waiting)[0]
+    assert_matches(res["served"], reference(JOINING[:3]), "step_tokens")
+    assert all(res["agree"]) and res["replays"] > 0  # replayed steps and eager ones alike
+
+
+def _captured_at_start(ctx):
+    model = _model(ctx, TP)
+    made = model.graphs.capture_all(max_rows_per_owner=4)
+    line = model.graphs.describe()
+    served = serve(lambda k, b, t: model.step(b, t), JOINING[:3], ctx.world_size, model.release)
+    return {"made": made, "line": line, "served": served, "captures": model.graphs.captures,
+            "replays": [g.replays for g in model.graphs.ops.graphs]}
+
+
+def test_graphs_captured_at_start_up_serve_the_requests_that_come(rank_pools):
+    res = rank_pools(1).run(_captured_at_start)[0]
+    assert [(c["bucket"], c["why"]) for c in res["made"]] == [(1, "first"), (2, "first"), (4, "first")]
+    assert "buckets 1,2,4,8,16,32,64,128 rows per owner" in res["line"] and "3 captures" in res["line"]
+    assert_matches(res["served"], reference(JOINING[:3]), "captured at start-up")
+    assert res["captures"] == res["made"] and sum(res["replays"]) > 0  # no capture while serving

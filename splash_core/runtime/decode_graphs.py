@@ -85,7 +85,10 @@ class DecodeGraphs:
 
     def __init__(self, model, config: GraphConfig, graph_ops: GraphOps | None):
         self.model, self.config, self.ops = model, config, graph_ops
-        self.tables = DeviceTables([layer.kv for layer in model.paged_layers], model.device, min_width=config.min_table_pages)
+        # rows for every request the largest bucket runs at once (up to 256, then they grow), so
+        # start-up captures survive the first requests
+        self.tables = DeviceTables([layer.kv for layer in model.paged_layers], model.device,
+                                   min_width=config.min_table_pages, rows=min(model.T * config.buckets[-1], 256) + 1)
         self.pool = graph_ops.new_pool() if graph_ops is not None else None
         self.graphs: dict[tuple, _Graph] = {}
         self.captures: list[dict] = []  # every capture: layouts, bucket, width, seconds, bytes, why
@@ -150,10 +153,26 @@ class DecodeGraphs:
                 self._stale.discard(key)
         return graph
 
-    def capture(self, per_owner: int) -> None:
-        """Capture the current layouts' graph of bucket ``per_owner`` now (start-up), with padding
-        rows only: they write the sink pages and read no key. Collective: every rank."""
-        self._graph(per_owner)
+    def capture_all(self, max_rows_per_owner: int | None = None) -> list[dict]:
+        """Capture the current layouts' graph of every bucket (up to ``max_rows_per_owner``) now,
+        at start-up, with padding rows only: they write the sink pages and read no key. The
+        tables keep their width until a batch needs more (then each bucket is captured again),
+        so set ``min_table_pages`` to the longest context's pages for captures that last.
+        Collective: every rank. Returns the records of the captures it made."""
+        before = len(self.captures)
+        for per_owner in self.config.buckets:
+            if max_rows_per_owner is None or per_owner <= max_rows_per_owner:
+                self._graph(per_owner)
+        return self.captures[before:]
+
+    def describe(self) -> str:
+        """One line for a start-up log: buckets, the padding rule, captures so far."""
+        s = self.summary()
+        how = "captured" if self.ops is not None else "static buffers run eagerly (no graph ops)"
+        return (f"decode graphs ({how}): buckets {','.join(map(str, s['buckets']))} rows per owner, every owner "
+                f"padded to the bucket of the busiest (padding rows read no key, write the sink page); tables "
+                f"{s['table_width']} pages wide ({s['table_bytes'] / (1 << 20):.0f} MiB); {s['captures']} captures, {s['seconds']:.2f} s, "
+                f"{s['bytes'] / (1 << 20):.0f} MiB" + (f"; off: {s['disabled']}" if s["disabled"] else ""))
 
     def _capture(self, per_owner: int, signature: tuple, why: str) -> _Graph | None:
         m = self.model
@@ -176,6 +195,7 @@ class DecodeGraphs:
                 self.disabled = f"{type(exc).__name__}: {exc}"
                 warnings.warn(f"rank {m.rank}: decode graphs off from now on, capturing bucket {per_owner} "
                               f"failed: {self.disabled}")
+                self.captures.append({**record, "seconds": 0.0, "bytes": 0, "why": f"failed: {self.disabled}"})
                 return None
             graph.outputs = graph.captured.outputs
             record.update(seconds=graph.captured.capture_s, bytes=int(graph.captured.nbytes))
@@ -189,5 +209,6 @@ class DecodeGraphs:
         return {"captures": len(self.captures), "seconds": float(sum(c["seconds"] for c in self.captures)),
                 "bytes": int(sum(c["bytes"] for c in self.captures)), "live": len(self.graphs),
                 "buckets": list(self.config.buckets), "table_width": self.tables.width,
+                "table_bytes": self.tables.nbytes,
                 "disabled": self.disabled}
 

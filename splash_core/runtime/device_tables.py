@@ -33,7 +33,9 @@ def _rising(n: int, floor: int) -> int:
 class DeviceTables:
     """The block tables of ``layers`` (one rank's :class:`LayerKV`) on ``device``."""
 
-    def __init__(self, layers: list[LayerKV], device, *, min_width: int = 16):
+    def __init__(self, layers: list[LayerKV], device, *, min_width: int = 16, rows: int = 2):
+        """``rows``: the rows to start with (a row per request that can run at once, plus row 0),
+        so graphs captured at start-up survive the first requests; ``min_width`` the narrowest."""
         self.layers = list(layers)
         self.position = {kv.layer: k for k, kv in enumerate(self.layers)}  # layer index -> tensor row
         self.device = device
@@ -46,7 +48,7 @@ class DeviceTables:
         self._mirror = np.zeros((len(self.layers), 0, 0), np.int32)
         self._mirror_index = self._mirror.copy()
         self._held = np.zeros((len(self.layers), 0), np.int64)  # entries listed per (layer, row)
-        self._allocate(2, min_width)
+        self._allocate(_rising(rows, 2), min_width)
         for kv in self.layers:
             kv.follow_changes()
 
@@ -57,6 +59,11 @@ class DeviceTables:
     @property
     def width(self) -> int:
         return self._mirror.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the tables (pages and page indices)."""
+        return 2 * self._mirror.size * 4
 
     def _allocate(self, rows: int, width: int) -> None:
         layers, old_rows, old_width = self._mirror.shape

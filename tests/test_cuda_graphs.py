@@ -1,0 +1,114 @@
+"""Decode graphs on a real GPU (the backend's CUDA graphs, fused kernels and attention) at T = 1:
+in every layout, the replayed decode steps give the eager steps' greedy tokens and logits while
+requests join and finish between replays, the batch changes bucket, the tables widen (captured
+again) and every layer's weights move to new tensors mid-generation (what a live switch does:
+captured again; the old tensors are poisoned first, so a stale replay would show). And at
+DeepSeek-V3's attention widths in bf16, one decode step replays to the eager step's tokens.
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+MOVE_AT = 9  # the step before which the graphed model's weights move to new tensors
+
+
+def _serve(ctx, layout: str) -> dict:
+    from splash_core.layouts import Layout
+    from splash_core.profiles.graphs import GraphConfig
+    from splash_core.profiles.loader import load
+    from splash_core.runtime.model import Model
+    from splash_core.runtime.weights import SeededWeights
+
+    from switch_scenarios import PAGE, SEED, serve
+    from test_decode_graphs import JOINING
+
+    profile = load("model", "tiny-mla")
+    models = {name: Model.from_context(ctx, profile, SeededWeights(SEED), Layout(layout), pages_per_layer=32,
+                                       page_size=PAGE, graphs=graphs)
+              for name, graphs in (("eager", None), ("graph", GraphConfig(min_table_pages=1)))}
+    graphed = models["graph"]
+    assert graphed.graphs is not None and graphed.graphs.ops is not None, "the backend must capture here"
+
+    def move_weights():
+        for layer in graphed.layers:
+            w = layer.weights
+            moved = dataclasses.replace(w, **{n: getattr(w, n).clone() for n in w.SHARDED})
+            for n in w.SHARDED:
+                getattr(w, n).fill_(float("nan"))
+            layer.set_layout(layer.layout, moved)
+
+    def step_of(name):
+        def step(k, batch, tokens):
+            if name == "graph" and k == MOVE_AT:
+                move_weights()
+            return models[name].step(batch, tokens)
+        return step
+
+    served = {name: serve(step_of(name), JOINING, 1, m.release) for name, m in models.items()}
+    return {"served": served, "captures": graphed.graphs.captures, "disabled": graphed.graphs.disabled}
+
+
+@pytest.mark.parametrize("layout", ["TP", "DP", "DOP", "CP"])
+def test_replayed_decode_steps_give_the_eager_tokens(layout):
+    from splash_core.runtime.spawn import RankPool
+
+    from switch_scenarios import assert_matches
+
+    with RankPool(1, backend="auto", timeout_s=600) as pool:
+        if pool.run(_backend)[0] == "reference":
+            pytest.skip("no accelerator backend installed (pip install -e backends/cuda -e backends/hopper)")
+        res = pool.run(_serve, layout)[0]
+    assert not res["disabled"], res["disabled"]
+    assert_matches(res["served"]["graph"], res["served"]["eager"], layout, atol=1e-3)
+    captures = res["captures"]
+    assert all(c["captured"] for c in captures) and {1, 2} <= {c["bucket"] for c in captures}
+    assert sum(c["why"] != "first" for c in captures) >= 2, captures  # tables widened; weights moved
+
+
+def _backend(ctx) -> str:
+    return ctx.backend.name
+
+
+def _wide_step(ctx) -> dict:
+    from splash_core.layouts import Layout
+    from splash_core.profiles.graphs import GraphConfig
+    from splash_core.profiles.loader import load
+    from splash_core.runtime.model import Model
+    from splash_core.runtime.step_batch import StepBatch, StepRequest
+    from splash_core.runtime.step_timing import fill_histories
+    from splash_core.runtime.weights import SeededWeights
+
+    profile, out = load("model", "deepseek-v3"), {}
+    for layout in ("TP", "DP"):
+        model = Model.from_context(ctx, profile, SeededWeights(0), Layout(layout), pages_per_layer=200, page_size=64,
+                                   dtype=torch.bfloat16, num_layers=2, graphs=GraphConfig())
+        for layer in model.paged_layers:
+            layer.kv.kv.normal_()
+        batch = StepBatch.build([StepRequest(i, 0, 1000 + 300 * i, 1) for i in range(5)], 1, 64)
+        fill_histories(model, batch, int(batch.contexts.max()))
+        tokens = torch.randint(0, profile.vocab_size, (5,), device=ctx.device)
+        graphs, model.graphs = model.graphs, None
+        eager = model.step(batch, tokens)
+        model.graphs = graphs
+        replayed = model.step(batch, tokens)
+        out[layout] = {"same_tokens": bool(torch.equal(eager.argmax(-1), replayed.argmax(-1))),
+                       "rel_err": float((eager - replayed).abs().max() / eager.abs().max()),
+                       "captured": bool(graphs.captures and graphs.captures[-1]["captured"])}
+    return out
+
+
+def test_a_wide_bf16_decode_step_replays_to_the_eager_tokens():
+    from splash_core.runtime.spawn import RankPool
+
+    with RankPool(1, backend="auto", timeout_s=600) as pool:
+        if pool.run(_backend)[0] == "reference":
+            pytest.skip("no accelerator backend installed")
+        res = pool.run(_wide_step)[0]
+    for layout, r in res.items():
+        assert r["captured"] and r["same_tokens"] and r["rel_err"] < 2e-2, (layout, r)
