@@ -89,6 +89,15 @@ def _compare(got, ref, tolerance: float) -> dict:
 
 # ---- memory planning --------------------------------------------------------------------
 
+def add_memory_options(parser, *, margin_gib: float) -> None:
+    """The flags of the layer sizing (:func:`layers_that_fit`) the step benchmarks share."""
+    parser.add_argument("--max-layers", type=int, default=0, help="cap on the layers that fit (0: no cap)")
+    parser.add_argument("--memory-fraction", type=float, default=0.85, help="share of free device memory to plan with")
+    parser.add_argument("--margin-gib", type=float, default=margin_gib,
+                        help="memory kept free for activations (and graphs) and the allocator")
+    parser.add_argument("--cpu-budget-gib", type=float, default=2.0, help="memory to plan with where the device cannot say")
+
+
 def describe_rank(ctx) -> dict:
     """Backend, device, hardware profile name and (free, total) memory of this rank."""
     return {"backend": ctx.backend.name, "device": str(ctx.device), "profile": ctx.backend.hardware_profile(),

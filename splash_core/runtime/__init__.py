@@ -19,7 +19,10 @@ Modules, one concept each:
   collectives of the layouts.
 - ``model``: embedding, MLA + dense MLP or MoE blocks, vocabulary-parallel LM head;
   ``reference_model``: the single-process oracle; ``driver``: chunked prefill + greedy decode.
-- ``step_bench``: rank-side work of ``bench/runtime_step.py``.
+- ``decode_graphs``: decode steps replayed from captured graphs, one per (layouts, padded batch
+  bucket); ``static_step``: the padded step over persistent buffers they record;
+  ``device_tables``: every layer's block tables on the device, updated entry by entry;
+  ``step_tokens``: greedy tokens reaching the host behind an event instead of a sync.
 - ``switch``: live layout switching: :class:`~splash_core.runtime.switch.SwitchExecutor` runs one
   step during which every layer moves to a destination layout, overlapping layer i's transfer
   with layer i−1's computation (``Model.step``'s ``layouts`` and ``before_layer`` keywords).

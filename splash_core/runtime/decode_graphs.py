@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -84,7 +85,9 @@ class DecodeGraphs:
     """The captured decode steps of one rank's :class:`~splash_core.runtime.model.Model`."""
 
     def __init__(self, model, config: GraphConfig, graph_ops: GraphOps | None):
-        self.model, self.config, self.ops = model, config, graph_ops
+        # a proxy: the model holds these graphs, so a strong reference back would keep a deleted
+        # model's device memory until the garbage collector finds the cycle
+        self.model, self.config, self.ops = weakref.proxy(model), config, graph_ops
         # rows for every request the largest bucket runs at once (up to 256, then they grow), so
         # start-up captures survive the first requests
         self.tables = DeviceTables([layer.kv for layer in model.paged_layers], model.device,

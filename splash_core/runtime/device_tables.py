@@ -53,14 +53,6 @@ class DeviceTables:
             kv.follow_changes()
 
     @property
-    def rows(self) -> int:
-        return self._mirror.shape[1]
-
-    @property
-    def width(self) -> int:
-        return self._mirror.shape[2]
-
-    @property
     def nbytes(self) -> int:
         """Device bytes of the tables (pages and page indices)."""
         return 2 * self._mirror.size * 4
@@ -74,6 +66,7 @@ class DeviceTables:
         index[:, :old_rows, :old_width] = self._mirror_index
         held[:, :old_rows] = self._held
         self._mirror, self._mirror_index, self._held = mirror, index, held
+        self.rows, self.width = rows, width  # rows of the tables, entries a row
         self.pages = to_device(mirror, self.device)
         self.index = to_device(index, self.device)
         self.epoch += 1
