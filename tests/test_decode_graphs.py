@@ -232,3 +232,29 @@ def test_graphs_captured_at_start_up_serve_the_requests_that_come(rank_pools):
     assert "buckets 1,2,4,8,16,32,64,128 rows per owner" in res["line"] and "3 captures" in res["line"]
     assert_matches(res["served"], reference(JOINING[:3]), "captured at start-up")
     assert res["captures"] == res["made"] and sum(res["replays"]) > 0  # no capture while serving
+
+
+class _Refusing(HostGraphOps):
+    """Graph ops whose captures of two-row steps fail after warming up (as a kernel that reads
+    a device value back to the host would)."""
+
+    def capture(self, fn, pool, warmup=2):
+        logits, _ = fn()
+        if logits.shape[0] == 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return super().capture(fn, pool, warmup)
+
+
+def _refused(ctx):
+    model = _model(ctx, TP)
+    model.graphs.ops = _Refusing(model)
+    with pytest.warns(UserWarning, match="bucket 2 failed, its steps run eagerly"):
+        served = serve(lambda k, b, t: model.step(b, t), JOINING[:3], ctx.world_size, model.release)
+    return {"served": served, "summary": model.graphs.summary(), "captures": model.graphs.captures}
+
+
+def test_a_bucket_that_cannot_be_captured_runs_eagerly(rank_pools):
+    res = rank_pools(1).run(_refused)[0]
+    assert_matches(res["served"], reference(JOINING[:3]), "refused")
+    assert res["summary"]["failed"] == ["RuntimeError: operation not permitted when stream is capturing"]
+    assert {c["bucket"] for c in res["captures"] if not c["why"].startswith("failed")} >= {1, 4}

@@ -95,16 +95,16 @@ class DecodeGraphs:
         self.pool = graph_ops.new_pool() if graph_ops is not None else None
         self.graphs: dict[tuple, _Graph] = {}
         self.captures: list[dict] = []  # every capture: layouts, bucket, width, seconds, bytes, why
-        self.disabled = ""  # why decode steps stopped taking this path (a capture that failed)
+        self.failed: dict[tuple, str] = {}  # (layouts, bucket) whose capture failed -> why: they run eagerly
         self._signature: tuple | None = None
         self._stale: set[tuple] = set()  # keys whose graph was dropped for changed addresses
 
     # ---- which steps ----------------------------------------------------------------------
 
     def bucket(self, batch: StepBatch) -> int | None:
-        """The bucket of ``batch``, or None when it does not take this path (not pure decode,
-        more rows on an owner than the largest bucket, or the path was disabled)."""
-        if self.disabled or not batch.is_decode:
+        """The bucket of ``batch``, or None when it does not take this path (not pure decode, or
+        more rows on an owner than the largest bucket)."""
+        if not batch.is_decode:
             return None
         return self.config.bucket(int(batch.owner_rows.max()))
 
@@ -149,8 +149,8 @@ class DecodeGraphs:
             self.graphs = {k: g for k, g in self.graphs.items() if g.signature == signature}
             self._signature = signature
         graph = self.graphs.get(key)
-        if graph is None:
-            graph = self._capture(per_owner, signature, "again: addresses changed" if key in self._stale else "first")
+        if graph is None and key not in self.failed:
+            graph = self._capture(key, signature, "again: addresses changed" if key in self._stale else "first")
             if graph is not None:
                 self.graphs[key] = graph
                 self._stale.discard(key)
@@ -175,11 +175,11 @@ class DecodeGraphs:
         return (f"decode graphs ({how}): buckets {','.join(map(str, s['buckets']))} rows per owner, every owner "
                 f"padded to the bucket of the busiest (padding rows read no key, write the sink page); tables "
                 f"{s['table_width']} pages wide ({s['table_bytes'] / (1 << 20):.0f} MiB); {s['captures']} captures, {s['seconds']:.2f} s, "
-                f"{s['bytes'] / (1 << 20):.0f} MiB" + (f"; off: {s['disabled']}" if s["disabled"] else ""))
+                f"{s['bytes'] / (1 << 20):.0f} MiB" + "".join(f"; failed: {why}" for why in s["failed"]))
 
-    def _capture(self, per_owner: int, signature: tuple, why: str) -> _Graph | None:
+    def _capture(self, key: tuple, signature: tuple, why: str) -> _Graph | None:
         m = self.model
-        layouts = tuple(layer.layout for layer in m.layers)
+        layouts, per_owner = key
         inputs = DecodeInputs(m.T, per_owner, m.device)
         batch = skeleton(m.T, per_owner, m.page_size)
 
@@ -194,11 +194,11 @@ class DecodeGraphs:
         if self.ops is not None:
             try:
                 graph.captured = self.ops.capture(step, self.pool, warmup=self.config.warmup)
-            except Exception as exc:  # noqa: BLE001 - the same on every rank: stop capturing, run eagerly
-                self.disabled = f"{type(exc).__name__}: {exc}"
-                warnings.warn(f"rank {m.rank}: decode graphs off from now on, capturing bucket {per_owner} "
-                              f"failed: {self.disabled}")
-                self.captures.append({**record, "seconds": 0.0, "bytes": 0, "why": f"failed: {self.disabled}"})
+            except Exception as exc:  # noqa: BLE001 - the same on every rank: this bucket runs eagerly
+                why = self.failed[key] = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"rank {m.rank}: capturing the decode graph of {record['layouts']} bucket {per_owner} "
+                              f"failed, its steps run eagerly: {why}")
+                self.captures.append({**record, "seconds": 0.0, "bytes": 0, "why": f"failed: {why}"})
                 return None
             graph.outputs = graph.captured.outputs
             record.update(seconds=graph.captured.capture_s, bytes=int(graph.captured.nbytes))
@@ -213,5 +213,5 @@ class DecodeGraphs:
                 "bytes": int(sum(c["bytes"] for c in self.captures)), "live": len(self.graphs),
                 "buckets": list(self.config.buckets), "table_width": self.tables.width,
                 "table_bytes": self.tables.nbytes,
-                "disabled": self.disabled}
+                "failed": sorted(set(self.failed.values()))}
 

@@ -111,8 +111,10 @@ class StaticStepContext(StepContext):
         return self.own_rows if ownership is Ownership.OWNER else slice(None)
 
     def _rows_tensors(self, ownership: Ownership):
-        rows = self._rows(ownership)
-        return None, self._narrow(ROWS)[rows], self._narrow(POSITIONS)[rows]
+        if ownership not in self._views:  # one view for every layer: the kernels' per-tensor caches hit
+            rows = self._rows(ownership)
+            self._views[ownership] = (None, self._narrow(ROWS)[rows], self._narrow(POSITIONS)[rows])
+        return self._views[ownership]
 
     def attention_view(self, kv: LayerKV, layout: Layout) -> AttentionView:
         _, row_req, row_pos = self._rows_tensors(layout.ownership)
