@@ -20,7 +20,8 @@ B with as many layers as fit at the longest context (``bench/runtime_step.py``'s
   the same run, and the projections' and attention's FLOPs at the matmul rate measured in it.
 
 Writes ``<out>/<platform>/decode_step.json`` through :mod:`splash_core.results` and prints a
-table; points past ``--budget-s`` are skipped (listed in the summary). ``--smoke`` runs the same
+table; points past ``--budget-s`` are skipped (listed in the summary). Exit code 1 if a graph's
+greedy token differs from the eager step's where that is no near tie (``decisive_mismatches``). ``--smoke`` runs the same
 code on the CPU reference with tiny shapes (there the graph path runs its static-buffer step
 eagerly: the reference cannot capture).
 """
@@ -103,7 +104,8 @@ def summarize(samples: list[dict]) -> list[dict]:
             row[f"{s['path']}_device_ms"] = s["device_ms"]
         if s["path"] == "graph":
             row.update(replay_ms=statistics.median(s["replay_ms"]), capture_s=s["capture_s"],
-                       graph_bytes=s["graph_bytes"], tokens_match=s["tokens_match"], captured=s["captured"])
+                       graph_bytes=s["graph_bytes"], tokens_match=s["tokens_match"],
+                       decisive_mismatches=s["decisive_mismatches"], captured=s["captured"])
     for row in rows.values():
         row["wall_over_replay"] = row["graph_ms"] / row["replay_ms"] if row["replay_ms"] > 0 else 0.0
         row["eager_over_graph"] = row["eager_ms"] / row["graph_ms"] if row["graph_ms"] > 0 else 0.0
@@ -117,7 +119,7 @@ def _line(r: dict) -> str:
             f"graph {r['graph_ms']:8.2f} replay {r['replay_ms']:8.2f} roofline {r['roofline_ms']:8.2f} ms  "
             f"wall/replay {r['wall_over_replay']:.2f} eager/graph {r['eager_over_graph']:.1f}x  "
             f"capture {r['capture_s']:.2f} s {r['graph_bytes'] / (1 << 20):.0f} MiB tokens "
-            f"{'match' if r['tokens_match'] else 'DIFFER'}")
+            f"{'match' if r['tokens_match'] else 'differ'} ({r['decisive_mismatches']} decisively)")
 
 
 def run(args, pool) -> int:
@@ -147,7 +149,7 @@ def run(args, pool) -> int:
                f"kernel sum of one eager step; roofline = (weights + KV bytes) / copy bandwidth vs FLOPs / matmul "
                f"rate, both measured in this run (copy bandwidth counts bytes read + written)"))
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
-    return 0 if all(r["tokens_match"] for r in points) else 1
+    return 0 if not any(r["decisive_mismatches"] for r in points) else 1  # near ties may flip in bf16
 
 
 def main(argv=None) -> int:

@@ -147,7 +147,8 @@ def device_examples() -> dict[str, tuple[dict, list]]:
              "layers": {"1": 61, "16": 31}, "memory": {"1": {"layers_fit": 61}, "16": {"layers_fit": 31}},
              "points": [{"batch": b, "context": 8192, "layers": 3, "eager_ms": 2.0, "eager_device_ms": 0.5,
                          "graph_ms": 1.0, "replay_ms": 0.8, "roofline_ms": 0.4, "capture_s": 0.2,
-                         "graph_bytes": 1 << 20, "captured": True, "tokens_match": True, "wall_over_replay": 1.25,
+                         "graph_bytes": 1 << 20, "captured": True, "tokens_match": True, "decisive_mismatches": 0,
+                         "wall_over_replay": 1.25,
                          "eager_over_graph": 2.0, "replay_over_roofline": 2.0} for b in (1, 16)],
              "skipped": ["B=16/131072"]},
             [{"batch": b, "context": 8192, "layers": 3, "layout": "TP", "path": path, "wall_ms": [ms - 0.5, ms + 0.5]}

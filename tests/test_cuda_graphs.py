@@ -3,7 +3,8 @@ in every layout, the replayed decode steps give the eager steps' greedy tokens a
 requests join and finish between replays, the batch changes bucket, the tables widen (captured
 again) and every layer's weights move to new tensors mid-generation (what a live switch does:
 captured again; the old tensors are poisoned first, so a stale replay would show). And at
-DeepSeek-V3's attention widths in bf16, one decode step replays to the eager step's tokens.
+DeepSeek-V3's attention widths in bf16, one decode step replays to the eager step's tokens (but
+for near ties).
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def _wide_step(ctx) -> dict:
     from splash_core.runtime.step_batch import StepBatch, StepRequest
     from splash_core.runtime.step_timing import fill_histories
     from splash_core.runtime.weights import SeededWeights
+    from splash_bench.decode_step import agreement
 
     profile, out = load("model", "deepseek-v3"), {}
     for layout in ("TP", "DP"):
@@ -97,9 +99,7 @@ def _wide_step(ctx) -> dict:
         eager = model.step(batch, tokens)
         model.graphs = graphs
         replayed = model.step(batch, tokens)
-        out[layout] = {"same_tokens": bool(torch.equal(eager.argmax(-1), replayed.argmax(-1))),
-                       "rel_err": float((eager - replayed).abs().max() / eager.abs().max()),
-                       "captured": bool(graphs.captures and graphs.captures[-1]["captured"])}
+        out[layout] = {**agreement(replayed, eager), "captured": bool(graphs.captures and graphs.captures[-1]["captured"])}
     return out
 
 
@@ -110,5 +110,6 @@ def test_a_wide_bf16_decode_step_replays_to_the_eager_tokens():
         if pool.run(_backend)[0] == "reference":
             pytest.skip("no accelerator backend installed")
         res = pool.run(_wide_step)[0]
-    for layout, r in res.items():
-        assert r["captured"] and r["same_tokens"] and r["rel_err"] < 2e-2, (layout, r)
+    for layout, r in res.items():  # bf16: near ties may flip, nothing else
+        assert r["captured"] and not r["decisive_mismatches"], (layout, r)
+        assert r["max_logit_diff"] < 2e-2 * r["logit_scale"], (layout, r)

@@ -166,14 +166,25 @@ def time_point(ctx, model: Model, batch: int, context: int, spec: dict, rates: d
     wall = _wall(ctx, lambda: model.step(step, tokens), spec["warmup"], spec["reps"])
     graph = graphs.graphs[(tuple(layer.layout for layer in model.layers), batch)]
     replay = _timed(ctx, graph.replay, spec["reps"])
-    diff = float((logits - eager["eager"]).abs().max())
     samples.append({**common, "path": "graph", "wall_ms": wall, "replay_ms": replay,
                     "captured": graph.captured is not None, "capture_s": float(sum(c["seconds"] for c in fresh)),
                     "graph_bytes": int(sum(c["bytes"] for c in fresh)), "table_width": graphs.tables.width,
-                    "tokens_match": bool(torch.equal(logits.argmax(-1), eager["eager"].argmax(-1))),
-                    "max_logit_diff": diff, "logit_scale": float(eager["eager"].abs().max())})
+                    **agreement(logits, eager["eager"])})
     samples.append({**common, "path": "roofline", **roofline(model, batch, context, rates)})
     return samples
+
+
+def agreement(got: torch.Tensor, want: torch.Tensor) -> dict:
+    """How the graph's logits [R, V] agree with the eager step's: the largest difference, the
+    eager logits' scale, and the greedy tokens that differ, all and decisive ones (where the
+    eager step's top-2 margin exceeds twice that difference: not a near tie)."""
+    diff = float((got - want).abs().max())
+    top2 = want.topk(2, dim=-1).values
+    differ = got.argmax(-1) != want.argmax(-1)
+    decisive = differ & (top2[:, 0] - top2[:, 1] > 2 * diff)
+    return {"tokens_match": not bool(differ.any()), "mismatches": int(differ.sum()),
+            "decisive_mismatches": int(decisive.sum()), "max_logit_diff": diff,
+            "logit_scale": float(want.abs().max())}
 
 
 def measure(ctx, spec: dict) -> dict:

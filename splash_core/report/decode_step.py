@@ -25,7 +25,8 @@ def render(result: Result, ctx: Context) -> list[str]:
                      ms(p.get("eager_unfused_ms")) if "eager_unfused_ms" in p else MISSING,
                      ms(p["graph_ms"]) + captured, ms(p["replay_ms"]), ms(p["roofline_ms"]),
                      f"{p['wall_over_replay']:.2f}", f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}",
-                     f"{p['graph_bytes'] / MIB:.0f}", "yes" if p["tokens_match"] else "**no**"])
+                     f"{p['graph_bytes'] / MIB:.0f}", "yes" if p["tokens_match"] else
+                     "near ties only" if not p["decisive_mismatches"] else f"**{p['decisive_mismatches']} differ**"])
     lines += table(["B", "context", "layers", "eager ms", "unfused ms", "graph ms", "replay ms", "roofline ms",
                     "wall / replay", "eager / graph", "capture s", "graph MiB", "same tokens"], rows,
                    "rrrrrrrrrrrrl") + [""]
