@@ -114,12 +114,14 @@ def _profiled_device_ms(ctx, fn) -> float | None:
     if ctx.device.type == "cpu":
         return None
     try:
+        from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             ctx.streams.synchronize()
-        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+        device = [e for e in prof.events() if e.device_type != DeviceType.CPU]  # kernels and copies
+        return sum(e.time_range.elapsed_us() for e in device) / 1e3 if device else None
     except Exception:  # noqa: BLE001 - a profiler that cannot start here: the replay's time stands alone
         return None
 

@@ -220,7 +220,7 @@ class Model:
         given a step context that makes none on the host (what a captured graph records)."""
         eps, fused = self.profile.rms_norm_eps, self.fused
         h = self.embed.index_select(0, tokens)
-        normed, _ = fused.add_rms_norm(h, None, self.norms[0][0], eps)
+        normed = fused.add_rms_norm(h, None, self.norms[0][0], eps)[0] if self.layers else None
         for i, (layer, (_, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):
             if before_layer is not None:
                 before_layer(i)
