@@ -50,5 +50,7 @@ class StepTokens:
         return self.pinned.numpy()
 
     def logits(self) -> torch.Tensor:
-        """The step's logits [R, V] float32 (for requests that sample rather than take the argmax)."""
+        """The step's logits [R, V] float32 (for requests that sample rather than take the argmax).
+        Ask before the model's next step: a replayed step's logits live in its graph's buffers,
+        which the next replay rewrites (the tokens are a copy and stay)."""
         return self._logits()
