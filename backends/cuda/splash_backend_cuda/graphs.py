@@ -55,7 +55,9 @@ class CudaGraphOps:
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # thread-local: CUDA calls of other threads (NCCL's watchdog polling earlier work, say)
+        # do not invalidate this thread's capture
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             outputs = fn()
         torch.cuda.synchronize(self.device)
         nbytes = max(0, torch.cuda.memory_reserved(self.device) - before)
