@@ -103,18 +103,26 @@ def summarize(samples: list[dict]) -> list[dict]:
         if s.get("device_ms") is not None:
             row[f"{s['path']}_device_ms"] = s["device_ms"]
         if s["path"] == "graph":
-            row.update(replay_ms=statistics.median(s["replay_ms"]), capture_s=s["capture_s"],
-                       graph_bytes=s["graph_bytes"], tokens_match=s["tokens_match"],
-                       decisive_mismatches=s["decisive_mismatches"], captured=s["captured"])
+            row.update(tokens_match=s["tokens_match"], decisive_mismatches=s["decisive_mismatches"],
+                       captured=s["captured"])
+            if s["captured"]:
+                row.update(replay_ms=statistics.median(s["replay_ms"]), capture_s=s["capture_s"],
+                           graph_bytes=s["graph_bytes"])
+            else:  # the bucket's capture failed and its steps ran eagerly: no replay to time
+                row["failed"] = s["failed"]
     for row in rows.values():
-        row["wall_over_replay"] = row["graph_ms"] / row["replay_ms"] if row["replay_ms"] > 0 else 0.0
         row["eager_over_graph"] = row["eager_ms"] / row["graph_ms"] if row["graph_ms"] > 0 else 0.0
-        row["replay_over_roofline"] = row["replay_ms"] / row["roofline_ms"] if row["roofline_ms"] > 0 else 0.0
+        if "replay_ms" in row:
+            row["wall_over_replay"] = row["graph_ms"] / row["replay_ms"] if row["replay_ms"] > 0 else 0.0
+            row["replay_over_roofline"] = row["replay_ms"] / row["roofline_ms"] if row["roofline_ms"] > 0 else 0.0
     return [rows[k] for k in sorted(rows)]
 
 
 def _line(r: dict) -> str:
     unfused = f" unfused {r['eager_unfused_ms']:8.2f}" if "eager_unfused_ms" in r else ""
+    if "replay_ms" not in r:
+        return (f"B={r['batch']:<3d} ctx={r['context']:>7d} L={r['layers']:<3d} eager {r['eager_ms']:8.2f}{unfused} "
+                f"graph (eager fallback) {r['graph_ms']:8.2f} ms: capture failed: {r.get('failed', '')}")
     return (f"B={r['batch']:<3d} ctx={r['context']:>7d} L={r['layers']:<3d} eager {r['eager_ms']:8.2f}{unfused} "
             f"graph {r['graph_ms']:8.2f} replay {r['replay_ms']:8.2f} roofline {r['roofline_ms']:8.2f} ms  "
             f"wall/replay {r['wall_over_replay']:.2f} eager/graph {r['eager_over_graph']:.1f}x  "

@@ -166,7 +166,13 @@ def time_point(ctx, model: Model, batch: int, context: int, spec: dict, rates: d
     logits = model.step(step, tokens)  # captures the graph of this bucket (tables widened for this context)
     fresh = graphs.captures[captures:]
     wall = _wall(ctx, lambda: model.step(step, tokens), spec["warmup"], spec["reps"])
-    graph = graphs.graphs[(tuple(layer.layout for layer in model.layers), batch)]
+    key = (tuple(layer.layout for layer in model.layers), batch)
+    graph = graphs.graphs.get(key)
+    if graph is None:  # the capture failed: the steps ran eagerly, and the reason is kept
+        samples.append({**common, "path": "graph", "wall_ms": wall, "captured": False,
+                        "failed": graphs.failed.get(key, "not captured"), **agreement(logits, eager["eager"])})
+        samples.append({**common, "path": "roofline", **roofline(model, batch, context, rates)})
+        return samples
     replay = _timed(ctx, graph.replay, spec["reps"])
     samples.append({**common, "path": "graph", "wall_ms": wall, "replay_ms": replay,
                     "captured": graph.captured is not None, "capture_s": float(sum(c["seconds"] for c in fresh)),

@@ -23,13 +23,17 @@ def render(result: Result, ctx: Context) -> list[str]:
         captured = "" if p["captured"] else " (eager)"
         rows.append([str(p["batch"]), tokens(p["context"]), str(p["layers"]), ms(p["eager_ms"]),
                      ms(p.get("eager_unfused_ms")) if "eager_unfused_ms" in p else MISSING,
-                     ms(p["graph_ms"]) + captured, ms(p["replay_ms"]), ms(p["roofline_ms"]),
-                     f"{p['wall_over_replay']:.2f}", f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}",
-                     f"{p['graph_bytes'] / MIB:.0f}", "yes" if p["tokens_match"] else
+                     ms(p["graph_ms"]) + captured, ms(p.get("replay_ms")), ms(p["roofline_ms"]),
+                     f"{p['wall_over_replay']:.2f}" if "wall_over_replay" in p else MISSING,
+                     f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}" if "capture_s" in p else MISSING,
+                     f"{p['graph_bytes'] / MIB:.0f}" if "graph_bytes" in p else MISSING, "yes" if p["tokens_match"] else
                      "near ties only" if not p["decisive_mismatches"] else f"**{p['decisive_mismatches']} differ**"])
     lines += table(["B", "context", "layers", "eager ms", "unfused ms", "graph ms", "replay ms", "roofline ms",
                     "wall / replay", "eager / graph", "capture s", "graph MiB", "same tokens"], rows,
                    "rrrrrrrrrrrrl") + [""]
+    failed = sorted({p["failed"] for p in summary["points"] if p.get("failed")})
+    if failed:
+        lines += [f"Captures that failed (those steps ran eagerly): {'; '.join(failed)}.", ""]
     if summary["skipped"]:
         lines += [f"Skipped (time budget): {', '.join(summary['skipped'])}.", ""]
     return lines

@@ -41,7 +41,12 @@ class CudaGraphOps:
         self.device = torch.device(device)
 
     def new_pool(self) -> Any:
-        return torch.cuda.graph_pool_handle()
+        """A memory pool the graphs share that stays alive while the caller holds it: a bare
+        ``graph_pool_handle()`` dies with the last graph captured into it, so capturing again
+        into it after every graph was dropped (a re-capture) trips the allocator's assert
+        ``use_count > 0`` (seen on torch 2.11). ``MemPool`` holds a reference of its own."""
+        mem_pool = getattr(torch.cuda, "MemPool", None)
+        return mem_pool() if mem_pool is not None else torch.cuda.graph_pool_handle()
 
     def capture(self, fn: Callable[[], Any], pool: Any, warmup: int = 2) -> CudaGraph:
         t0 = time.perf_counter()
@@ -57,7 +62,7 @@ class CudaGraphOps:
         graph = torch.cuda.CUDAGraph()
         # thread-local: CUDA calls of other threads (NCCL's watchdog polling earlier work, say)
         # do not invalidate this thread's capture
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=getattr(pool, "id", pool), capture_error_mode="thread_local"):
             outputs = fn()
         torch.cuda.synchronize(self.device)
         nbytes = max(0, torch.cuda.memory_reserved(self.device) - before)
