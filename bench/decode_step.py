@@ -105,11 +105,11 @@ def summarize(samples: list[dict]) -> list[dict]:
         if s["path"] == "graph":
             row.update(tokens_match=s["tokens_match"], decisive_mismatches=s["decisive_mismatches"],
                        captured=s["captured"])
-            if s["captured"]:
+            if "failed" in s:  # the bucket's capture failed and its steps ran eagerly: no replay to time
+                row["failed"] = s["failed"]
+            else:  # captured, or (no graph ops: CPU) the static-buffer step run eagerly
                 row.update(replay_ms=statistics.median(s["replay_ms"]), capture_s=s["capture_s"],
                            graph_bytes=s["graph_bytes"])
-            else:  # the bucket's capture failed and its steps ran eagerly: no replay to time
-                row["failed"] = s["failed"]
     for row in rows.values():
         row["eager_over_graph"] = row["eager_ms"] / row["graph_ms"] if row["graph_ms"] > 0 else 0.0
         if "replay_ms" in row:
