@@ -3,9 +3,11 @@
 #
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
-# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# (the last two need one GPU only: the cuda backend's peer memory between two processes, and how
-# much page copies by kernels or by memcpy slow a step beside them) ($SWITCH_BUDGET and
+# Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve
+# (the last three need one GPU only: the cuda backend's peer memory between two processes, how
+# much page copies by kernels or by memcpy slow a step beside them, and sglang.bench_serving against
+# splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh;
+# $SERVE_ARGS adds options to bench/serve_bench.py, e.g. SERVE_ARGS="--layers 4") ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options and
 # $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-pulls
 # SWITCH_ARGS="--transfer peer_pulls=true", or SWITCH_TAG=-flat SWITCH_ARGS="--transfer peer_pulls=true
@@ -68,6 +70,7 @@ for s in "${sections[@]}"; do
     transport) section transport 200 python3 bench/transport_probe.py --out "$RES/transport" --timeout-s 150 ;;
     peer) section peer 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_peer_memory.py ;;
     interference) section interference 300 python3 bench/copy_interference.py --out "$RES/interference" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference)"; exit 2 ;;
+    serve) section serve 540 python3 bench/serve_bench.py --out "$RES/serve" --budget-s 420 ${SERVE_ARGS:-} ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve)"; exit 2 ;;
   esac
 done

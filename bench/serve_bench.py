@@ -99,6 +99,12 @@ def run(args) -> int:
     from splash_core import results
 
     start = time.perf_counter()
+    probe = subprocess.run([sys.executable, "-c", "import sglang.bench_serving"], capture_output=True, text=True)
+    if probe.returncode != 0:  # before minutes of writing and loading a checkpoint
+        lines = probe.stderr.strip().splitlines() or ["(no output)"]
+        print(f"cannot import sglang.bench_serving: {lines[-1]} (pip install -e '.[bench]' && pip install "
+              f"--no-deps sglang==0.5.9; on the GPU machine, the wheels of bench/serve_wheels.sh)", file=sys.stderr)
+        return 1
     deployment, folder = checkpoint(args)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -124,14 +130,15 @@ def run(args) -> int:
             left = args.budget_s - (time.perf_counter() - start)
             expected = _expected(last, rate, args.num_prompts)
             if last is not None and expected > left:
-                skipped.append({"rate": rate, "why": f"expected {expected:.0f} s, {left:.0f} s of the budget left"})
+                skipped.append(f"rate {rate}: expected {expected:.0f} s, {left:.0f} s of the budget left")
                 continue
             result, seconds, cmd = bench(args, url, folder, rate)
             metrics = get(url + "/metrics").decode()
             info = json.loads(get(url + "/server_info"))
             last = {"rate": rate, "seconds": seconds}
-            runs.append({"rate": rate, "seconds": seconds, "command": " ".join(cmd), "metrics": metrics,
-                         "server_info": info, **{k: v for k, v in result.items() if k not in _DETAILS}})
+            runs.append({"rate": rate, "seconds": seconds, "command": " ".join(cmd), "completed": result["completed"],
+                         "metrics": metrics, "server_info": info,
+                         "bench_serving": {k: v for k, v in result.items() if k not in _DETAILS}})
             for i, (n_in, n_out, ttft, itl) in enumerate(zip(result["input_lens"], result["output_lens"],
                                                              result["ttfts"], result["itls"])):
                 samples.append({"rate": rate, "request": i, "input_tokens": n_in, "output_tokens": n_out,
@@ -151,7 +158,7 @@ def run(args) -> int:
         benchmark="served_bench", platform=platform, backend=info.get("backend", "?") if runs else "?",
         model=Path(folder).name, T=1, dtype="fp32" if args.tiny else "bf16", samples=samples,
         summary={"server_command": " ".join(serve_cmd), "server_ready_s": ready_s, "server_exit_code": code,
-                 "runs": runs, "skipped": skipped, "server_log_tail": server_log,
+                 "runs": runs, "skipped": skipped, **({"server_log_tail": server_log} if server_log.strip() else {}),
                  "workload": {"num_prompts": args.num_prompts, "input_tokens": [int(args.input_len * args.range_ratio),
                                                                                 args.input_len],
                               "output_tokens": args.output_len}},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bench_scripts import load_bench
 from splash_core import results
+from splash_core.cli.main import main
 
 
 def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):
@@ -17,8 +18,12 @@ def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):
     s = data["summary"]
     assert [r["rate"] for r in s["runs"]] == ["8", "inf"] and not s["skipped"] and s["server_exit_code"] == 0
     for run in s["runs"]:
-        assert run["completed"] == 12 and run["median_ttft_ms"] > 0 and run["median_itl_ms"] > 0
+        b = run["bench_serving"]
+        assert run["completed"] == b["completed"] == 12 and b["median_ttft_ms"] > 0 and b["median_itl_ms"] > 0
         assert "splash_requests_total" in run["metrics"] and run["server_info"]["T"] == 1
     assert len(data["samples"]) == 24 and {x["output_tokens"] for x in data["samples"]} == {12}
     assert all(32 <= x["input_tokens"] <= 256 for x in data["samples"])  # 256 x 0.125 at least
     assert not (tmp_path / "work").exists()
+    assert main(["report", "--results", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "README.md").read_text()
+    assert "Served: SGLang's benchmark client against splash serve" in report and "| inf " in report
