@@ -197,20 +197,22 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0_with_no_rank_left(s
     assert "Traceback" not in server.log and "splash serve: stopped" in server.log
 
 
-def test_a_crashed_rank_gives_503_with_the_cause_and_a_non_zero_exit():
-    s = Served("--policy", "TP", "--kv-pages", "64")
+@pytest.mark.parametrize("fault, why", [(signal.SIGKILL, "died during serve_live"),
+                                        (signal.SIGSTOP, "collectives time out after 5 s")])
+def test_a_rank_that_crashes_or_hangs_gives_503_with_the_cause_and_a_non_zero_exit(fault, why):
+    s = Served("--policy", "TP", "--kv-pages", "64", "--timeout", "5")
     try:
         assert len(s.ranks) == 2
         body = {"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True}
         with s.post("/v1/completions", body, stream=True) as r:
             events = (line for line in r.iter_lines() if line.startswith(b"data: "))
             next(events)
-            os.kill(s.ranks[-1], signal.SIGKILL)
+            os.kill(s.ranks[-1], fault)  # one rank dies, or stops answering
             rest = list(events)
         failure = json.loads(rest[0][6:])["error"]
-        assert failure["code"] == "engine_failed" and "rank" in failure["message"], failure
+        assert failure["code"] == "engine_failed" and why in failure["message"], failure
         late = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
-        assert late.status_code == 503 and "the engine failed: rank" in late.json()["error"]["message"]
+        assert late.status_code == 503 and why in late.json()["error"]["message"]
         assert s.wait() == 1, s.log  # by itself: no signal asked it to stop
         assert not s.orphans(), "orphaned ranks"
         assert "splash serve: error: the group stopped: rank" in s.log

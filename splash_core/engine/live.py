@@ -56,6 +56,7 @@ class LiveJob:
     switch_mode: str = "splash"
     model: str | None = None
     T: int | None = None
+    front_end_here: bool = False  # the front end runs in this process (rank 0 under torchrun): it owns the signals
     heartbeat_s: float = 0.5  # longest wait for work before an IDLE plan
     report_interval_s: float = 1.0  # how often every rank reports its KV pool while serving
 
@@ -94,7 +95,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     if hooks is not None:
         hooks.send(("ready", {"layout": str(policy.initial), "policy": policy.name, "kv_pages": capacity.pages,
                               "load": group.load_report}))
-    with _front_end_stops_us():
+    with contextlib.nullcontext() if job.front_end_here else _front_end_stops_us():
         run_steps(ctx, group, controller, job.switch_mode, hooks)
     if hooks is None:
         return None
@@ -105,16 +106,18 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
 
 @contextlib.contextmanager
 def _front_end_stops_us():
-    """Ranks ignore SIGTERM while serving: a service manager that signals the whole process group
-    must not kill a rank mid-collective; the front end drains and stops the group itself."""
+    """Ranks ignore SIGTERM and SIGINT while serving: a service manager or a terminal that signals
+    the whole process group must not kill a rank mid-collective; the front end drains and stops
+    the group itself (a rank whose parent is gone still exits, :mod:`~splash_core.runtime.spawn`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class LiveHooks(Hooks):

@@ -10,7 +10,8 @@ when any rank crashes (a rank killed outright cannot report its own death, and t
 stops every rank), so only there can the server still answer 503 with the cause and exit
 non-zero; and tokenizing, rendering and streaming stay off the GIL of the process that drives
 the device. Under torchrun there is no such parent: rank 0's process hosts the front end on a
-thread and runs the engine on its main thread, through the same connection.
+thread and runs the engine on its main thread, through the same connection; stop it with SIGTERM
+to rank 0's process (a signal to torchrun itself makes torchrun terminate its workers at once).
 
 Stopping: the first SIGTERM or SIGINT stops admitting (new requests get 503), lets the requests
 in flight finish for ``grace_s`` seconds, aborts what is left, stops every rank and exits 0; a
@@ -91,7 +92,7 @@ def run_server(config: ServerConfig, sock: socket.socket) -> int:
         if frontend.in_flight:  # the engine stopped with requests in flight (their link was lost)
             frontend.fail("the engine stopped before these requests finished")
     except Exception as exc:  # a rank failed: RankError names it; under torchrun a failed collective
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = _cause(exc)
         print(str(exc), file=sys.stderr)
         print(f"splash serve: error: the group stopped: {cause}", file=sys.stderr)
         frontend.fail(cause)
@@ -110,7 +111,7 @@ def _run_group(config: ServerConfig, job: LiveJob) -> None:
 
         ctx = from_env(config.backend, config.collective_timeout_s)
         try:
-            serve_live(ctx, job)
+            serve_live(ctx, dataclasses.replace(job, front_end_here=True))
         finally:
             shutdown(ctx)
         return
@@ -118,6 +119,17 @@ def _run_group(config: ServerConfig, job: LiveJob) -> None:
 
     with RankPool(config.T, backend=config.backend, timeout_s=config.collective_timeout_s) as pool:
         pool.run(serve_live, job, timeout_s=365 * 24 * 3600.0)  # a server runs until stopped
+
+
+def _cause(exc: Exception) -> str:
+    """One line on why the group stopped: a rank's error names the rank; where it carries a
+    traceback, the exception and the engine's note after it say what failed."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    if not lines[0].endswith("Traceback (most recent call last):"):
+        return lines[0]
+    frames = [i for i, line in enumerate(lines) if line.startswith(" ")]
+    tail = " ".join(line.strip() for line in lines[frames[-1] + 1:]) if frames else lines[-1]
+    return f"{lines[0].split('Traceback')[0].strip()} {tail}".strip()
 
 
 def _announce(frontend: Frontend, config: ServerConfig) -> None:
