@@ -82,6 +82,13 @@ def test_the_openai_client_streaming_and_not_counts_what_the_server_bills(server
     grew = lambda name, **labels: metric(after, name, **labels) - metric(before, name, **labels)  # noqa: E731
     assert grew("splash_requests_total", state="finished") == 4
     assert grew("splash_generation_tokens_total") == 48
+    text = whole.choices[0].text  # a stop string cuts the text where it first appears, and is not sent
+    cut = client.completions.create(prompt="Once upon a time", stop=[text[4:7]], **same)
+    assert cut.choices[0].text == text[:text.find(text[4:7])] and cut.choices[0].finish_reason == "stop"
+    draws = [client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0,
+                                       top_p=0.9, seed=seed, extra_body={"top_k": 50, "ignore_eos": True})
+             .choices[0].text for seed in (7, 7, 8)]
+    assert draws[0] == draws[1] != draws[2]  # a seed gives the same tokens in any request
     assert grew("splash_prompt_tokens_total") == 2 * whole.usage.prompt_tokens + 2 * prompt
     assert grew("splash_time_to_first_token_seconds_count") == 4 and grew("splash_inter_token_latency_seconds_count") == 44
 

@@ -95,7 +95,10 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     if hooks is not None:
         hooks.send(("ready", {"layout": str(policy.initial), "policy": policy.name, "kv_pages": capacity.pages,
                               "load": group.load_report}))
-    with contextlib.nullcontext() if job.front_end_here else _front_end_stops_us():
+    # ranks ignore SIGTERM and SIGINT while serving: a service manager or a terminal that signals the
+    # whole process group must not kill a rank mid-collective; the front end drains and stops the
+    # group (a rank whose parent is gone still exits: runtime.spawn)
+    with contextlib.nullcontext() if job.front_end_here else stop_signals(signal.SIG_IGN):
         run_steps(ctx, group, controller, job.switch_mode, hooks)
     if hooks is None:
         return None
@@ -105,19 +108,18 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
 
 
 @contextlib.contextmanager
-def _front_end_stops_us():
-    """Ranks ignore SIGTERM and SIGINT while serving: a service manager or a terminal that signals
-    the whole process group must not kill a rank mid-collective; the front end drains and stops
-    the group itself (a rank whose parent is gone still exits, :mod:`~splash_core.runtime.spawn`)."""
+def stop_signals(handler):
+    """Inside, SIGTERM and SIGINT go to ``handler`` (``signal.SIG_IGN``: ignored); the previous
+    handlers come back on the way out. Only the main thread may set handlers: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 class LiveHooks(Hooks):

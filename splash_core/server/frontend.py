@@ -147,7 +147,13 @@ class Frontend:
             handle.token_ids.append(int(token))
             handle.token_times.append(now)
             self.metrics.generated.inc()
-            piece = handle.text.push(token)
+            try:
+                piece = handle.text.push(token)
+            except Exception as exc:  # never leave a client waiting on a request this loop cannot serve
+                self.outbox.put(("abort", [rid]))
+                self._end(handle, None, "failed", ApiError(500, f"internal error while decoding: {exc}",
+                                                           kind="internal_error"))
+                continue
             reason = "stop" if handle.text.stopped else finished.get(rid)
             if reason is not None:
                 piece += handle.text.flush()

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import signal
 import socket
 import sys
 import threading
 import time
 
 from ..engine.launch import under_torchrun
-from ..engine.live import LiveJob, serve_live
+from ..engine.live import LiveJob, serve_live, stop_signals
 from .app import build_app
 from .frontend import Frontend
 from .protocol import Served
@@ -87,7 +86,7 @@ def run_server(config: ServerConfig, sock: socket.socket) -> int:
     stopper = _Stopper(frontend, config.grace_s)
     code = 0
     try:
-        with stopper.installed():
+        with stop_signals(stopper.handle):
             _run_group(config, LiveJob(conn=back, **config.job))
         if frontend.in_flight:  # the engine stopped with requests in flight (their link was lost)
             frontend.fail("the engine stopped before these requests finished")
@@ -99,6 +98,7 @@ def run_server(config: ServerConfig, sock: socket.socket) -> int:
         time.sleep(FAULT_LINGER_S)
         code = 1
     finally:
+        stopper.cancel()
         _stop_http(server, http, frontend)
     if stopper.signals and code == 0:
         print("splash serve: stopped", file=sys.stderr)
@@ -155,23 +155,9 @@ class _Stopper:
         self.frontend, self.grace_s, self.signals = frontend, grace_s, 0
         self.timer: threading.Timer | None = None
 
-    def installed(self):
-        import contextlib
-
-        @contextlib.contextmanager
-        def scope():
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
-            try:
-                yield
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-                if self.timer is not None:
-                    self.timer.cancel()
-        return scope()
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
     def handle(self, signum, frame) -> None:
         self.signals += 1
