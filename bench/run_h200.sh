@@ -70,7 +70,7 @@ for s in "${sections[@]}"; do
     transport) section transport 200 python3 bench/transport_probe.py --out "$RES/transport" --timeout-s 150 ;;
     peer) section peer 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_peer_memory.py ;;
     interference) section interference 300 python3 bench/copy_interference.py --out "$RES/interference" ;;
-    serve) section serve 540 python3 bench/serve_bench.py --out "$RES/serve" --budget-s 420 ${SERVE_ARGS:-} ;;
+    serve) section serve 470 python3 bench/serve_bench.py --out "$RES/serve" --budget-s 330 ${SERVE_ARGS:-} ;;
     *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve)"; exit 2 ;;
   esac
 done

@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=256, help="tokens every request generates")
     p.add_argument("--max-running", type=int, default=128, help="splash serve --max-running")
     p.add_argument("--server-args", default="", help="more splash serve flags, one string")
-    p.add_argument("--budget-s", type=float, default=420.0, help="start no rate expected to end past this")
+    p.add_argument("--budget-s", type=float, default=330.0, help="start no rate expected to end past this")
     return p.parse_args(argv)
 
 
@@ -96,8 +96,6 @@ def get(url: str, timeout: float = 30.0) -> bytes:
 
 
 def run(args) -> int:
-    from splash_core import results
-
     start = time.perf_counter()
     probe = subprocess.run([sys.executable, "-c", "import sglang.bench_serving"], capture_output=True, text=True)
     if probe.returncode != 0:  # before minutes of writing and loading a checkpoint
@@ -112,63 +110,84 @@ def run(args) -> int:
                  "--max-running", str(args.max_running), "--log-level", "warning", *args.server_args.split()]
     log = open(Path(args.workdir) / "splash-serve.log", "w+")
     server = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT)
+    state = {"args": args, "folder": folder, "serve_cmd": serve_cmd, "runs": [], "skipped": [], "samples": [],
+             "ready_s": 0.0, "log": log, "info": {}}
+    code = None
     try:
-        while True:
-            if server.poll() is not None:
-                log.seek(0)
-                print(log.read()[-3000:], file=sys.stderr)
-                return 1
-            try:
-                get(url + "/health", timeout=5)
-                break
-            except OSError:
-                time.sleep(1)
-        ready_s = time.perf_counter() - start
-        print(f"server ready after {ready_s:.0f} s", flush=True)
-        runs, skipped, samples, last = [], [], [], None
+        if not _wait_ready(server, url, log):
+            return 1
+        state["ready_s"] = time.perf_counter() - start
+        print(f"server ready after {state['ready_s']:.0f} s", flush=True)
+        last = None
         for rate in args.rates:
             left = args.budget_s - (time.perf_counter() - start)
             expected = _expected(last, rate, args.num_prompts)
             if last is not None and expected > left:
-                skipped.append(f"rate {rate}: expected {expected:.0f} s, {left:.0f} s of the budget left")
+                state["skipped"].append(f"rate {rate}: expected {expected:.0f} s, {left:.0f} s of the budget left")
                 continue
-            result, seconds, cmd = bench(args, url, folder, rate)
-            metrics = get(url + "/metrics").decode()
-            info = json.loads(get(url + "/server_info"))
-            last = {"rate": rate, "seconds": seconds}
-            runs.append({"rate": rate, "seconds": seconds, "command": " ".join(cmd), "completed": result["completed"],
-                         "metrics": metrics, "server_info": info,
-                         "bench_serving": {k: v for k, v in result.items() if k not in _DETAILS}})
-            for i, (n_in, n_out, ttft, itl) in enumerate(zip(result["input_lens"], result["output_lens"],
-                                                             result["ttfts"], result["itls"])):
-                samples.append({"rate": rate, "request": i, "input_tokens": n_in, "output_tokens": n_out,
-                                "ttft_ms": ttft * 1e3, "itl_ms": [x * 1e3 for x in itl],
-                                "error": result["errors"][i] or None})
-            print(f"rate {rate}: {result['completed']}/{args.num_prompts} completed, TTFT p50 "
-                  f"{result['median_ttft_ms']:.0f} ms, ITL p50 {result['median_itl_ms']:.1f} ms, "
-                  f"{result['output_throughput']:.0f} output tok/s ({seconds:.0f} s)", flush=True)
+            last = _one_rate(state, url, rate)
+            _write(state, code=-1)  # a run cut off later keeps every rate that finished
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=120)
-        log.seek(0)
-        server_log = log.read()[-4000:]
-    platform = "cpu" if args.tiny else "h200"
+    path = _write(state, code)
+    print(f"wrote {path}")
+    if not (args.keep or args.reuse):
+        shutil.rmtree(args.workdir, ignore_errors=True)
+    return 0 if code == 0 and state["runs"] else 1
+
+
+def _wait_ready(server, url: str, log) -> bool:
+    while server.poll() is None:
+        try:
+            get(url + "/health", timeout=5)
+            return True
+        except OSError:
+            time.sleep(1)
+    log.seek(0)
+    print(log.read()[-3000:], file=sys.stderr)
+    return False
+
+
+def _one_rate(state: dict, url: str, rate: str) -> dict:
+    args = state["args"]
+    result, seconds, cmd = bench(args, url, state["folder"], rate)
+    state["info"] = info = json.loads(get(url + "/server_info"))
+    state["runs"].append({"rate": rate, "seconds": seconds, "command": " ".join(cmd), "completed": result["completed"],
+                          "metrics": get(url + "/metrics").decode(), "server_info": info,
+                          "bench_serving": {k: v for k, v in result.items() if k not in _DETAILS}})
+    for i, (n_in, n_out, ttft, itl) in enumerate(zip(result["input_lens"], result["output_lens"], result["ttfts"],
+                                                     result["itls"])):
+        state["samples"].append({"rate": rate, "request": i, "input_tokens": n_in, "output_tokens": n_out,
+                                 "ttft_ms": ttft * 1e3, "itl_ms": [x * 1e3 for x in itl],
+                                 "error": result["errors"][i] or None})
+    print(f"rate {rate}: {result['completed']}/{args.num_prompts} completed, TTFT p50 {result['median_ttft_ms']:.0f} ms, "
+          f"ITL p50 {result['median_itl_ms']:.1f} ms, {result['output_throughput']:.0f} output tok/s ({seconds:.0f} s)",
+          flush=True)
+    return {"rate": rate, "seconds": seconds}
+
+
+def _write(state: dict, code: int) -> Path:
+    """The result so far; ``code`` is the server's exit code (-1: still serving when written)."""
+    from splash_core import results
+
+    args, log = state["args"], state["log"]
+    log.seek(0)
+    tail = log.read()[-4000:]
+    log.seek(0, 2)
     data = results.make_result(
-        benchmark="served_bench", platform=platform, backend=info.get("backend", "?") if runs else "?",
-        model=Path(folder).name, T=1, dtype="fp32" if args.tiny else "bf16", samples=samples,
-        summary={"server_command": " ".join(serve_cmd), "server_ready_s": ready_s, "server_exit_code": code,
-                 "runs": runs, "skipped": skipped, **({"server_log_tail": server_log} if server_log.strip() else {}),
+        benchmark="served_bench", platform="cpu" if args.tiny else "h200", backend=state["info"].get("backend", "?"),
+        model=Path(state["folder"]).name, T=1, dtype="fp32" if args.tiny else "bf16", samples=state["samples"],
+        summary={"server_command": " ".join(state["serve_cmd"]), "server_ready_s": state["ready_s"],
+                 "server_exit_code": code, "runs": state["runs"], "skipped": state["skipped"],
+                 **({"server_log_tail": tail} if tail.strip() else {}),
                  "workload": {"num_prompts": args.num_prompts, "input_tokens": [int(args.input_len * args.range_ratio),
                                                                                 args.input_len],
                               "output_tokens": args.output_len}},
         notes="sglang.bench_serving (sglang 0.5.9, installed --no-deps) against splash serve; random-init "
               "DeepSeek-V3 widths" + ("; --tiny: small widths on CPU" if args.tiny else ""))
-    path = results.write_result(data, args.out)
-    print(f"wrote {path}")
-    if not (args.keep or args.reuse):
-        shutil.rmtree(args.workdir, ignore_errors=True)
-    return 0 if code == 0 and runs else 1
+    return results.write_result(data, args.out)
 
 
 _DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")

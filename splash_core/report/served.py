@@ -15,8 +15,9 @@ from .markdown import MISSING, table
 def render(result: Result, ctx: Context) -> list[str]:
     s = result["summary"]
     w = s["workload"]
-    lines = [f"`{s['server_command']}` (ready after {s['server_ready_s']:.0f} s; exit code "
-             f"{s['server_exit_code']} after SIGTERM), driven by `python -m sglang.bench_serving --backend sglang`: "
+    code = s["server_exit_code"]
+    ended = "still serving when this was written" if code == -1 else f"exit code {code} after SIGTERM"
+    lines = [f"`{s['server_command']}` (ready after {s['server_ready_s']:.0f} s; {ended}), driven by `python -m sglang.bench_serving --backend sglang`: "
              f"{w.get('num_prompts')} prompts of {w.get('input_tokens', ['?', '?'])[0]}–"
              f"{w.get('input_tokens', ['?', '?'])[1]} random tokens, {w.get('output_tokens')} output tokens each.", ""]
     rows = []
