@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from served import Served, metric, wait_for
 from splash_core.checkpoint.tiny import ensure
+from splash_core.cli.main import main
 from splash_core.engine import reference_check
 from splash_core.profiles import load
 
@@ -167,6 +168,16 @@ def test_bad_requests_get_400_naming_the_field_and_the_server_keeps_serving(serv
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert requests.get(server.url + "/health", timeout=60).status_code == 200  # open, like /metrics
     assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+
+
+def test_what_cannot_start_says_so_in_one_line_before_any_rank_starts(server, capsys):
+    port = server.url.rsplit(":", 1)[1]  # in use by the module's server
+    for args, message in ((["--port", port], f"--port {port}: cannot listen on 127.0.0.1:{port}: "),
+                          (["--policy", "XP"], "--policy: unknown policy 'XP'"),
+                          (["--model", "/no/such/folder"], "/no/such/folder: (folder): no checkpoint folder here")):
+        assert main(["serve", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("splash serve: error: " + message) and err.count("\n") == 1, err
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_pages_on_every_rank(server):
