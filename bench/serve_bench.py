@@ -2,7 +2,8 @@
 
 1. The model: the real-widths DeepSeek-V3 checkpoint of ``bench/real_widths.py`` (random-init,
    FP8 block-scaled on disk, as many layers as fit one device at T = 1, or ``--layers``), written
-   here or reused from a kept one (``--reuse``, the folder ``real_widths.py --keep`` leaves).
+   here or reused from a kept one (``--reuse``, the folder ``real_widths.py --keep`` leaves), with
+   a tokenizer that has a word for every id (:func:`cover_vocabulary`).
 2. ``splash serve --deployment <that checkpoint> --port P`` (T = 1), waited on until ``/health``.
 3. ``python -m sglang.bench_serving --backend sglang`` per request rate (default 1, 4, 16, inf):
    ``--num-prompts`` prompts of random token ids, ``--input-len`` tokens at most and
@@ -82,12 +83,33 @@ def checkpoint(args) -> tuple[str, str]:
         print(f"writing {layers} layers ({accounting})", flush=True)
         subprocess.run([sys.executable, str(ROOT / "bench" / "real_widths.py"), "--write-only", str(folder)],
                        check=True, capture_output=True, text=True)
+    cover_vocabulary(folder)
     from splash_core.checkpoint.config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
     layers = profile.num_layers
     held = sum(real_widths.layer_bytes(profile, i, 2) for i in range(layers))
     return str(real_widths.deployment(rw, folder, held)), str(folder)
+
+
+def cover_vocabulary(folder: Path) -> bool:
+    """Give the random-init checkpoint a tokenizer with a word for every id of its vocabulary
+    (``t<id>``; BOS and EOS keep theirs), when its own covers fewer (real_widths.py writes a
+    384-token BPE for a 129,280-id model): a random model generates ids all over the vocabulary,
+    and bench_serving times only stream chunks that carry text. Returns whether it replaced it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from splash_core.checkpoint.tiny import BOS, EOS
+
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    if Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size() >= vocab:
+        return False
+    words = {BOS: 0, EOS: 1, **{f"t{i}": i for i in range(2, vocab)}}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t2"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([BOS, EOS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return True
 
 
 def get(url: str, timeout: float = 30.0) -> bytes:
