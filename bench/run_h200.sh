@@ -4,9 +4,12 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# graphs decode
-# (the last two need one GPU only: the cuda backend's peer memory between two processes, and how
-# much page copies by kernels or by memcpy slow a step beside them) ($SWITCH_BUDGET and
+# serve graphs decode
+# (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
+# much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
+# splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
+# ($SERVE_ARGS adds options to bench/serve_bench.py, e.g. SERVE_ARGS="--layers 4"), decode graphs and
+# a decode step eager vs replayed) ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options and
 # $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-pulls
 # SWITCH_ARGS="--transfer peer_pulls=true", or SWITCH_TAG=-flat SWITCH_ARGS="--transfer peer_pulls=true
@@ -69,12 +72,13 @@ for s in "${sections[@]}"; do
     transport) section transport 200 python3 bench/transport_probe.py --out "$RES/transport" --timeout-s 150 ;;
     peer) section peer 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_peer_memory.py ;;
     interference) section interference 300 python3 bench/copy_interference.py --out "$RES/interference" ;;
+    serve) section serve 470 python3 bench/serve_bench.py --out "$RES/serve" --budget-s 330 ${SERVE_ARGS:-} ;;
     # decode graphs (one GPU): replay equals eager in every layout, and the fused ops and graph ops conform
     graphs) section graphs 300 bash -c "python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py &&
               python3 -m pytest -q -p no:cacheprovider --pyargs splash_core.testing --splash-backend hopper \
                 --splash-ranks 1 -k 'fused or graph_ops'" ;;
     # a decode step eager vs replayed from its graph, B = 1/16/64 at 8K/32K/128K, beside its roofline (one GPU)
     decode) section decode 330 python3 bench/decode_step.py --out "$RES/decode" --budget-s "${DECODE_BUDGET:-240}" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference graphs decode)"; exit 2 ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode)"; exit 2 ;;
   esac
 done

@@ -424,6 +424,17 @@ SHAPES: dict[str, Shape] = {
                 "kv_gbps": "nonneg", "tflops": "nonneg"},
         sources=frozenset({"measured"}),
     ),
+    "served_bench": Shape(
+        doc="sglang.bench_serving against splash serve: latency and throughput per request rate",
+        summary={"server_command": "text", "server_ready_s": "nonneg", "server_exit_code": "integer",
+                 "workload": "object", "runs": "rows", "skipped": "texts", "server_log_tail": "text?"},
+        rows={"runs": {"rate": "text", "seconds": "nonneg", "command": "text", "completed": "count",
+                       "metrics": "text", "server_info": "object", "bench_serving": "object"}},
+        row_key={"runs": ("rate",)},
+        sample={"rate": "text", "request": "count", "input_tokens": "positive", "output_tokens": "count",
+                "ttft_ms": "nonneg"},
+        sources=frozenset({"measured"}),
+    ),
     "page_runs": Shape(
         doc="the runs of consecutive pages a simulated serving run leaves KV histories in (what pulls need)",
         summary={"page_bytes": "positive", "min_run_bytes": "nonneg", "rows": "rows"},

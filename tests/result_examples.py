@@ -194,6 +194,18 @@ def device_examples() -> dict[str, tuple[dict, list]]:
                 for s, n, p in ((100, 4, 240), (200, 2, 180))]},
             [{"scenario": "rollout", "pool": "roomy", "step": s, "per_request": [[60, 1, 1]] * n}
              for s, n in ((100, 4), (200, 2))]),
+        "served_bench": (
+            {"server_command": "splash serve --deployment d.yaml --port 1234", "server_ready_s": 60.0,
+             "server_exit_code": 0, "workload": {"num_prompts": 2, "input_tokens": [1024, 8192], "output_tokens": 256},
+             "skipped": ["rate 1: expected 128 s, 90 s of the budget left"],
+             "runs": [{"rate": r, "seconds": 30.0, "command": "python -m sglang.bench_serving ...", "completed": 2,
+                       "metrics": 'splash_switches_total{dst="DP",src="TP"} 3.0\n', "server_info": {"layout": "TP"},
+                       "bench_serving": {"request_throughput": 0.5, "output_throughput": 17.0, "median_ttft_ms": t,
+                                         "p99_ttft_ms": 2 * t, "median_itl_ms": 20.0, "p99_itl_ms": 31.0,
+                                         "median_e2e_latency_ms": 5100.0 + t, "p99_e2e_latency_ms": 5200.0 + t}}
+                      for r, t in (("4", 310.0), ("inf", 900.0))]},
+            [{"rate": r, "request": i, "input_tokens": 2048, "output_tokens": 256, "ttft_ms": 300.0, "itl_ms": [20.0],
+              "error": None} for r in ("4", "inf") for i in range(2)]),
         "peer_kernels": (
             {"kernels": {"splash": {"what": "triton:h200", "correct": True, "max_abs_err": 0.004},
                          "flashmla": {"what": "sgl-flash-mla 1.0.0", "correct": True, "max_abs_err": 0.004},

@@ -21,6 +21,8 @@ from splash_core import __version__
 from splash_core.cli.main import main
 from splash_core.engine.progress import Progress
 
+from processes import alive as _alive, cmdline as _cmdline, descendants as _descendants
+
 # a run long enough to be interrupted: 4 requests of 3,000 generated tokens on T = 2
 LONG_WORKLOAD = ("kind: workload\nseed: 1\nrollout: {requests: 4, prompt_tokens: [16, 32], "
                  "output_tokens: [3000, 3000]}\n")
@@ -28,37 +30,6 @@ LONG_WORKLOAD = ("kind: workload\nseed: 1\nrollout: {requests: 4, prompt_tokens:
 
 def splash_exe() -> str:
     return shutil.which("splash") or pytest.skip("console script `splash` not installed")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, from /proc (children first)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        todo += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by init) is gone for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the ranks through /proc")
@@ -104,14 +75,6 @@ class _Drain(list):
         self.reader = threading.Thread(target=lambda: self.extend(iter(lambda: os.read(pipe.fileno(), 4096), b"")),
                                        daemon=True)
         self.reader.start()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def test_output_cut_off_by_its_reader_ends_quietly():

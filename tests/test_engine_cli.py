@@ -37,6 +37,12 @@ def test_the_default_job_matches_the_reference():
         assert switch["bytes_total"] == sum(switch["bytes"].values())
     assert out["check"]["passed"] and out["check"]["exact"] and out["check"]["tokens"] == out["output_tokens"]
     assert out["tokens_per_s"] > 0
+    latency = out["latency"]  # the same metrics a served run reports: from arrival, between tokens, to the last
+    assert latency["ttft_ms"]["count"] == latency["e2e_ms"]["count"] == len(specs)
+    assert latency["itl_ms"]["count"] == out["output_tokens"] - len(specs)
+    for d in latency.values():
+        assert 0 < d["p50"] <= d["p90"] <= d["p99"]
+    assert latency["ttft_ms"]["p50"] < latency["e2e_ms"]["p50"]
     assert "tokens [" not in done.stderr  # no progress bar under --json
 
 

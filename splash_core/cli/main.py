@@ -25,6 +25,7 @@ from ..profiles import ProfileError
 COMMANDS = (
     "run",
     "generate",
+    "serve",
     "backends",
     "profiles",
     "weights",

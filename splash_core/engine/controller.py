@@ -7,6 +7,12 @@ against the KV pool. A request that has fed any token holds KV, so it gets at le
 in every step until it finishes: a switch moves exactly the histories of the step's batch.
 After the step, :meth:`Controller.record` turns the chosen tokens into progress and finished
 requests, whose pages the next plan releases.
+
+A workload's requests arrive at their ``arrival_s``; with nothing to run before the next
+arrival the controller waits (at most ``idle_s``) and plans an IDLE step. A server's controller
+is ``open_ended``: requests come through :meth:`Controller.add` as clients send them, leave
+early through :meth:`Controller.abort` (their pages are freed by the next plan, IDLE or not), and
+the run ends only after :meth:`Controller.close`, once every request is done.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ class Controller:
     """Requests and decisions, on rank 0 only."""
 
     def __init__(self, requests: list[Request], policy, capacity: KVCapacity, *, concurrency: int,
-                 prefill_chunk: int, layout: Layout):
+                 prefill_chunk: int, layout: Layout, open_ended: bool = False, idle_s: float = 1.0):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
         self.requests = {r.id: r for r in requests}
@@ -70,26 +76,32 @@ class Controller:
         self.steps: list[StepRecord] = []
         self.switches: list[SwitchRecord] = []
         self.decisions: collections.Counter = collections.Counter()  # policy action -> steps
+        self.open, self.idle_s = open_ended, idle_s
         self.start = time.monotonic()
 
     # ---- before a step ------------------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """Nothing to run now, nor anything that has arrived and waits."""
+        return not (self.running or self.queue)
+
     def plan(self, step: int, T: int, page_size: int) -> StepPlan:
-        """The next step's plan, or STOP (with the last releases) when every request is done."""
+        """The next step's plan; IDLE (with the releases) when nothing can run yet; STOP (with the
+        last releases) when every request is done and no more can come."""
         self._arrive()
         if not self.hold or not self.running:  # holding admission with nothing running would stall
             self.admission.admit(self.queue, self.running, self.layout, step)
         self.hold = False
         if not self.running:
-            if not (self.pending or self.queue):
-                return StepPlan(Command.STOP, step, self.layout, releases=self._take_releases())
             if self.queue:
                 raise RuntimeError(f"step {step}: request {self.queue[0].id} can be neither admitted nor "
                                    f"rejected with nothing running (admission bug)")
-            # idle until the next arrival (the other ranks wait in the plan broadcast meanwhile, so a
-            # gap between arrivals must stay under the collective timeout)
-            time.sleep(max(0.0, self.pending[0].spec.arrival_s - self._now()))
-            return self.plan(step, T, page_size)
+            if not (self.pending or self.open):
+                return StepPlan(Command.STOP, step, self.layout, releases=self._take_releases())
+            if self.pending:  # wait for the next arrival, at most idle_s (the other ranks wait in the broadcast)
+                time.sleep(min(self.idle_s, max(0.0, self.pending[0].spec.arrival_s - self._now())))
+            return StepPlan(Command.IDLE, step, self.layout, releases=self._take_releases())
         rows = self._rows(T)
         choice = self.policy.decide(self._arrays(rows), self.layout, self.since_switch, step)
         self.decisions[choice.action] += 1
@@ -105,7 +117,44 @@ class Controller:
     def _arrive(self) -> None:
         now = self._now()
         while self.pending and self.pending[0].spec.arrival_s <= now:
-            self.queue.append(self.pending.popleft())
+            request = self.pending.popleft()
+            request.arrived_at = self.start + request.spec.arrival_s
+            self.queue.append(request)
+
+    # ---- requests that come and go (a server) ---------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """A request that arrived now (its id unused so far)."""
+        if request.id in self.requests:
+            raise ValueError(f"request {request.id} was added before")
+        request.arrived_at = time.monotonic()
+        self.requests[request.id] = request
+        self.queue.append(request)
+
+    def abort(self, ids, step: int) -> list[Request]:
+        """Stop the requests ``ids`` that are not done yet (unknown ids are ignored); the next plan
+        frees their pages on every rank. Returns the requests aborted."""
+        gone = [self.requests[i] for i in ids if i in self.requests and not self.requests[i].done]
+        if not gone:
+            return []
+        for r in gone:
+            if r.state is not State.WAITING:
+                self.releases.append(r.id)
+            r.abort(step)
+        out = set(r.id for r in gone)
+        self.queue = collections.deque(r for r in self.queue if r.id not in out)
+        self.running = [r for r in self.running if r.id not in out]
+        return gone
+
+    def close(self) -> None:
+        """No more requests will come: the run stops once every request is done."""
+        self.open = False
+
+    def forget(self, ids) -> None:
+        """Drop done requests from the books (a server keeps only the live ones)."""
+        for i in ids:
+            if i in self.requests and self.requests[i].done:
+                del self.requests[i]
 
     def _now(self) -> float:
         return time.monotonic() - self.start
@@ -160,21 +209,27 @@ class Controller:
     # ---- after a step -------------------------------------------------------------------
 
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
-               refused: str = "") -> None:
+               refused: str = "") -> list[Request]:
         """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
-        plan's switch, if it did."""
+        plan's switch, if it did. Returns the requests that generated a token in this step."""
         if plan.layout is not self.layout:
             self.switches.append(SwitchRecord(plan.step, self.layout, plan.layout, self.reason, refused))
         if ran_in is not self.layout:
             self.layout, self.since_switch = ran_in, 0
         else:
             self.since_switch += 1
+        now, produced = time.monotonic(), []
         for req, token in zip(plan.requests, next_tokens.tolist()):
             r = self.requests[req.id]
+            before = len(r.generated)
             r.advance(req.rows, token, plan.step)
+            if len(r.generated) > before:
+                r.token_times.append(now)
+                produced.append(r)
             if r.state is State.FINISHED:
                 self.releases.append(r.id)
         self.running = [r for r in self.running if r.state is not State.FINISHED]
         self.steps.append(StepRecord(plan.step, ran_in, len(plan.requests), int(sum(q.rows for q in plan.requests)),
                                      seconds))
+        return produced

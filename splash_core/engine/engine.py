@@ -1,22 +1,12 @@
-"""The serving engine's step loop, run identically on every rank of the group.
+"""Serving a job: a workload's requests (``splash run``) or prompts given by token ids
+(``splash generate``) on every rank of the group, then what the run produced.
 
-Every step, rank 0 decides (:class:`~splash_core.engine.controller.Controller`: admission,
-batch composition, the policy's layout) and broadcasts a compact plan
-(:mod:`~splash_core.engine.plan`); every rank then frees the pages of finished requests and
-runs the step: :meth:`Model.step <splash_core.runtime.model.Model.step>` in the current layout,
-or, when the plan names another layout, the switch executor's step, during which every layer
-moves to it while the batch keeps computing. From the logits (identical on every rank) rank 0
-chooses each request's next token (:mod:`~splash_core.engine.sampling`: greedy or seeded
-sampling) and books it; the next plan carries it to every rank. A switch the executor refuses
-before anything moves (Eq 5) runs the step in the current layout instead.
-
-Faults stop the group instead of hanging it: collectives time out after the group's timeout
-(``deployment.collective_timeout_s`` when launched by :mod:`~splash_core.engine.launch`); a
-failure while rank 0 decides is broadcast (ABORT) so the others stop at once; every error says
-which rank and step it happened at.
-
-:func:`serve` is a module-level function taking the rank's context first, so it runs under
-torchrun and inside a :class:`~splash_core.runtime.spawn.RankPool` worker alike.
+:func:`serve` builds the rank's model (:func:`~splash_core.engine.steps.build`), runs rank 0's
+plans (:func:`~splash_core.engine.steps.run_steps`) until every request is done, and on rank 0
+checks the outputs against the single-device reference and returns the
+:class:`~splash_core.engine.summary.RunSummary`. It is a module-level function taking the rank's
+context first, so it runs under torchrun and inside a
+:class:`~splash_core.runtime.spawn.RankPool` worker alike.
 """
 
 from __future__ import annotations
@@ -27,28 +17,21 @@ import warnings
 from typing import Callable
 
 import numpy as np
-import torch
 
 from ..checkpoint.deployments import resolve
-from ..checkpoint.source import weight_source
 from ..profiles import load
 from ..profiles.deployment import DeploymentProfile
 from ..profiles.workload import RequestSpec
-from ..runtime.model import Model
-from ..runtime.switch import SwitchExecutor, SwitchRefused
 from . import reference_check
 from .admission import plan_capacity
 from .controller import Controller
-from .plan import Command, StepPlan, exchange
 from .policy import make_policy
 from .progress import Progress
 from .requests import GenerationRequest, Request, State
-from .sampling import GREEDY, next_tokens as choose_tokens
-from .summary import RunSummary, SwitchSummary
+from .steps import EngineError, Hooks, build, run_steps
+from .summary import RunSummary, SwitchSummary, latency
 
-
-class EngineError(RuntimeError):
-    """The run stopped: names the rank and step."""
+__all__ = ["EngineError", "Job", "deployment_of", "serve"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,68 +84,29 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     # torch 2.13 deprecates the all-gather the collectives use; 2.11 (the device machine) lacks its successor
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     deployment = deployment_of(job)
-    if ctx.world_size != deployment.T:
-        raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
-                          f"the group has {ctx.world_size} ranks")
     served, concurrency, requests = _requests(job, deployment)
     capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages)
     policy = make_policy(job.policy, deployment)
-    t_load = time.perf_counter()
-    source = weight_source(deployment.model, deployment.seed)
-    model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial,
-                                  source=source)
-    ctx.streams.synchronize()
-    load_report = _load_report(source, time.perf_counter() - t_load, model)
-    executor = None
-    if len(policy.layouts) > 1:  # Eq 5 against the same budget the scheduler plans with
-        executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
-                                  reserve_bytes=deployment.reserve_bytes, transfer=deployment.transfer)
-        _ = executor.io  # create the side communicator now (a collective), not in the first switch's timed step
+    group = build(ctx, deployment, capacity, policy)
     lead = ctx.rank == 0
-    controller = progress = None
+    controller = hooks = None
     if lead:
         controller = Controller(requests, policy, capacity, concurrency=concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
-        progress = Progress(sum(r.spec.max_new_tokens for r in requests), len(requests), job.progress)
-    reports = []
+        hooks = _ProgressHooks(controller, Progress(sum(r.spec.max_new_tokens for r in requests), len(requests),
+                                                    job.progress))
     ctx.collectives.barrier()
     start = time.perf_counter()
-    step = 0
     try:
-        while True:
-            plan, tokens = _next_plan(ctx, controller, step, deployment.page_size)
-            for rid in plan.releases:
-                model.release(rid)
-            if plan.command is Command.STOP:
-                break
-            if on_step is not None:
-                on_step(ctx, step)
-            t0 = time.perf_counter()
-            switch = _share_switch_plan(ctx, executor, controller, plan, model, job.switch_mode)
-            logits, report, refused = _run_step(model, executor, plan, tokens, job.switch_mode, switch)
-            next_tokens = _choose(controller, plan, logits) if lead else None
-            seconds = time.perf_counter() - t0
-            if report is not None:
-                reports.append((step, report))
-            if lead:
-                controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused)
-                _draw(progress, controller, step)
-            step += 1
-    except Exception as exc:
-        peers = [r for r in range(ctx.world_size) if r != ctx.rank]
-        exc.add_note(f"[splash engine] rank {ctx.rank} of {ctx.world_size}, step {step}; collectives time out after "
-                     f"{ctx.timeout_s:.0f} s, so a peer (rank {', '.join(map(str, peers))}) that crashed or hung "
-                     f"shows up here as a failed collective")
-        raise
+        reports = run_steps(ctx, group, controller, job.switch_mode, hooks, on_step)
     finally:
-        if progress is not None:
-            _draw(progress, controller, step)
-            progress.close()
+        if hooks is not None:
+            hooks.close()
     elapsed = time.perf_counter() - start
-    everyone = ctx.collectives.all_gather_object((reports, load_report))
+    everyone = ctx.collectives.all_gather_object((reports, group.load_report))
     if not lead:
         return None
-    del model, executor  # the reference check needs the memory on an accelerator
+    del group  # the reference check needs the memory on an accelerator
     check = None
     if job.check:
         finished = [r for r in controller.requests.values() if r.state is State.FINISHED]
@@ -171,88 +115,29 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
                                        tolerance=job.check_tolerance,
                                        sampling={r.id: r.sampling for r in finished})
         check = {**dataclasses.asdict(result), "line": result.line()}
-    load_report = {**load_report, "seconds_slowest_rank": max(r[1]["seconds"] for r in everyone)}
+    load_report = {**everyone[0][1], "seconds_slowest_rank": max(r[1]["seconds"] for r in everyone)}
     return _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed,
                     [r[0] for r in everyone], check, load_report)
 
 
-def _choose(controller: Controller, plan: StepPlan, logits):
-    """Rank 0: each request's next token; rows that yield no output (mid-prompt) take argmax."""
-    reqs = [controller.requests[q.id] for q in plan.requests]
-    params = [r.sampling if r.outputs_this_step(q.rows) else GREEDY for r, q in zip(reqs, plan.requests)]
-    return choose_tokens(logits, params, [r.id for r in reqs], [len(r.generated) for r in reqs])
+class _ProgressHooks(Hooks):
+    """A run's progress bar, redrawn after every step."""
 
+    def __init__(self, controller: Controller, progress: Progress):
+        self.controller, self.progress = controller, progress
 
-def _load_report(source, seconds: float, model: Model) -> dict:
-    """How long building the model took, what it read, and what it holds (bytes per part)."""
-    read = int(getattr(source, "bytes_read", 0))
-    pool = sum(t.numel() * t.element_size() for layer in model.paged_layers
-               for t in (layer.kv.kv, layer.kv.indexer) if t is not None)
-    where = torch.device(model.device)
-    module = torch.get_device_module(where) if where.type != "cpu" else None
-    held = module.mem_get_info(where) if module is not None and hasattr(module, "mem_get_info") else None
-    return {"source": "checkpoint" if read else "seeded", "checkpoint": model.profile.checkpoint,
-            "device_memory": None if held is None else {"free": int(held[0]), "total": int(held[1])},
-            "seconds": seconds, "bytes_read": read, "gb_per_s": read / seconds / 1e9 if seconds > 0 else 0.0,
-            "format": model.profile.notes if model.profile.checkpoint else "",
-            "memory": {**model.nbytes(), "kv_pool": pool}, "dtype": str(model.dtype).removeprefix("torch.")}
+    def after_step(self, plan, produced, seconds, switch) -> None:
+        self._draw(plan.step)
 
+    def close(self) -> None:
+        self._draw(len(self.controller.steps))
+        self.progress.close()
 
-def _next_plan(ctx, controller, step: int, page_size: int) -> tuple[StepPlan, object]:
-    """Rank 0 plans and broadcasts; the others receive. A failure while planning is broadcast
-    as ABORT before rank 0 raises, so no rank waits for a step that never comes."""
-    mine = None
-    if controller is not None:
-        try:
-            mine = controller.plan(step, ctx.world_size, page_size)
-        except Exception:
-            exchange(ctx.collectives, ctx.device, StepPlan(Command.ABORT, step, controller.layout))
-            raise
-    plan, tokens = exchange(ctx.collectives, ctx.device, mine)
-    if plan.step != step:
-        raise EngineError(f"rank {ctx.rank} is at step {step}, rank 0 sent step {plan.step}: the group is out of step")
-    if plan.command is Command.ABORT:
-        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning step {step} (see rank 0's error)")
-    return plan, tokens
-
-
-def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str):
-    """On a switching step, the switch as rank 0 planned it (:meth:`SwitchExecutor.plan_switch`,
-    Eq 5 checked there unless the policy's decision already did), broadcast over the host
-    collectives: no other rank plans or checks it again. None on other steps."""
-    if plan.command is not Command.STEP or plan.layout is model.layers[0].layout:
-        return None
-    mine = None
-    if controller is not None:
-        try:
-            mine = executor.plan_switch(plan.layout, plan.batch(model.T, model.page_size), mode,
-                                        check_eq5=not controller.eq5_checked)
-        except Exception as exc:
-            ctx.host_collectives().broadcast_object(f"{type(exc).__name__}: {exc}", src=0)
-            raise
-    shared = ctx.host_collectives().broadcast_object(mine, src=0)
-    if isinstance(shared, str):
-        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning the switch of step {plan.step}: {shared}")
-    return shared
-
-
-def _run_step(model, executor, plan: StepPlan, tokens, mode: str, switch=None):
-    """(logits, switch report or None, why a switch was refused or "")."""
-    batch = plan.batch(model.T, model.page_size)
-    if plan.layout is model.layers[0].layout:
-        return model.step(batch, tokens), None, ""
-    try:
-        logits, report = executor.step(batch, tokens, plan.layout, mode=mode, plan=switch)
-        return logits, report, ""
-    except SwitchRefused as exc:
-        return model.step(batch, tokens), None, str(exc)
-
-
-def _draw(progress: Progress, controller: Controller, step: int) -> None:
-    reqs = controller.requests.values()
-    progress.update(done=sum(r.state in (State.FINISHED, State.REJECTED) for r in reqs),
-                    generated=sum(len(r.generated) for r in reqs), step=step, layout=controller.layout,
-                    switches=sum(not s.refused for s in controller.switches))
+    def _draw(self, step: int) -> None:
+        reqs = self.controller.requests.values()
+        self.progress.update(done=sum(r.done for r in reqs), generated=sum(len(r.generated) for r in reqs), step=step,
+                             layout=self.controller.layout,
+                             switches=sum(not s.refused for s in self.controller.switches))
 
 
 def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed, reports, check,
@@ -280,7 +165,8 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
         elapsed_s=elapsed, steps=len(controller.steps), layout_steps=layout_steps,
         step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
         decisions=dict(controller.decisions), check=check, load=load_report, outputs=outputs,
-        step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps))
+        step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps),
+        latency=latency(finished))
 
 
 def _merge_reports(per_rank: list[list]) -> dict[int, dict]:

@@ -1,14 +1,18 @@
 """The step plan: what rank 0 decided for one step, broadcast so every rank runs the same step.
 
 Wire format (int64, two broadcasts from rank 0 per step): a fixed header
-``[command, step, layout, requests, tokens, releases, 0, 0]``, then a body holding, in
+``[command, step, layout, requests, tokens, releases, report, 0]``, then a body holding, in
 order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed (rows
 in batch order) and the ids of finished requests whose pages every rank frees before the step.
 The tokens stay on the device as a view of the body, so no rank copies them again.
 
-Commands: STEP runs a step; STOP frees the releases and ends the run; ABORT tells the other
-ranks that rank 0 failed while deciding (its own error says why), so they stop instead of
-waiting for a collective that never comes.
+Commands: STEP runs a step; IDLE frees the releases and runs nothing (rank 0 has nothing to run
+yet: it sends one at least every second, so ranks waiting for work stay inside the collective
+timeout, and aborted requests' pages are freed at once); STOP frees the releases and ends the
+run; ABORT tells the other ranks that rank 0 failed while deciding (its own error says why), so
+they stop instead of waiting for a collective that never comes. ``report`` asks every rank to
+report its KV pool after the plan (:func:`splash_core.engine.steps.pool_usage`), for the
+server's metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Command(enum.IntEnum):
     STEP = 0
     STOP = 1
     ABORT = 2
+    IDLE = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +46,12 @@ class StepPlan:
     requests: tuple[StepRequest, ...] = ()  # in batch (owner-major) order
     tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     releases: tuple[int, ...] = ()
+    report: bool = False  # every rank reports its KV pool after this plan
 
     def encode(self) -> tuple[np.ndarray, np.ndarray]:
         """(header [8], body) as int64 arrays."""
         header = np.array([int(self.command), self.step, LAYOUTS.index(self.layout), len(self.requests),
-                           len(self.tokens), len(self.releases), 0, 0], dtype=np.int64)
+                           len(self.tokens), len(self.releases), int(self.report), 0], dtype=np.int64)
         body = np.concatenate([np.array([[r.id, r.owner, r.start, r.rows] for r in self.requests],
                                         dtype=np.int64).reshape(-1),
                                np.asarray(self.tokens, dtype=np.int64), np.array(self.releases, dtype=np.int64)])
@@ -66,7 +72,7 @@ def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torc
         body = torch.from_numpy(b)
     header = header.to(device)
     collectives.broadcast(header, src=0)
-    command, step, layout, n_req, n_tok, n_rel = (int(v) for v in header.cpu().tolist()[:6])
+    command, step, layout, n_req, n_tok, n_rel, report = (int(v) for v in header.cpu().tolist()[:7])
     size = 4 * n_req + n_tok + n_rel
     if body is None:
         body = torch.zeros(size, dtype=torch.int64)
@@ -78,5 +84,6 @@ def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torc
         rows = host[: 4 * n_req].reshape(-1, 4)
         plan = StepPlan(Command(command), step, LAYOUTS[layout],
                         tuple(StepRequest(*map(int, r)) for r in rows),
-                        host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]))
+                        host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]),
+                        bool(report))
     return plan, body[4 * n_req: 4 * n_req + n_tok]

@@ -4,6 +4,7 @@
 
     waiting ──admit──> prefilling ──last prompt chunk──> decoding ──max_new_tokens or stop id──> finished
        └──────────reject (no layout can ever hold it)──> rejected
+    (any unfinished state) ──abort (a served client went away or the server stops)──> aborted
 
 A request is admitted with its owner rank (chosen from projected KV growth,
 :func:`splash_core.ownership.assign_owner`) and keeps it in every layout. Prefill feeds the
@@ -13,6 +14,9 @@ request's :class:`~splash_core.engine.sampling.SamplingParams`. A request genera
 ``max_new_tokens`` tokens, or fewer when it emits one of its stop ids (EOS; workload requests have
 none: the paper's protocol generates exactly ``max_new_tokens``); the last generated token is
 never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens.
+
+Rank 0 stamps when a request arrived and when each of its tokens was chosen (monotonic clock),
+from which runs and the server report time to first token, inter-token and end-to-end latency.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class State(enum.Enum):
     DECODING = "decoding"
     FINISHED = "finished"
     REJECTED = "rejected"
+    ABORTED = "aborted"
 
 
 @dataclasses.dataclass
@@ -48,7 +53,9 @@ class Request:
     admitted_step: int = -1
     finished_step: int = -1
     sampling: SamplingParams = GREEDY
-    finish_reason: str = ""  # "length" (max_new_tokens) or "stop" (a stop id)
+    finish_reason: str = ""  # "length" (max_new_tokens), "stop" (a stop id) or "abort"
+    arrived_at: float = float("nan")  # time.monotonic() when it arrived
+    token_times: list[float] = dataclasses.field(default_factory=list)  # time.monotonic() of each generated token
 
     @property
     def id(self) -> int:
@@ -76,6 +83,13 @@ class Request:
 
     def reject(self, reason: str) -> None:
         self.state, self.reason = State.REJECTED, reason
+
+    @property
+    def done(self) -> bool:
+        return self.state in (State.FINISHED, State.REJECTED, State.ABORTED)
+
+    def abort(self, step: int) -> None:
+        self.state, self.finished_step, self.finish_reason = State.ABORTED, step, "abort"
 
     def feed(self, rows: int) -> np.ndarray:
         """The next ``rows`` tokens to feed: a prompt chunk, or (decoding) the last generated token."""

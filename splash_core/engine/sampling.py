@@ -3,8 +3,9 @@ and top-p, from a per-request seed; and when a request stops (EOS / stop ids, ``
 
 Rank 0 decides (the logits are identical on every rank) and the step plan broadcasts the tokens,
 so every layout's ranks feed the same tokens. A sampled choice is a pure function of the logits,
-the parameters and one uniform number ``u`` drawn from ``(seed, request id, output index)``, so
-the reference check replays it exactly (:func:`choose` with the reference's logits). Sampling
+the parameters and one uniform number ``u`` drawn from ``(seed, request id, output index)`` (or
+``(seed, output index)`` for a request whose seed stands alone, as an API's ``seed`` promises the
+same tokens in any request), so the reference check replays it exactly (:func:`choose` with the reference's logits). Sampling
 runs in float64 on the host: the inverse-CDF choice is then the same on every device.
 """
 
@@ -26,6 +27,7 @@ class SamplingParams:
     top_p: float = 1.0  # keep the smallest set of most likely tokens whose probability reaches p
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()  # finishing tokens (EOS and user stop ids), emitted then stop
+    seed_alone: bool = False  # draws depend on (seed, output index) only, not on the request's id
 
     def __post_init__(self):
         for name, bad in (("temperature", self.temperature < 0), ("top_k", self.top_k < 0),
@@ -44,7 +46,8 @@ GREEDY = SamplingParams()
 
 def uniform(params: SamplingParams, request_id: int, index: int) -> float:
     """The uniform draw of output ``index`` of request ``request_id``."""
-    return float(np.random.default_rng([params.seed, request_id, index]).random())
+    key = [params.seed, index] if params.seed_alone else [params.seed, request_id, index]
+    return float(np.random.default_rng(key).random())
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, u: float) -> int:

@@ -9,6 +9,32 @@ from ..formatting import number, table
 from ..stats import percentile
 
 MIB = float(1 << 20)
+LATENCY_PERCENTILES = (50, 90, 99)
+
+
+def latency(requests) -> dict:
+    """Time to first token, inter-token and end-to-end latency (ms) of finished ``requests``
+    (:class:`~splash_core.engine.requests.Request`, with their arrival and token times): for each,
+    the number of samples, the mean and the :data:`LATENCY_PERCENTILES`, from arrival (a workload's
+    ``arrival_s``, a server's receipt) to the first token, between tokens, and to the last token."""
+    samples = {"ttft_ms": [], "itl_ms": [], "e2e_ms": []}
+    for r in requests:
+        times = r.token_times
+        if not times:
+            continue
+        samples["ttft_ms"].append((times[0] - r.arrived_at) * 1e3)
+        samples["e2e_ms"].append((times[-1] - r.arrived_at) * 1e3)
+        samples["itl_ms"] += [(b - a) * 1e3 for a, b in zip(times, times[1:])]
+    return {name: describe(values) for name, values in samples.items()}
+
+
+def describe(values) -> dict:
+    """{count, mean, p50, p90, p99} of ``values`` (only the count when there are none)."""
+    values = [float(v) for v in values]
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "mean": sum(values) / len(values),
+            **{f"p{q}": percentile(values, q) for q in LATENCY_PERCENTILES}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +88,7 @@ class RunSummary:
     outputs: tuple = ()  # ({"id", "prompt_token_ids", "token_ids", "finish_reason"}, ...) of requests given by prompt
     step_rows: tuple = ()  # query rows of every step
     step_requests: tuple = ()  # requests in every step
+    latency: dict = dataclasses.field(default_factory=dict)  # ttft_ms / itl_ms / e2e_ms: :func:`latency`
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +133,7 @@ def render(s: RunSummary) -> str:
             ("time", f"{number(s.elapsed_s)} s, {s.steps} steps"
                      + (f" (p50 {number(percentile(list(s.step_ms), 50))} ms per step)" if s.step_ms else "")),
             ("throughput", f"{number(s.tokens_per_s)} tokens/s total, {number(s.output_tokens_per_s)} generated tokens/s"),
+            ("latency", latency_line(s.latency)),
             ("steps per layout", ", ".join(f"{k} {v}" for k, v in s.layout_steps.items()) or "none"),
             ("switches", str(len(s.done_switches)) + (f" ({len(s.switches) - len(s.done_switches)} refused)"
                                                       if len(s.switches) > len(s.done_switches) else ""))]
@@ -131,6 +159,16 @@ def render(s: RunSummary) -> str:
     else:
         lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
     return "\n".join(lines)
+
+
+def latency_line(stats: dict) -> str:
+    """``TTFT p50 12.3 / p99 45.6 ms, inter-token ..., end-to-end ...`` (or "none measured")."""
+    parts = []
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "inter-token"), ("e2e_ms", "end-to-end")):
+        d = stats.get(key) or {}
+        if d.get("count"):
+            parts.append(f"{name} p50 {number(d['p50'])} / p99 {number(d['p99'])} ms")
+    return ", ".join(parts) or "none measured"
 
 
 def load_line(load: dict) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from ..results import Result
 from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, host_time, page_runs, peer_kernels,
-               primitives, real_widths, roofline, rollout, steps, sweeps, switch_trace, switching, timings, transport,
-               tuning)
+               primitives, real_widths, roofline, rollout, served, steps, sweeps, switch_trace, switching, timings,
+               transport, tuning)
 from .context import Context
 
 
@@ -49,6 +49,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("page_runs", "Page runs serving leaves histories in (what pulls need)", "", page_runs.render),
     Section("rollout_serving", "Serving a workload: SPLASH vs fixed layouts",
             "the paper's end-to-end throughput comparison (1.3-1.73x on B200 at T = 8)", rollout.render),
+    Section("served_bench", "Served: SGLang's benchmark client against splash serve", "", served.render),
     Section("kv_capacity", "KV capacity per layout", "the paper's Table 3", capacity.render),
     Section("mla_decode", "MLA decode bandwidth against the roofline", "", roofline.render_decode),
     Section("prefill", "Prefill compute rate against the matmul rate", "", roofline.render_prefill),

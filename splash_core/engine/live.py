@@ -1,0 +1,241 @@
+"""Serving requests as clients send them (``splash serve``): the engine's side.
+
+:func:`serve_live` runs on every rank of the group, as :func:`~splash_core.engine.engine.serve`
+does, through the same step loop (:func:`~splash_core.engine.steps.run_steps`); its controller is
+open-ended. On rank 0, :class:`LiveHooks` talks to the server's front end
+(:mod:`splash_core.server`) over one :mod:`multiprocessing` connection: before every plan it
+takes the requests that arrived, the aborts and the close (waiting up to ``heartbeat_s`` for
+them while nothing runs, then planning an IDLE step so the other ranks' broadcast never times
+out); after every step it sends what the step produced. An abort takes effect at the next step
+boundary: the next plan, IDLE or not, frees the request's pages on every rank.
+
+Messages from the front end (tuples):
+
+- ``("add", id, prompt_ids, max_new_tokens, SamplingParams)``: a request, its id unused so far;
+- ``("abort", ids)``: stop these requests (unknown or finished ones are ignored);
+- ``("close",)``: stop once every request is done (the front end aborts what must not finish).
+
+Messages to the front end: ``("ready", info)`` once every rank has loaded the model,
+``("step", StepReport)`` after every step (and after an IDLE plan that has news), ``("done", info)``
+when the run stopped. If the front end goes away, every request is aborted and the run stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from ..profiles.workload import RequestSpec
+from .admission import KVCapacity
+from .controller import Controller
+from .engine import deployment_of
+from .plan import Command, StepPlan
+from .policy import make_policy
+from .requests import Request, State
+from .steps import Hooks, build, run_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveJob:
+    """What ``splash serve`` runs on the group. ``kv_pages`` is fixed by the front end (it checks
+    every request against the same pool before sending it); ``conn`` is rank 0's end of the
+    connection to the front end (the other ranks ignore theirs)."""
+
+    deployment: object
+    conn: object
+    kv_pages: int
+    max_running: int
+    policy: object = "splash"
+    prefill_chunk: int = 8192
+    switch_mode: str = "splash"
+    model: str | None = None
+    T: int | None = None
+    front_end_here: bool = False  # the front end runs in this process (rank 0 under torchrun): it owns the signals
+    heartbeat_s: float = 0.5  # longest wait for work before an IDLE plan
+    report_interval_s: float = 1.0  # how often every rank reports its KV pool while serving
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """One step (or an IDLE plan with news) as the front end and its metrics see it."""
+
+    step: int
+    layout: str  # the layout the step ended in (the current layout after an IDLE plan)
+    seconds: float = 0.0  # rank 0's wall time of the step, switch included (0 for an IDLE plan)
+    phase: str = "idle"  # prefill, decode, mixed (both in one step), switch, or idle
+    rows: int = 0
+    tokens: tuple = ()  # (request id, token id) of every request that generated a token
+    finished: tuple = ()  # (request id, finish reason) of requests that finished in the step
+    rejected: tuple = ()  # (request id, reason) of requests admission refused
+    switches: tuple = ()  # {src, dst, reason, refused, exposed_ms} attempted in the step
+    waiting: int = 0  # requests that arrived and wait for admission
+    running: int = 0
+    pools: tuple | None = None  # every rank's pool usage (steps.pool_usage), when reported
+
+
+def serve_live(ctx, job: LiveJob) -> dict | None:
+    """Serve the front end's requests on this rank until it closes; rank 0 returns the run's totals."""
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
+    deployment = deployment_of(job)
+    policy = make_policy(job.policy, deployment)
+    capacity = KVCapacity(job.kv_pages, deployment.page_size, deployment.T, "set by the server")
+    group = build(ctx, deployment, capacity, policy)
+    controller = hooks = None
+    if ctx.rank == 0:
+        controller = Controller([], policy, capacity, concurrency=job.max_running, prefill_chunk=job.prefill_chunk,
+                                layout=policy.initial, open_ended=True, idle_s=job.heartbeat_s)
+        hooks = LiveHooks(job.conn, controller, job.heartbeat_s, job.report_interval_s)
+    ctx.collectives.barrier()
+    if hooks is not None:
+        hooks.send(("ready", {"layout": str(policy.initial), "policy": policy.name, "kv_pages": capacity.pages,
+                              "load": group.load_report}))
+    # ranks ignore SIGTERM and SIGINT while serving: a service manager or a terminal that signals the
+    # whole process group must not kill a rank mid-collective; the front end drains and stops the
+    # group (a rank whose parent is gone still exits: runtime.spawn)
+    with contextlib.nullcontext() if job.front_end_here else stop_signals(signal.SIG_IGN):
+        run_steps(ctx, group, controller, job.switch_mode, hooks)
+    if hooks is None:
+        return None
+    totals = {"steps": hooks.steps, "switches": hooks.switches}
+    hooks.send(("done", totals))
+    return totals
+
+
+@contextlib.contextmanager
+def stop_signals(handler):
+    """Inside, SIGTERM and SIGINT go to ``handler`` (``signal.SIG_IGN``: ignored); the previous
+    handlers come back on the way out. Only the main thread may set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+class LiveHooks(Hooks):
+    """Rank 0's link to the front end (see the module docstring)."""
+
+    def __init__(self, conn, controller: Controller, heartbeat_s: float, report_interval_s: float):
+        self.conn, self.controller = conn, controller
+        self.heartbeat_s, self.report_interval_s = heartbeat_s, report_interval_s
+        self.watch: set[int] = set()  # requests not done yet
+        self.gone = False  # the front end went away
+        self.dirty = False  # pages were freed since the pools were last reported
+        self.last_report = 0.0
+        self.pools = None
+        self.pending_rejected: tuple = ()  # found while planning a step, sent after it
+        self.steps = self.switches = 0
+
+    # ---- before a plan: what the front end sent -------------------------------------------
+
+    def before_plan(self, controller: Controller) -> None:
+        if controller.idle and controller.open and not self.gone:
+            self._poll(self.heartbeat_s)
+        while not self.gone and self._poll(0):
+            try:
+                self._handle(self.conn.recv())
+            except (EOFError, OSError):
+                self._lost()
+        if self.gone:
+            controller.close()
+
+    def _poll(self, timeout: float) -> bool:
+        try:
+            return self.conn.poll(timeout)
+        except (EOFError, OSError):
+            self._lost()
+            return False
+
+    def _handle(self, message) -> None:
+        kind = message[0]
+        if kind == "add":
+            _, rid, prompt, max_new, sampling = message
+            prompt = np.asarray(prompt, dtype=np.int64)
+            self.controller.add(Request(RequestSpec(rid, len(prompt), max_new), prompt, sampling=sampling))
+            self.watch.add(rid)
+        elif kind == "abort":
+            self._drop(r.id for r in self.controller.abort(message[1], self.steps))
+        elif kind == "close":
+            self.controller.close()
+        else:
+            raise ValueError(f"unknown message from the front end: {kind!r}")
+
+    def _lost(self) -> None:
+        """The front end is gone: nobody is left to stream to."""
+        self.gone = True
+        self._drop(r.id for r in self.controller.abort(list(self.watch), self.steps))
+
+    def _drop(self, ids) -> None:
+        ids = list(ids)
+        self.watch.difference_update(ids)
+        self.controller.forget(ids)
+        self.dirty = self.dirty or bool(ids)
+
+    # ---- after a plan or a step: what the front end learns --------------------------------
+
+    def report_due(self) -> bool:
+        now = time.monotonic()
+        return now - self.last_report >= self.report_interval_s or (self.dirty and self.controller.idle)
+
+    def after_plan(self, plan: StepPlan, pools: list | None) -> None:
+        if pools is not None:
+            self.pools, self.last_report, self.dirty = tuple(pools), time.monotonic(), False
+        rejected = self._rejected()
+        if plan.command is Command.IDLE and (pools is not None or rejected):
+            self.send(("step", StepReport(plan.step, str(self.controller.layout), rejected=rejected,
+                                          waiting=len(self.controller.queue), pools=self._take_pools())))
+        else:
+            self.pending_rejected = rejected
+
+    def after_step(self, plan: StepPlan, produced: list, seconds: float, switch) -> None:
+        c = self.controller
+        finished = tuple((r.id, r.finish_reason) for r in produced if r.state is State.FINISHED)
+        switches = tuple({"src": str(s.src), "dst": str(s.dst), "reason": s.reason, "refused": s.refused,
+                          "exposed_ms": float(switch.exposed_ms) if switch is not None and not s.refused else 0.0}
+                         for s in c.switches)
+        self.steps += 1
+        self.switches += sum(not s["refused"] for s in switches)
+        report = StepReport(plan.step, str(c.layout), seconds, self._phase(plan, switch), int(sum(q.rows for q in plan.requests)),
+                            tuple((r.id, r.generated[-1]) for r in produced), finished,
+                            self.pending_rejected, switches, len(c.queue), len(c.running),
+                            self._take_pools())
+        self.pending_rejected = ()
+        self._drop(rid for rid, _ in finished)
+        c.steps.clear()  # a server runs for days: keep no per-step history here
+        c.switches.clear()
+        self.send(("step", report))
+
+    def _phase(self, plan: StepPlan, switch) -> str:
+        if switch is not None:
+            return "switch"
+        prompt = {q.id: self.controller.requests[q.id].prompt_tokens for q in plan.requests}
+        prefill = [q.start < prompt[q.id] for q in plan.requests]
+        return "decode" if not any(prefill) else "prefill" if all(prefill) else "mixed"
+
+    def _rejected(self) -> tuple:
+        out = tuple((rid, self.controller.requests[rid].reason) for rid in self.watch
+                    if self.controller.requests[rid].state is State.REJECTED)
+        self._drop(rid for rid, _ in out)
+        return out
+
+    def _take_pools(self):
+        pools, self.pools = self.pools, None
+        return pools
+
+    def send(self, message) -> None:
+        if self.gone:
+            return
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, EOFError, OSError):
+            self._lost()

@@ -1,0 +1,222 @@
+"""The step loop every rank runs, for a workload (:func:`~splash_core.engine.engine.serve`) and
+for a server (:func:`~splash_core.engine.live.serve_live`) alike.
+
+Every step, rank 0 decides (:class:`~splash_core.engine.controller.Controller`: admission,
+batch composition, the policy's layout) and broadcasts a compact plan
+(:mod:`~splash_core.engine.plan`); every rank then frees the pages of finished and aborted
+requests and runs the step: :meth:`Model.step <splash_core.runtime.model.Model.step>` in the
+current layout, or, when the plan names another layout, the switch executor's step, during
+which every layer moves to it while the batch keeps computing. From the logits (identical on
+every rank) rank 0 chooses each request's next token (:mod:`~splash_core.engine.sampling`:
+greedy or seeded sampling) and books it; the next plan carries it to every rank. A switch the
+executor refuses before anything moves (Eq 5) runs the step in the current layout instead.
+What rank 0 does besides (a progress bar, a server's requests and streamed tokens) comes
+through :class:`Hooks`.
+
+Faults stop the group instead of hanging it: collectives time out after the group's timeout
+(``deployment.collective_timeout_s`` when launched by :mod:`~splash_core.engine.launch`); a
+failure while rank 0 decides is broadcast (ABORT) so the others stop at once; every error says
+which rank and step it happened at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import torch
+
+from ..checkpoint.source import weight_source
+from ..profiles.deployment import DeploymentProfile
+from ..runtime.model import Model
+from ..runtime.switch import SwitchExecutor, SwitchRefused
+from .controller import Controller
+from .plan import Command, StepPlan, exchange
+from .sampling import GREEDY, next_tokens as choose_tokens
+
+
+class EngineError(RuntimeError):
+    """The run stopped: names the rank and step."""
+
+
+class Hooks:
+    """What rank 0 does around the steps it decides, besides deciding them (this base does
+    nothing; :mod:`~splash_core.engine.live` feeds a server's requests through it).
+
+    - ``before_plan(controller)``: before each plan, e.g. add and abort requests; may wait for work
+      while ``controller.idle`` (no longer than a second: the other ranks wait in the broadcast).
+    - ``report_due()``: whether every rank reports its KV pool after the next plan.
+    - ``after_plan(plan, pools)``: after each plan's releases; ``pools`` is every rank's
+      :func:`pool_usage` when the plan asked for it, else None.
+    - ``after_step(plan, produced, seconds, switch)``: after a step was booked; ``produced`` are the
+      requests that generated a token in it, ``switch`` the executor's report of a switch, or None.
+    """
+
+    def before_plan(self, controller: Controller) -> None:
+        pass
+
+    def report_due(self) -> bool:
+        return False
+
+    def after_plan(self, plan: StepPlan, pools: list | None) -> None:
+        pass
+
+    def after_step(self, plan: StepPlan, produced: list, seconds: float, switch) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class Group:
+    """One rank's model for a run, its switch executor (None with a single layout) and how it loaded."""
+
+    model: Model
+    executor: SwitchExecutor | None
+    load_report: dict
+
+
+def build(ctx, deployment: DeploymentProfile, capacity, policy) -> Group:
+    """Load the deployment's model on this rank with ``capacity.pages`` KV pages per layer, and
+    the switch executor when the policy may run more than one layout."""
+    if ctx.world_size != deployment.T:
+        raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
+                          f"the group has {ctx.world_size} ranks")
+    t_load = time.perf_counter()
+    source = weight_source(deployment.model, deployment.seed)
+    model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial,
+                                  source=source)
+    ctx.streams.synchronize()
+    load_report = _load_report(source, time.perf_counter() - t_load, model)
+    executor = None
+    if len(policy.layouts) > 1:  # Eq 5 against the same budget the scheduler plans with
+        executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
+                                  reserve_bytes=deployment.reserve_bytes, transfer=deployment.transfer)
+        _ = executor.io  # create the side communicator now (a collective), not in the first switch's timed step
+    return Group(model, executor, load_report)
+
+
+def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
+              on_step: Callable | None = None) -> list:
+    """Run rank 0's plans on this rank until STOP (``controller`` and ``hooks`` on rank 0 only);
+    returns this rank's switch reports as (step, report)."""
+    model, executor = group.model, group.executor
+    lead = controller is not None
+    hooks = hooks or Hooks()
+    reports = []
+    step = 0
+    try:
+        while True:
+            plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks)
+            for rid in plan.releases:
+                model.release(rid)
+            pools = ctx.host_collectives().all_gather_object(pool_usage(model)) if plan.report else None
+            if lead:
+                hooks.after_plan(plan, pools)
+            if plan.command is Command.STOP:
+                break
+            if plan.command is Command.IDLE:
+                continue
+            if on_step is not None:
+                on_step(ctx, step)
+            t0 = time.perf_counter()
+            switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
+            logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
+            next_tokens = _choose(controller, plan, logits) if lead else None
+            seconds = time.perf_counter() - t0
+            if report is not None:
+                reports.append((step, report))
+            if lead:
+                produced = controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused)
+                hooks.after_step(plan, produced, seconds, report)
+            step += 1
+    except Exception as exc:
+        peers = [r for r in range(ctx.world_size) if r != ctx.rank]
+        exc.add_note(f"[splash engine] rank {ctx.rank} of {ctx.world_size}, step {step}; collectives time out after "
+                     f"{ctx.timeout_s:.0f} s, so a peer (rank {', '.join(map(str, peers))}) that crashed or hung "
+                     f"shows up here as a failed collective")
+        raise
+    return reports
+
+
+def pool_usage(model: Model) -> dict:
+    """This rank's KV pool: pages per MLA layer, and the pages used and free in its busiest layer."""
+    layers = [layer.kv for layer in model.paged_layers]
+    if not layers:
+        return {"pages": 0, "used": 0, "free": 0}
+    used = max(kv.used_pages for kv in layers)
+    return {"pages": layers[0].num_pages, "used": used, "free": layers[0].num_pages - used}
+
+
+def _choose(controller: Controller, plan: StepPlan, logits):
+    """Rank 0: each request's next token; rows that yield no output (mid-prompt) take argmax."""
+    reqs = [controller.requests[q.id] for q in plan.requests]
+    params = [r.sampling if r.outputs_this_step(q.rows) else GREEDY for r, q in zip(reqs, plan.requests)]
+    return choose_tokens(logits, params, [r.id for r in reqs], [len(r.generated) for r in reqs])
+
+
+def _load_report(source, seconds: float, model: Model) -> dict:
+    """How long building the model took, what it read, and what it holds (bytes per part)."""
+    read = int(getattr(source, "bytes_read", 0))
+    pool = sum(t.numel() * t.element_size() for layer in model.paged_layers
+               for t in (layer.kv.kv, layer.kv.indexer) if t is not None)
+    where = torch.device(model.device)
+    module = torch.get_device_module(where) if where.type != "cpu" else None
+    held = module.mem_get_info(where) if module is not None and hasattr(module, "mem_get_info") else None
+    return {"source": "checkpoint" if read else "seeded", "checkpoint": model.profile.checkpoint,
+            "device_memory": None if held is None else {"free": int(held[0]), "total": int(held[1])},
+            "seconds": seconds, "bytes_read": read, "gb_per_s": read / seconds / 1e9 if seconds > 0 else 0.0,
+            "format": model.profile.notes if model.profile.checkpoint else "",
+            "memory": {**model.nbytes(), "kv_pool": pool}, "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks) -> tuple[StepPlan, object]:
+    """Rank 0 plans and broadcasts; the others receive. A failure while planning is broadcast
+    as ABORT before rank 0 raises, so no rank waits for a step that never comes."""
+    mine = None
+    if controller is not None:
+        try:
+            hooks.before_plan(controller)
+            mine = controller.plan(step, ctx.world_size, page_size)
+            if hooks.report_due():
+                mine = dataclasses.replace(mine, report=True)
+        except Exception:
+            exchange(ctx.collectives, ctx.device, StepPlan(Command.ABORT, step, controller.layout))
+            raise
+    plan, tokens = exchange(ctx.collectives, ctx.device, mine)
+    if plan.step != step:
+        raise EngineError(f"rank {ctx.rank} is at step {step}, rank 0 sent step {plan.step}: the group is out of step")
+    if plan.command is Command.ABORT:
+        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning step {step} (see rank 0's error)")
+    return plan, tokens
+
+
+def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str):
+    """On a switching step, the switch as rank 0 planned it (:meth:`SwitchExecutor.plan_switch`,
+    Eq 5 checked there unless the policy's decision already did), broadcast over the host
+    collectives: no other rank plans or checks it again. None on other steps."""
+    if plan.command is not Command.STEP or plan.layout is model.layers[0].layout:
+        return None
+    mine = None
+    if controller is not None:
+        try:
+            mine = executor.plan_switch(plan.layout, plan.batch(model.T, model.page_size), mode,
+                                        check_eq5=not controller.eq5_checked)
+        except Exception as exc:
+            ctx.host_collectives().broadcast_object(f"{type(exc).__name__}: {exc}", src=0)
+            raise
+    shared = ctx.host_collectives().broadcast_object(mine, src=0)
+    if isinstance(shared, str):
+        raise EngineError(f"rank {ctx.rank}: rank 0 failed while planning the switch of step {plan.step}: {shared}")
+    return shared
+
+
+def _run_step(model, executor, plan: StepPlan, tokens, mode: str, switch=None):
+    """(logits, switch report or None, why a switch was refused or "")."""
+    batch = plan.batch(model.T, model.page_size)
+    if plan.layout is model.layers[0].layout:
+        return model.step(batch, tokens), None, ""
+    try:
+        logits, report = executor.step(batch, tokens, plan.layout, mode=mode, plan=switch)
+        return logits, report, ""
+    except SwitchRefused as exc:
+        return model.step(batch, tokens), None, str(exc)

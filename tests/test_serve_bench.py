@@ -1,0 +1,31 @@
+"""bench/serve_bench.py (issue 25 §4) on CPU with small widths (--tiny): the real-widths checkpoint
+path, splash serve at T = 1 and sglang.bench_serving per rate, so its H200 run does not fail on a
+bug a CPU could have caught."""
+
+from __future__ import annotations
+
+from bench_scripts import load_bench
+from splash_core import results
+from splash_core.cli.main import main
+
+
+def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):
+    bench = load_bench("serve_bench")
+    args = bench.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"),
+                             "--rates", "8", "inf", "--num-prompts", "12", "--input-len", "256", "--output-len", "12"])
+    assert bench.run(args) == 0
+    data = results.read_result(tmp_path / "out" / "cpu" / "served_bench.json")
+    s = data["summary"]
+    assert [r["rate"] for r in s["runs"]] == ["8", "inf"] and not s["skipped"] and s["server_exit_code"] == 0
+    for run in s["runs"]:
+        b = run["bench_serving"]
+        assert run["completed"] == b["completed"] == 12 and b["median_ttft_ms"] > 0 and b["median_itl_ms"] > 0
+        assert "splash_requests_total" in run["metrics"] and run["server_info"]["T"] == 1
+    assert len(data["samples"]) == 24 and {x["output_tokens"] for x in data["samples"]} == {12}
+    assert all(32 <= x["input_tokens"] <= 256 for x in data["samples"])  # 256 x 0.125 at least
+    # every generated token carried text (the tokenizer covers the model's 512 ids), so every gap was timed
+    assert all(len(x["itl_ms"]) == x["output_tokens"] - 1 for x in data["samples"])
+    assert not (tmp_path / "work").exists()
+    assert main(["report", "--results", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "README.md").read_text()
+    assert "Served: SGLang's benchmark client against splash serve" in report and "| inf " in report
