@@ -8,6 +8,7 @@ Functions taking ``ctx`` run on the rank of a :class:`~splash_core.runtime.spawn
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -217,5 +218,6 @@ def measure(ctx, spec: dict) -> dict:
             samples += [{**s, "build_s": built_s} for s in time_point(ctx, model, batch, context, spec, rates,
                                                                       backend_fused)]
         del model
+        gc.collect()  # the model and its graphs may hold each other: free both before the next one is built
         release_cached_memory(ctx)
     return {"rates": rates, "samples": samples, "skipped": skipped}
