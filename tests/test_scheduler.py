@@ -172,7 +172,8 @@ def test_ranking_follows_calibrated_host_overheads():
     s = Scheduler(with_host(deployment(), host_bound, 1.0))
     decision = s.decide(x, best)
     assert decision.action == SWITCH and decision.layout is not best
-    assert decision.time_s(best) == pytest.approx(est.overhead_s + 61 * 4400e-6)  # host-bound: h per layer
+    # host-bound: h per layer, then the shared dense/MoE blocks
+    assert decision.time_s(best) == pytest.approx(est.overhead_s + 61 * 4400e-6 + est.ffn_s)
     assert s.decide(x, lightest).layout is lightest  # the fastest stays
     rows = {r["layout"]: r for r in decision.layout_rows()}
     assert rows[best]["host_s"] > rows[lightest]["host_s"] > 0
