@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from ..layouts import LAYOUTS
 from ..profiles import load
-from ..simulator import SPLASH, simulate
+from ..simulator import ORACLE, SPLASH, simulate
 from .main import UsageError
 from .output import print_json, table
 
-_COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e"}
+_COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e", ORACLE: "#7f7f7f"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("simulate", help="model a workload under each fixed layout and under SPLASH")
+    p = sub.add_parser("simulate", help="model a workload under each fixed layout, SPLASH and the per-step oracle")
     p.add_argument("--deployment", required=True, help="deployment profile: name or path to a .yaml")
     p.add_argument("--workload", required=True, help="workload profile: name or path to a .yaml")
     p.add_argument("--prefill-chunk", type=int, default=8192,
@@ -37,7 +37,8 @@ def run(args) -> int:
     if args.json:
         print_json({"deployment": sim.deployment, "workload": sim.workload, "prefill_chunk": sim.prefill_chunk,
                     "results": [r.summary() for r in sim.results], "best_fixed": best.policy if best else None,
-                    "splash_over_best_fixed": ratio, "note": sim.note, "plot": args.plot})
+                    "splash_over_best_fixed": ratio, "oracle_over_best_fixed": sim.ratio(ORACLE),
+                    "note": sim.note, "plot": args.plot})
         return 0
     print(f"{deployment.name} serving {workload.name} ({len(workload.requests())} requests, "
           f"{workload.total_tokens:,} tokens)")
@@ -46,15 +47,17 @@ def run(args) -> int:
     for r in sim.results:
         steps = ", ".join(f"{k} {v}" for k, v in r.layout_steps.items())
         rows.append((r.policy, f"{r.throughput:,.0f}", f"{r.total_time_s:.3f}", r.steps, len(r.switches),
-                     steps, len(r.rejected)))
-    print(table(rows, ["policy", "tokens/s", "time s", "steps", "switches", "steps per layout", "rejected"],
-                align="lrrrrlr"))
+                     f"{r.switch_time_s * 1e3:.1f}", steps, len(r.rejected)))
+    print(table(rows, ["policy", "tokens/s", "time s", "steps", "switches", "switching ms", "steps per layout",
+                       "rejected"], align="lrrrrrlr"))
     splash = sim.result(SPLASH)
     for e in splash.switches:
         print(f"  step {e.step}: {e.src} -> {e.dst}, {e.fetched_bytes / (1 << 30):.2f} GiB received over the group, "
               f"exposed {e.exposed_s * 1e3:.2f} ms (blocking {e.blocking_s * 1e3:.1f} ms)")
     if best is not None and ratio is not None:
-        print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x  (modelled)")
+        print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x; per-step oracle / best fixed: "
+              f"{sim.ratio(ORACLE):.3f}x; SPLASH spent {splash.switch_time_s * 1e3:.1f} ms of "
+              f"{splash.total_time_s:.1f} s switching  (modelled)")
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
