@@ -25,6 +25,7 @@ COMMANDS = (
     "crossovers",
     "decide",
     "simulate",
+    "sweep",
     "calibrate",
     "report",
 )
