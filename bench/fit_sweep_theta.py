@@ -163,7 +163,7 @@ def write_profile(hw, rates: dict[str, float], ref: str) -> Path:
         "all_to_all_gbps": (rates["all_to_all_gbps"], f"{ref}: DOP's activation exchange (switches use switch_transfer)"),
     }
     for key, (value, why) in lines.items():
-        entry = f"{key}: {{value: {value:.4g}, source: paper, ref: \"{why}\"}}"
+        entry = f"{key}: {{value: {float(f'{value:.4g}')!r}, source: paper, ref: \"{why}\"}}"  # YAML reads 2e+04 as text
         pattern = re.compile(rf"^{key}:.*?(?=^\S)", re.M | re.S)
         text, n = pattern.subn(entry + "\n", text, count=1)
         if n == 0:

@@ -52,6 +52,8 @@ class LayoutPrediction:
 
 @dataclasses.dataclass(frozen=True)
 class PositionPrediction:
+    """Every layout at one position: B requests of ``input_tokens`` generating ``output_tokens``."""
+
     batch: int
     input_tokens: int
     output_tokens: int

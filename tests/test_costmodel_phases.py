@@ -170,3 +170,16 @@ def test_dense_attention_is_what_a_deployment_without_top_k_pays(dsv32):
     dense = CostModel(dsv32, hw, 8, page_size=64, sparse=False).evaluate(x)
     assert (sparse.att_s < dense.att_s).all()  # 2,048 keys per row instead of 128K
     np.testing.assert_allclose(sparse.memory_bytes, dense.memory_bytes)  # the cache is the same
+
+
+def test_decode_choice_follows_the_load_on_the_papers_group(paper_h200):
+    """Without the measured T = 2 runtime's host overheads (1.3-2.2 ms per layer, which made DP
+    win every decode), the paper's H200 group decodes a few short requests in TP, and long
+    histories that TP cannot hold in a layout that can."""
+    from splash_core.scheduler import Scheduler
+
+    s = Scheduler(paper_h200)
+    few = s.decide(BatchArrays.of([1024] * 4, np.arange(4)), DP)
+    assert few.layout is TP and few.action == "switch"
+    long = s.decide(BatchArrays.of([131072] * 16, np.arange(16) % 8), DP)
+    assert not long.fits_steady(TP) and long.layout is not TP
