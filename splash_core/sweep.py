@@ -54,10 +54,10 @@ class LayoutPrediction:
 class PositionPrediction:
     """Every layout at one position: B requests of ``input_tokens`` generating ``output_tokens``."""
 
-    batch: int
+    batch: int  # B: requests, all at once (client concurrency B)
     input_tokens: int
     output_tokens: int
-    layouts: tuple[LayoutPrediction, ...]
+    layouts: tuple[LayoutPrediction, ...] = ()  # in LAYOUTS order
 
     @property
     def best(self) -> Layout | None:

@@ -81,7 +81,7 @@ def test_min_steps_between_switches():
 
 def test_argmin_and_explanation():
     s = Scheduler(deployment())
-    decision = s.decide(batch([131072] * 16), TP)
+    decision = s.decide(batch([160000] * 16), TP)  # TP reads every history on every rank
     assert decision.action == SWITCH
     feasible = [l for l in LAYOUTS if decision.fits_steady(l)]
     assert decision.layout == min(feasible, key=decision.time_s)
