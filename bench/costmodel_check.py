@@ -31,6 +31,7 @@ points alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -84,7 +85,8 @@ def predict(cost: CostModel, point: dict) -> float:
 
 def check(result, hardware, fit_context: int) -> dict:
     data = result.data
-    model, T, dtype = load("model", data["model"]), data["T"], data["dtype"]
+    # what the measured runtime ran: a dense MLP in every layer (it had no experts then), dense attention
+    model, T, dtype = dataclasses.replace(load("model", data["model"]), moe=None), data["T"], data["dtype"]
     points, layers = measured_points(result)
     fit = [p for p in points if p["phase"] == "decode" and p["context"] == fit_context]
     if sorted(p["layout"] for p in fit) != sorted(str(l) for l in LAYOUTS):
@@ -92,15 +94,12 @@ def check(result, hardware, fit_context: int) -> dict:
 
     def cost_model(hw) -> CostModel:
         return CostModel(model, hw, T, page_size=PAGE_SIZE, compute_dtype=dtype,
-                         overlap=SchedulerConfig().overlap, layers=range(layers))
+                         overlap=SchedulerConfig().overlap, layers=range(layers), sparse=False)
 
     device = cost_model(hardware.without_host_overheads())
     t0 = device.overhead
-    layer_points = [host_overhead.LayerPoint(Layout(p["layout"]), p["context"], (p["median_ms"] / 1e3 - t0) / layers,
-                                             host_overhead.device_layer_time(
-                                                 device, host_overhead.uniform_batch(p["batch"], p["context"], T),
-                                                 Layout(p["layout"])))
-                    for p in fit]
+    layer_points = [host_overhead.layer_point(device, Layout(p["layout"]), layers, p["batch"], p["context"],
+                                              p["median_ms"] / 1e3, t0) for p in fit]
     rows, summaries, overheads = [], [], []
     for name, eta in variants(hardware):
         if name == AS_CALIBRATED:  # h_ℓ from `splash calibrate`'s few-layer steps: nothing fitted here

@@ -8,11 +8,15 @@ from the planner's manifests by Eq 7). Nothing here is measured at T = 8::
 
 One result per θ, so the report shows how much of the projection rests on which numbers:
 
-- ``calibrated``: the deployment's hardware profile as shipped (profiles/hardware/h200.yaml:
-  device rates and this runtime's host time per layer, both measured on the lent H200 pair);
+- ``calibrated``: the platform's measured profile (profiles/hardware/h200.yaml: device rates
+  and this runtime's host time per layer, both measured on the lent H200 pair);
 - ``device-only``: the same device rates with the host term dropped (what the kernels and
   collectives alone would allow; the runtime's host overhead is the gap to ``calibrated``);
-- ``paper``: profiles/hardware/h200-paper.yaml, θ derived from the paper's tables.
+- ``paper``: the deployment's paper-derived profile (profiles/hardware/h200-paper.yaml: θ from
+  the paper's tables, the device rates fitted to its Table 6 by bench/fit_sweep_theta.py).
+
+The B200 rollout (``--deployment b200-x8-glm-5.3 --workload rollout-b200 --variants paper``)
+has only the paper's θ: no B200 was lent.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from splash_core import results  # noqa: E402
 from splash_core.layouts import LAYOUTS  # noqa: E402
 from splash_core.profiles import load  # noqa: E402
-from splash_core.simulator import SPLASH, simulate  # noqa: E402
+from splash_core.simulator import ORACLE, SPLASH, simulate  # noqa: E402
 
 VARIANTS = ("calibrated", "device-only", "paper")
 
@@ -50,14 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def deployment_for(name: str, variant: str):
     """The deployment with the hardware θ of ``variant``, and a line saying what that θ is."""
     dep = load("deployment", name)
-    hw = dep.hardware
+    if variant == "paper":
+        return dep, f"hardware profile {dep.hardware.name} (θ from the paper's tables)"
+    hw = load("hardware", dep.hardware.platform)  # the platform's measured profile
     if variant == "device-only":
         hw = hw.with_host_overheads({layout: 0.0 for layout in LAYOUTS}, 1.0, source="assumed",
                                     ref="host term dropped for the device-only projection (bench/project_t8.py)")
-        what = f"hardware profile {dep.hardware.name}'s device rates with no host time per layer"
-    elif variant == "paper":
-        hw = load("hardware", f"{dep.hardware.name}-paper")
-        what = f"hardware profile {hw.name} (θ from the paper's tables)"
+        what = f"hardware profile {dep.hardware.platform}'s device rates with no host time per layer"
     else:
         what = f"hardware profile {hw.name} as shipped (device rates and host time per layer measured)"
     return dataclasses.replace(dep, hardware=hw), what
@@ -73,11 +76,13 @@ def result_of(args, variant: str) -> dict:
     for r in sim.results:
         rows.append({"policy": r.policy, "tokens_per_s": r.throughput, "elapsed_s": r.total_time_s, "steps": r.steps,
                      "switches": len(r.switches), "served": len(specs) - len(r.rejected),
-                     "layout_steps": ", ".join(f"{k} {v}" for k, v in r.layout_steps.items())})
+                     "layout_steps": ", ".join(f"{k} {v}" for k, v in r.layout_steps.items())
+                     + (f"; {r.switch_time_s * 1e3:.1f} ms switching" if r.switches else "")})
     splash = sim.result(SPLASH)
     output_tokens = sum(s.max_new_tokens for i, s in specs.items() if i not in set(splash.rejected))
     switches = "; ".join(f"step {s.step}: {s.src}→{s.dst}, {s.fetched_bytes / 2**30:.1f} GiB, exposed "
                          f"{s.exposed_s * 1e3:.2f} ms (blocking {s.blocking_s * 1e3:.1f} ms)" for s in splash.switches)
+    oracle = sim.ratio(ORACLE)
     return results.make_result(
         benchmark="rollout_serving", platform=f"{dep.hardware.platform}x{dep.T}", backend="model",
         model=dep.model.name, T=dep.T, dtype=dep.compute_dtype, source="model",
@@ -87,7 +92,8 @@ def result_of(args, variant: str) -> dict:
                  "splash_over_best_fixed": sim.splash_ratio, "policies": rows},
         extra={"variant": variant, "theta": what},
         notes=f"projection ({variant}): {what}; {sim.note}; prefill chunk {args.prefill_chunk}; "
-              f"SPLASH's switches: {switches or 'none'}")
+              f"the per-step oracle (every step in its fastest layout, switching free) reaches {oracle:.3f}x the "
+              f"best fixed layout; SPLASH spent {splash.switch_time_s * 1e3:.1f} ms switching: {switches or 'none'}")
 
 
 def main(argv=None) -> int:
@@ -95,7 +101,8 @@ def main(argv=None) -> int:
     for variant in args.variants:
         data = result_of(args, variant)
         s = data["summary"]
-        path = results.write_result(data, args.out, name=f"rollout_serving-model-{variant}")
+        name = f"rollout_serving-model-{variant}" + ("" if args.workload == "rollout-h200" else f"-{args.workload}")
+        path = results.write_result(data, args.out, name=name)
         fixed = ", ".join(f"{r['policy']} {r['tokens_per_s']:,.0f}" for r in s["policies"] if r["policy"] != SPLASH)
         print(f"{variant:12s} SPLASH / best fixed ({s['best_fixed']}) {s['splash_over_best_fixed']:.3f}x  "
               f"[tokens/s: {fixed}]  -> {path}")

@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from .layouts import LAYOUTS, Layout
+from .layer_costs import sparse_pairs
 from .ownership import Batch, Request, cp_prefix_matrix
 
 _I = {layout: i for i, layout in enumerate(LAYOUTS)}  # row of each layout in the stacked arrays
@@ -65,24 +66,32 @@ class RankLoads:
     pairs: np.ndarray  # causal (row, key) pairs per MLA layer, all-head units (TP: 1/T of them)
     reserved_pages: np.ndarray  # pages Eq 6 reserves per MLA layer
     state_requests: np.ndarray  # requests' worth of KDA state held (TP: B/T)
+    sparse_pairs: np.ndarray  # (row, attended key) pairs with top-k attention (= pairs without)
+    remote_tokens: np.ndarray  # CP: history tokens of prefilling requests held elsewhere (0 otherwise)
 
     def of(self, layout: Layout) -> dict[str, np.ndarray]:
         i = LAYOUTS.index(layout)
         return {f.name: getattr(self, f.name)[i] for f in dataclasses.fields(self)}
 
 
-def rank_loads(x: BatchArrays, T: int, page_size: int) -> RankLoads:
+def rank_loads(x: BatchArrays, T: int, page_size: int, topk: int | None = None) -> RankLoads:
     """Every layout's per-rank loads, vectorised with a handful of O(B) bincounts (the
-    scheduler's per-step path). Equal to :func:`splash_core.loads.loads` (tested)."""
+    scheduler's per-step path). Equal to :func:`splash_core.loads.loads` (tested).
+
+    CP computes a decode row (one query row) on every rank, each attending to the keys it
+    holds, and a prefill chunk's rows on the ranks that hold their positions, each attending
+    to the request's whole history (:attr:`RankLoads.remote_tokens` is what it lacks)."""
     s, q, owners, P = x.contexts, x.query_rows, x.owners, page_size
     B = len(s)
     decode = x.decode
     if not decode:  # a request without rows this step holds its KV (Eq 6) but reads none
         s = np.where(q > 0, s, 0)
     pairs_i = s if decode else q * s - q * (q - 1) // 2
+    dense = topk is None or int(s.max(initial=0)) <= topk  # no row sees more than topk keys
+    sparse_i = pairs_i if dense else sparse_pairs(s, q, topk)
     pages_res = (x.reserved + (P - 1)) // P
-    out = np.empty((6, len(LAYOUTS), T))
-    proj, own, tokens, pairs, reserved, state = out
+    out = np.zeros((8, len(LAYOUTS), T))
+    proj, own, tokens, pairs, reserved, state, sparse, remote = out
     n_rows = float(B if decode else q.sum())
     # request-owned layouts (DP, DOP) and what CP keeps on owners (KDA state)
     dp, dop, cp, tp = _I[Layout.DP], _I[Layout.DOP], _I[Layout.CP], _I[Layout.TP]
@@ -92,6 +101,7 @@ def rank_loads(x: BatchArrays, T: int, page_size: int) -> RankLoads:
     tokens[dp] = np.bincount(owners, s, minlength=T)
     tokens[dop] = tokens[dp]
     pairs[dp] = pairs[dop] = tokens[dp] if decode else np.bincount(owners, pairs_i, minlength=T)
+    sparse[dp] = sparse[dop] = pairs[dp] if dense else np.bincount(owners, sparse_i, minlength=T)
     reserved[dp] = np.bincount(owners, pages_res, minlength=T)
     reserved[dop] = reserved[dp]
     state[dp] = state[dop] = state[cp] = held
@@ -99,23 +109,41 @@ def rank_loads(x: BatchArrays, T: int, page_size: int) -> RankLoads:
     own[tp] = n_rows / T
     tokens[tp] = float(s.sum())
     pairs[tp] = float(pairs_i.sum()) / T
+    sparse[tp] = float(sparse_i.sum()) / T
     reserved[tp] = float(pages_res.sum())
     state[tp] = B / T
     proj[:] = n_rows
     proj[dp] = own[dp]
-    # CP: page p of request i lives on rank (p + i) mod T (ownership.cp_rank_of_page)
     if B:
-        start = x.ids % T
-        full, part = np.divmod(s, P)
-        base, extra = np.divmod(full, T)
-        rbase, rextra = np.divmod(pages_res, T)
-        windows = _window_counts(start, (extra, rextra), T)
-        tokens[cp] = P * float(base.sum()) + P * windows[0] + np.bincount((start + extra) % T, part, minlength=T)
-        reserved[cp] = float(rbase.sum()) + windows[1]
-        pairs[cp] = tokens[cp] if decode else _cp_pairs(s, q, x.ids, T, P)
-    else:
-        tokens[cp] = reserved[cp] = pairs[cp] = 0.0
-    return RankLoads(proj, own, tokens, pairs, reserved, state)
+        _cp_loads(out, x, s, q, None if dense else sparse_i, pages_res, T, P)
+    return RankLoads(proj, own, tokens, pairs, reserved, state, sparse, remote)
+
+
+def _cp_loads(out, x: BatchArrays, s, q, sparse_i, pages_res, T: int, P: int) -> None:
+    """CP's row of every load; page p of request i lives on rank (p + i) mod T
+    (ownership.cp_rank_of_page). ``sparse_i``: attended pairs per request (None: all visible)."""
+    proj, own, tokens, pairs, reserved, state, sparse, remote = out[:, _I[Layout.CP]]
+    start = x.ids % T
+    full, part = np.divmod(s, P)
+    base, extra = np.divmod(full, T)
+    rbase, rextra = np.divmod(pages_res, T)
+    windows = _window_counts(start, (extra, rextra), T)
+    tokens[:] = P * float(base.sum()) + P * windows[0] + np.bincount((start + extra) % T, part, minlength=T)
+    reserved[:] = float(rbase.sum()) + windows[1]
+    chunked = q > 1
+    proj[:] = int((q == 1).sum())  # a single query row is computed on every rank
+    pairs[:] = tokens
+    if not chunked.any() and sparse_i is None:  # decode, dense attention: pairs are the keys held
+        sparse[:] = tokens
+        return
+    held, _ = cp_prefix_matrix(s, x.ids, T, P)  # [B, T] tokens of request i on rank r
+    if chunked.any():
+        below, _ = cp_prefix_matrix(s, x.ids, T, P, upto=np.maximum(s - q, 0))
+        pairs[:] = _cp_pairs(s, q, x.ids, T, P)
+        proj[:] += (held - below)[chunked].sum(axis=0)
+        remote[:] = (s[chunked, None] - held[chunked]).sum(axis=0)
+    # attended keys spread over the ranks as the request's history does
+    sparse[:] = pairs if sparse_i is None else (sparse_i / np.maximum(s, 1)) @ held
 
 
 def _window_counts(start: np.ndarray, lengths: tuple[np.ndarray, ...], T: int) -> list[np.ndarray]:

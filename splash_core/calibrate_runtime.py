@@ -99,8 +99,9 @@ def fit_theta(samples: list[dict], hardware: HardwareProfile, spec: RuntimeSpec,
     measured in the same run; its own host term, if any, is ignored."""
     steps = [StepSample(**s) for s in samples]
     t0 = statistics.median(s.seconds for s in steps if s.layers == 0)
+    # sparse=False: the runtime attends to every key (it has no top-k attention)
     cost = CostModel(load("model", spec.model), hardware.without_host_overheads(), T, page_size=spec.page_size,
-                     compute_dtype=dtype, overlap=SchedulerConfig().overlap, layers=range(spec.layers))
+                     compute_dtype=dtype, overlap=SchedulerConfig().overlap, layers=range(spec.layers), sparse=False)
     points = host_overhead.layer_points(cost, steps, t0)
     fit = host_overhead.fit_host_overheads(points)
     rms_us = host_overhead.rms_residual(points, fit) * 1e6

@@ -6,7 +6,8 @@ t0. A decode step of L layers timed at one batch is therefore
 
     t = t0 + L · (d + [h_ℓ − η_h d]+),
 
-so each timed configuration gives one point (d, m) with m = (t − t0) / L its time per layer.
+so each timed configuration gives one point (d, m) with m = (t − t0 − t_ffn) / L its time per
+layer (t_ffn: the shared dense/MoE blocks' device time, which the cost model charges apart).
 :func:`fit_host_overheads` finds the h_ℓ per layout and the one η_h of the machine that
 minimise the squared error of m over all points: η_h on a grid of [0, 1], and for each η_h
 every layout's h_ℓ exactly (the error is piecewise quadratic in h_ℓ: each point's term starts
@@ -39,7 +40,7 @@ class LayerPoint:
 
     layout: Layout
     context: int
-    measured_s: float  # (step − t0) / layers
+    measured_s: float  # (step − t0 − shared blocks) / layers
     device_s: float  # Eq 10's t_dev of one layer at the same batch, host term left out
 
 
@@ -70,17 +71,19 @@ def device_layer_time(cost: CostModel, x: BatchArrays, layout: Layout) -> float:
     return float(cost.evaluate(x).layer_s[kind][LAYOUTS.index(layout)])
 
 
+def layer_point(cost: CostModel, layout: Layout, layers: int, batch: int, context: int, seconds: float,
+                t0_s: float) -> LayerPoint:
+    """One timed decode step of ``layers`` layers reduced to one layer, beside Eq 10's device time."""
+    x = uniform_batch(batch, context, cost.T)
+    shared = cost.evaluate(x).ffn_s
+    return LayerPoint(layout, context, (seconds - t0_s - shared) / layers, device_layer_time(cost, x, layout))
+
+
 def layer_points(cost: CostModel, samples: Iterable, t0_s: float) -> list[LayerPoint]:
     """Per timed sample with layers > 0 (objects with layout, layers, batch, context, seconds,
     decode steps): its per-layer time beside Eq 10's device time from ``cost``."""
-    points = []
-    for s in samples:
-        if s.layers == 0:
-            continue
-        layout = Layout(s.layout)
-        d = device_layer_time(cost, uniform_batch(s.batch, s.context, cost.T), layout)
-        points.append(LayerPoint(layout, s.context, (s.seconds - t0_s) / s.layers, d))
-    return points
+    return [layer_point(cost, Layout(s.layout), s.layers, s.batch, s.context, s.seconds, t0_s)
+            for s in samples if s.layers]
 
 
 def _sse(points: Sequence[LayerPoint], h: float, eta: float) -> float:

@@ -13,8 +13,9 @@ Conventions (per MLA layer unless a field says "all layers"):
 - KV read counts each held history token once per step (absorbed MLA reads the latent once
   for all local heads; TP therefore reads every history on every rank).
 - projection rows are the query rows passing through the rank's projections: all N rows
-  for TP and DOP (on 1/T of the heads) and for CP (every rank attends to part of every
-  request), the owned rows for DP.
+  for TP and DOP (on 1/T of the heads), the owned rows for DP; CP computes a single query
+  row (decode) on every rank, which attends to the keys it holds, and the rows of a prefill
+  chunk on the ranks that hold their positions (each attends to the whole history).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def loads(layout: Layout, batch: Batch, model: ModelProfile, T: int, page_size: 
     pairs = causal_pairs(s, q)
     total_rows = int(q.sum())
     zeros = np.zeros(T, dtype=np.int64)
+    proj_rows = zeros + total_rows
     if layout.ownership is Ownership.ALL:
         tokens = zeros + int(s.sum())
         att_pairs = np.full(T, pairs.sum() / T)
@@ -88,9 +90,10 @@ def loads(layout: Layout, batch: Batch, model: ModelProfile, T: int, page_size: 
         np.add.at(att_rows, owners, q)
         np.add.at(att_pairs, owners, pairs)
     else:
-        tokens, att_pairs = _cp_tokens_and_pairs(batch, q, T, page_size)
+        tokens, att_pairs, proj_rows = _cp_tokens_pairs_rows(batch, q, T, page_size)
         att_rows = zeros + total_rows
-    proj_rows = att_rows if layout is Layout.DP else zeros + total_rows
+    if layout is Layout.DP:
+        proj_rows = att_rows
     return Loads(
         layout=layout, T=T,
         head_fraction=1.0 / T if layout.placement is Placement.SHARDED else 1.0,
@@ -112,18 +115,20 @@ def _rows(batch: Batch) -> np.ndarray:
     return np.minimum(rows, batch.contexts)
 
 
-def _cp_tokens_and_pairs(batch: Batch, q: np.ndarray, T: int, page_size: int):
-    """CP: tokens per rank and the causal pairs whose key each rank holds.
+def _cp_tokens_pairs_rows(batch: Batch, q: np.ndarray, T: int, page_size: int):
+    """CP: tokens per rank, the causal pairs whose key each rank holds, and the query rows
+    each rank projects (every single row; a chunk's rows where their positions live).
 
     A key at position t < s − q is seen by all q rows; one at t ≥ s − q by the s − t rows at
     or after it. With F, G the count and position sum of a rank's keys below a bound:
     pairs = q·F(s−q) + s·(F(s) − F(s−q)) − (G(s) − G(s−q)).
     """
     if not len(batch):
-        return np.zeros(T, dtype=np.int64), np.zeros(T)
+        return np.zeros(T, dtype=np.int64), np.zeros(T), np.zeros(T, dtype=np.int64)
     s, ids = batch.contexts, batch.ids
     c = np.maximum(s - q, 0)
     f_s, g_s = cp_prefix_matrix(s, ids, T, page_size)
     f_c, g_c = cp_prefix_matrix(s, ids, T, page_size, upto=c)
     pairs = q[:, None] * f_c + s[:, None] * (f_s - f_c) - (g_s - g_c)
-    return f_s.sum(axis=0), pairs.sum(axis=0).astype(np.float64)
+    rows = (f_s - f_c)[q > 1].sum(axis=0) + int((q == 1).sum())
+    return f_s.sum(axis=0), pairs.sum(axis=0).astype(np.float64), rows

@@ -237,6 +237,7 @@ SHAPES: dict[str, Shape] = {
         row_key={"points": ("sweep", "layout", "batch", "input_tokens")},
         sample={"sweep": "text", "layout": "layout", "batch": "positive", "input_tokens": "positive",
                 "tokens_per_s": "nonneg"},
+        sources=frozenset({"measured", "paper", "model"}),  # model: `splash sweep --out`'s predictions
     ),
     "primitive_costs": Shape(
         doc="per-layer network cost of each switch primitive, per state and direction",

@@ -100,7 +100,8 @@ class Decision:
                 "switch_peak_gib": None if check is None else check.peak_bytes / GIB,
                 "eq5_how": None if check is None else check.how,
                 "proj_s": step.proj_s, "att_s": step.att_s, "latency_s": step.latency_s,
-                "exposed_comm_s": step.exposed_comm_s, "host_s": step.host_s, "bounds": dict(step.bounds),
+                "exposed_comm_s": step.exposed_comm_s, "host_s": step.host_s, "ffn_s": step.ffn_s,
+                "bounds": dict(step.bounds),
             })
         return rows
 

@@ -2,15 +2,22 @@
 and under SPLASH. It is a model, not a measurement: every time comes from Eq 10 with the
 hardware profile's θ, every switch cost from the planner's manifest through Eq 7.
 
-One simulated engine step: admit queued requests while the batch still fits (a fixed layout
-admits what fits that layout, Eq 6; SPLASH what fits some layout, since the scheduler then
-moves to one that holds it); give every decoding request one row and prefilling requests up
-to ``prefill_chunk`` rows per owner rank, in arrival order (owners are chosen at admission
-in every layout, so all policies run the same batches); cost the step in the running layout.
+One simulated engine step: admit queued requests while steps can still run (Eq 6 at one row
+per request: a fixed layout admits what fits that layout; SPLASH what the scheduler can then
+run without holding admission, which needs a layout that holds the batch and, if it is not
+the current one, a switch into it that fits Eq 5; the oracle what fits any layout); give
+every decoding request one row and prefilling requests up to
+``prefill_chunk`` rows per owner rank, in arrival order (owners are chosen at admission in
+every layout, so all policies run the same batches); cost the step in the running layout.
+A step never runs in a layout that breaks Eq 6 with its real rows: where its prefill rows'
+activations would not fit, the step takes fewer (:attr:`PolicyResult.shrunk_steps` counts them).
 Decode-only stretches with no arrival or completion inside are advanced ``decode_stride``
 steps at a time, costed at their mid-point context (step time is near-linear in context).
-SPLASH asks the scheduler before every step (or stride); a switch adds its exposed time
-(Eq 7, with layer i−1 computing in the destination layout) to that step.
+
+Policies: every fixed layout; SPLASH, which asks the scheduler before every step (or stride)
+and adds a switch's exposed time (Eq 7, with layer i−1 computing in the destination layout)
+to that step; and the per-step oracle, which runs every step in its fastest layout that fits
+Eq 6 and switches for free (no policy that switches can do better on these batches).
 
 Throughput is the paper's total throughput: Σ (input + output tokens) / total time.
 """
@@ -30,7 +37,7 @@ from .ownership import assign_owner
 from .profiles.workload import RequestSpec
 from .scheduler import HOLD, Scheduler
 
-SPLASH = "SPLASH"
+SPLASH, ORACLE = "SPLASH", "oracle"
 MODEL_NOTE = ("a model, not a measurement: step times from the cost model (Eq 10) with the hardware "
               "profile's θ, switch costs from the planner's manifests through Eq 7")
 
@@ -72,18 +79,26 @@ class PolicyResult:
     layout_steps: dict  # layout name -> steps run in it
     switches: tuple[SwitchEvent, ...]
     rejected: tuple[int, ...]  # ids of requests no layout of the policy can ever hold
-    held_steps: int  # steps SPLASH held admission (no feasible switch)
+    held_steps: int  # steps SPLASH held admission (the batch with the next request fit no layout it could run)
     trace: tuple[tuple[float, str, int], ...]  # (time, layout, running requests) per step group
+    shrunk_steps: int = 0  # steps that took fewer prefill rows so their activations fit Eq 6
+    peak_need_bytes: float = 0.0  # the largest Eq 6 need of a step in its layout (busiest rank)
 
     @property
     def throughput(self) -> float:
         return self.tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
+    @property
+    def switch_time_s(self) -> float:
+        """Time the switches added (Eq 7's exposed part, summed)."""
+        return sum(s.exposed_s for s in self.switches)
+
     def summary(self) -> dict:
         return {"policy": self.policy, "throughput_tokens_per_s": self.throughput, "total_time_s": self.total_time_s,
                 "tokens": self.tokens, "steps": self.steps, "layout_steps": self.layout_steps,
-                "switches": [dataclasses.asdict(s) for s in self.switches], "rejected": list(self.rejected),
-                "held_steps": self.held_steps}
+                "switches": [dataclasses.asdict(s) for s in self.switches], "switch_time_s": self.switch_time_s,
+                "rejected": list(self.rejected), "held_steps": self.held_steps, "shrunk_steps": self.shrunk_steps,
+                "peak_need_gib": self.peak_need_bytes / (1 << 30)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +117,7 @@ class Simulation:
     @property
     def best_fixed(self) -> PolicyResult | None:
         """The fastest fixed layout among those that served every request (else among all)."""
-        fixed = [r for r in self.results if r.policy != SPLASH]
+        fixed = [r for r in self.results if r.policy not in (SPLASH, ORACLE)]
         complete = [r for r in fixed if not r.rejected] or fixed
         return max(complete, key=lambda r: r.throughput, default=None)
 
@@ -110,15 +125,20 @@ class Simulation:
     def splash_ratio(self) -> float | None:
         """SPLASH's throughput over the best fixed layout's."""
         best = self.best_fixed
-        splash = next((r for r in self.results if r.policy == SPLASH), None)
-        if best is None or splash is None or best.throughput == 0:
+        return self.ratio(SPLASH)
+
+    def ratio(self, policy: str) -> float | None:
+        """``policy``'s throughput over the best fixed layout's."""
+        best = self.best_fixed
+        mine = next((r for r in self.results if r.policy == policy), None)
+        if best is None or mine is None or best.throughput == 0:
             return None
-        return splash.throughput / best.throughput
+        return mine.throughput / best.throughput
 
 
-def simulate(deployment, workload, *, policies=(*LAYOUTS, SPLASH), prefill_chunk: int = 8192,
+def simulate(deployment, workload, *, policies=(*LAYOUTS, SPLASH, ORACLE), prefill_chunk: int = 8192,
              decode_stride: int = 32) -> Simulation:
-    """Serve ``workload`` on ``deployment`` under each policy (Layout or "SPLASH"), modelled."""
+    """Serve ``workload`` on ``deployment`` under each policy (a Layout, "SPLASH" or "oracle"), modelled."""
     if prefill_chunk < 1 or decode_stride < 1:
         raise ValueError("prefill_chunk and decode_stride must be >= 1")
     cost = CostModel.from_deployment(deployment)
@@ -132,18 +152,18 @@ class _Run:
 
     def __init__(self, deployment, workload, cost: CostModel, policy, chunk: int, stride: int):
         self.dep, self.cost, self.chunk, self.stride = deployment, cost, chunk, stride
-        self.splash = policy == SPLASH
-        self.policy = SPLASH if self.splash else str(Layout.parse(str(policy)))
-        self.layout = deployment.initial_layout if self.splash else Layout.parse(str(policy))
+        self.splash, self.oracle = policy == SPLASH, policy == ORACLE
+        self.policy = str(policy) if self.splash or self.oracle else str(Layout.parse(str(policy)))
+        self.layout = deployment.initial_layout if self.splash or self.oracle else Layout.parse(str(policy))
         self.scheduler = Scheduler(deployment, cost) if self.splash else None
         self.queue = collections.deque(sorted(workload.requests(), key=lambda r: (r.arrival_s, r.id)))
         self.limit = workload.concurrency
         self.budget = deployment.memory_budget_bytes - deployment.common_bytes - deployment.reserve_bytes
         self.projected = np.zeros(deployment.T, dtype=np.int64)  # owners' projected KV (admission)
         self.running: list[_Running] = []
-        self.now, self.steps, self.since_switch, self.held = 0.0, 0, math.inf, 0
-        self.hold_admission = False
+        self.now, self.steps, self.since_switch, self.held, self.shrunk, self.peak = 0.0, 0, math.inf, 0, 0, 0.0
         self.admission_blocked = False  # the last admission attempt failed for memory
+        self.fitting_chunk = chunk  # prefill rows per owner the last step ran with
         self.layout_steps: collections.Counter = collections.Counter()
         self.switches: list[SwitchEvent] = []
         self.rejected: list[int] = []
@@ -160,25 +180,32 @@ class _Run:
             self._step()
         return PolicyResult(self.policy, self.now, self.served_tokens, self.steps,
                             {str(k): v for k, v in self.layout_steps.items()}, tuple(self.switches),
-                            tuple(self.rejected), self.held, tuple(self.trace))
+                            tuple(self.rejected), self.held, tuple(self.trace), self.shrunk, self.peak)
 
-    # ---- admission -------------------------------------------------------------------
+    # ---- admission ----------------------------------------------------------------------
 
-    def _fits(self, members: list[_Running]) -> bool:
+    def _need(self, x: BatchArrays) -> np.ndarray:
+        """Eq 6's W + K + A of every layout at its busiest rank (M0 and R left out)."""
+        return self.cost.evaluate(x).memory_bytes.max(axis=1)
+
+    def _runnable(self, members: list[_Running]) -> bool:
+        """Whether the policy can run steps with ``members`` admitted: Eq 6 at one row per
+        request (a step can always take fewer prefill rows, :meth:`_step`), and for SPLASH
+        Eq 5 into the layout that holds them."""
         x = self._arrays(members, [1] * len(members), [0] * len(members))
-        need = self.cost.evaluate(x).memory_bytes.max(axis=1)
-        ok = need <= self.budget
-        return bool(ok.any() if self.splash else ok[LAYOUTS.index(self.layout)])
+        ok = self._need(x) <= self.budget
+        if self.oracle:
+            return bool(ok.any())
+        if not self.splash:
+            return bool(ok[LAYOUTS.index(self.layout)])
+        return self.scheduler.decide(x, self.layout, self.since_switch).action != HOLD
 
     def _admit(self) -> None:
-        if self.hold_admission:
-            self.hold_admission = False
-            return
         while self.queue and self.queue[0].arrival_s <= self.now and len(self.running) < self.limit:
             spec = self.queue[0]
             owner = assign_owner(self.projected)
             candidate = _Running(spec, owner)
-            if self._fits(self.running + [candidate]):
+            if self._runnable(self.running + [candidate]):
                 self.queue.popleft()
                 self.running.append(candidate)
                 self.projected[owner] += candidate.reserved
@@ -186,6 +213,8 @@ class _Run:
                 self.rejected.append(self.queue.popleft().id)
             else:
                 self.admission_blocked = True
+                if self.splash:
+                    self.held += 1
                 break
 
     # ---- one step (or a decode stride) --------------------------------------------------
@@ -197,15 +226,15 @@ class _Run:
         return BatchArrays.of(contexts, [r.owner for r in members], query_rows=rows,
                               ids=[r.spec.id for r in members], reserved=[r.reserved for r in members])
 
-    def _rows(self) -> tuple[list[_Running], list[int]]:
-        """This step's query rows per running request: every decoding request gets one row;
-        prefilling requests share ``prefill_chunk`` rows per owner, in arrival order. Owners
-        exist in every layout (chosen at admission), so every policy computes the same
-        batches and the layouts compare like for like. A request left without rows still
-        holds its KV (it stays in the batch)."""
-        budget = [self.chunk] * self.dep.T
+    def _rows(self, running: list[_Running], chunk: int | None = None) -> tuple[list[_Running], list[int]]:
+        """A step's query rows per running request: every decoding request gets one row;
+        prefilling requests share ``chunk`` (default ``prefill_chunk``) rows per owner, in
+        arrival order. Owners exist in every layout (chosen at admission), so every policy
+        computes the same batches and the layouts compare like for like. A request left
+        without rows still holds its KV (it stays in the batch)."""
+        budget = [self.chunk if chunk is None else chunk] * self.dep.T
         members, rows = [], []
-        for r in self.running:
+        for r in running:
             if r.prefilled < r.spec.prompt_tokens:
                 take = min(budget[r.owner], r.spec.prompt_tokens - r.prefilled)
                 budget[r.owner] -= take
@@ -217,17 +246,35 @@ class _Run:
         return members, rows
 
     def _step(self) -> None:
-        members, rows = self._rows()
-        if self.splash:
-            self._decide(self._arrays(members, rows, [0] * len(members)))
+        chunk, shrunk = self.fitting_chunk, False
+        while True:  # fewer prefill rows until the step's activations fit its layout (Eq 6)
+            members, rows = self._rows(self.running, chunk)
+            x = self._arrays(members, rows, [0] * len(members))
+            if self.splash:
+                self._decide(x)
+            est = self.cost.evaluate(x)
+            need = est.memory_bytes.max(axis=1)
+            if self.oracle:
+                fits = need <= self.budget
+                if fits.any():
+                    self.layout = LAYOUTS[int(np.argmin(np.where(fits, est.total_s, np.inf)))]
+            if need[LAYOUTS.index(self.layout)] <= self.budget:
+                break
+            if chunk <= 1 or all(q == 1 for q in rows):
+                raise RuntimeError(f"{self.policy}: a step of {len(members)} requests breaks Eq 6 in "
+                                   f"{self.layout} even without prefill rows (admission let it in)")
+            chunk, shrunk = chunk // 2, True
+            self.shrunk += 1
+        self.fitting_chunk = chunk if shrunk else min(self.chunk, 2 * chunk)  # try more rows next time
+        self.peak = max(self.peak, float(need[LAYOUTS.index(self.layout)]))
         k = 1
         if all(r.prefilled >= r.spec.prompt_tokens for r in members):
             k = min(self.stride, min(r.spec.max_new_tokens - r.generated for r in members))
             if self.queue and len(self.running) < self.limit and not self.admission_blocked:
                 k = 1  # a queued request may be admitted after the next step
-        x_now = self._arrays(members, rows, [0] * len(members))
-        x_mid = self._arrays(members, rows, [(k - 1) // 2] * len(members)) if k > 1 else x_now
-        step_s = float(self.cost.evaluate(x_mid).total_s[LAYOUTS.index(self.layout)])
+        if k > 1:
+            est = self.cost.evaluate(self._arrays(members, rows, [(k - 1) // 2] * len(members)))
+        step_s = float(est.total_s[LAYOUTS.index(self.layout)])
         self.now += k * step_s
         self.steps += k
         self.layout_steps[self.layout] += k
@@ -250,9 +297,6 @@ class _Run:
     def _decide(self, x: BatchArrays) -> None:
         """Ask the scheduler; on a switch, charge its exposed time (Eq 7) and move."""
         decision = self.scheduler.decide(x, self.layout, self.since_switch)
-        if decision.action == HOLD:
-            self.held += 1
-            self.hold_admission = True
         if not decision.switch:
             return
         manifest = decision.manifest or plan_switch(self.layout, decision.layout, x.to_batch(), self.cost.model,

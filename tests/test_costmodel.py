@@ -73,20 +73,24 @@ def test_weights_memory_match_the_footprint(dsv32):
 
 
 def test_eq10_by_hand_for_tp_decode():
+    """Dense attention (as the reference runtime runs it): every stage of Eq 10 and the shared MLP."""
     model = load("model", "tiny-mla")
-    cm = CostModel(model, hardware(), 2, page_size=16, compute_dtype="fp32")
+    cm = CostModel(model, hardware(), 2, page_size=16, compute_dtype="fp32", sparse=False)
     x = BatchArrays.of([100, 300], [0, 1])
     step = cm.evaluate(x).step_time(TP)
-    m, d, n_layers = model.mla, model.hidden_size, 3
+    m, d, n_layers, idx = model.mla, model.hidden_size, 3, model.indexer
     sharded = m.heads * (m.q_lora_rank * (m.qk_nope_head_dim + m.qk_rope_head_dim)
                          + m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) + m.v_head_dim * d)
-    replicated = d * m.q_lora_rank + d * (m.kv_lora_rank + m.qk_rope_head_dim)
+    # Q-A, KV-A and the indexer's key projection: every TP rank runs them on every row
+    replicated = d * m.q_lora_rank + d * (m.kv_lora_rank + m.qk_rope_head_dim) + d * idx.head_dim
     proj = max(2 * (sharded / 2 + replicated) * 2 / 100e12, (sharded / 2 + replicated) * 4 / 1000e9)
-    kv_bytes = model.kv_bytes_per_token_layer + model.indexer_bytes_per_token_layer
-    flops_pair = 2 * m.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) + 2 * model.indexer.heads * model.indexer.head_dim
-    att = max(400 / 2 * flops_pair / 100e12, 400 * kv_bytes / 1000e9)
+    flops_pair = 2 * m.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)  # no indexer scores when dense
+    att = max(400 / 2 * flops_pair / 100e12, 400 * model.kv_bytes_per_token_layer / 1000e9)
     comm = 2 * d * 4 / 100e9  # the O reduction of both rows
-    expected = 100e-6 + n_layers * (proj + att + 10e-6 + comm)  # η_TP = 0
+    mlp = max(2 * 6 * d * model.intermediate_size / 2 / 100e12, 3 * d * model.intermediate_size * 4 / 2 / 1000e9)
+    ffn = n_layers * (mlp + 2 * d * 4 / 100e9 + 10e-6)  # the tensor-parallel MLP and its all-reduce
+    expected = 100e-6 + n_layers * (proj + att + 10e-6 + comm) + ffn  # η_TP = 0
+    assert step.ffn_s == pytest.approx(ffn, rel=1e-12)
     assert step.total_s == pytest.approx(expected, rel=1e-12)
     assert step.latency_s == pytest.approx(n_layers * 10e-6)
 
@@ -193,7 +197,7 @@ def test_host_term_by_hand_additive_and_overlapped():
     # η_h = 1: a layer takes the longer of host and device time
     big = CostModel(model, with_host(hardware(), {l: 1e5 for l in LAYOUTS}, 1.0), 2, page_size=16,
                     compute_dtype="fp32").evaluate(x)
-    np.testing.assert_allclose(big.total_s, 100e-6 + 3 * 0.1)
+    np.testing.assert_allclose(big.total_s, 100e-6 + 3 * 0.1 + big.ffn_s)
 
 
 def test_absent_host_term_is_eq10_as_printed(dsv32):
@@ -204,7 +208,7 @@ def test_absent_host_term_is_eq10_as_printed(dsv32):
     x = BatchArrays.of([65536] * 16, np.arange(16) % 8)
     est = CostModel(dsv32, paper, 8, page_size=64).evaluate(x)
     assert (est.host_s == 0).all()
-    parts = est.proj_s + est.att_s + est.latency_s + est.exposed_comm_s + est.overhead_s
+    parts = est.proj_s + est.att_s + est.latency_s + est.exposed_comm_s + est.overhead_s + est.ffn_s
     np.testing.assert_allclose(est.total_s, parts, rtol=1e-12)
 
 

@@ -128,7 +128,17 @@ def test_loads_of_unequal_batches_follow_the_blocks():
         if layout in (Layout.DP, Layout.DOP):
             assert got.query_rows.tolist() == [0, 3, 17, 0]  # rank 0 and 3 idle
             assert got.attention_pairs.tolist() == [0, causal_pairs(30, 2) + 9, causal_pairs(17, 17), 0]
-        assert got.projection_rows.tolist() == ([0, 3, 17, 0] if layout is Layout.DP else [20] * T)
+        if layout is Layout.CP:  # a single row on every rank, a chunk's rows where their positions live
+            rows = np.zeros(T)
+            for r in batch.requests:
+                if r.query_rows == 1:
+                    rows += 1
+                else:
+                    for pos in range(r.context - r.query_rows, r.context):
+                        rows[cp_rank_of_page(r.id, pos // page, T)] += 1
+            assert got.projection_rows.tolist() == rows.tolist() == [5, 5, 8, 5]
+        else:
+            assert got.projection_rows.tolist() == ([0, 3, 17, 0] if layout is Layout.DP else [20] * T)
         assert got.busiest_rank("kv_stored_tokens") == int(np.argmax(tokens))
 
 

@@ -462,3 +462,42 @@ def test_switch_overhead_parts_table_splits_splash_overhead_by_cause():
     assert split == [["TP → CP", "0.75", "0.00", "1.00", "0.50", "0.25", "2.50"],  # the paper's direction order
                      ["CP → DOP", "0.50", "2.00", "0.25", "4.00", "0.00", "6.75"]]  # older files: nothing after
     assert len(tables("\n".join(switching.render(Result("x.json", {"summary": summary, "samples": samples}), None)))) == 1
+
+
+def test_sweep_predictions_stand_beside_the_papers_table(tmp_path):
+    """A cost-model sweep (`splash sweep --paper --out`) renders position by position beside the
+    paper's Table 6: predicted tokens/s with the error against the paper, both best layouts and
+    the agreement per sweep and over the table."""
+    label = "Input-length sweep, B = 16"
+    rows = csv_rows("fixed_layout_sweeps.csv", "H200")
+    rows = [r for r in rows if r["sweep"] == label][:3]
+    # predicted: the paper's values scaled, TP made the best at the first position only
+    points = []
+    for i, r in enumerate(rows):
+        for layout in ("TP", "CP", "DP", "DOP"):
+            value = float(r[layout]) * 1000 * (1.1 if layout == "DP" else 1.0)
+            if i == 0 and layout == "TP":
+                value *= 2
+            points.append({"sweep": label, "layout": layout, "batch": 16, "input_tokens": int(r["input_tokens"]),
+                           "tokens_per_s": value})
+    data = make_result(benchmark="fixed_layout_sweep", platform="h200x8", backend="cost model", model="deepseek-v3.2",
+                       T=8, dtype="fp8 weights", samples=[], summary={"output_tokens": 1024, "points": points},
+                       source="model", machine="modelled for 8x h200-paper", command="splash sweep --paper",
+                       extra={"variant": "disaggregated"})
+    write_result(data, tmp_path / "results", name="fixed_layout_sweep-model-disaggregated")
+    from splash_core.report import render_report
+
+    report = render_report(tmp_path / "results", tmp_path / "out", REFERENCE)
+    text = section(chapter(report.markdown, "h200"), "Fixed-layout throughput sweeps")
+    model = [b for b in blocks(text) if b.startswith("#### model")]
+    assert len(model) == 1 and "(disaggregated)" in model[0].splitlines()[0]
+    (predicted,) = tables(model[0])
+    paper_best = [max(("TP", "CP", "DP", "DOP"), key=lambda l: float(r[l])) for r in rows]
+    assert [row[-3:] for row in predicted] == [["TP", paper_best[0], "no" if paper_best[0] != "TP" else "yes"],
+                                               ["DP", paper_best[1], "yes" if paper_best[1] == "DP" else "no"],
+                                               ["DP", paper_best[2], "yes" if paper_best[2] == "DP" else "no"]]
+    assert predicted[1][4] == f"{float(rows[1]['DP']) * 1100:,.0f} (+10%)"
+    agree = sum(a == b for a, b in zip(["TP", "DP", "DP"], paper_best))
+    assert f"{agree}/3 best layouts agree" in model[0]
+    assert f"the best layout agrees at {agree}/3 positions" in model[0]
+    assert report.status["h200"]["fixed_layout_sweep"] == ["paper (T = 8)", "model (h200x8: T = 8, SPLASH's cost model)"]

@@ -81,7 +81,7 @@ def test_min_steps_between_switches():
 
 def test_argmin_and_explanation():
     s = Scheduler(deployment())
-    decision = s.decide(batch([131072] * 16), TP)
+    decision = s.decide(batch([160000] * 16), TP)  # TP reads every history on every rank
     assert decision.action == SWITCH
     feasible = [l for l in LAYOUTS if decision.fits_steady(l)]
     assert decision.layout == min(feasible, key=decision.time_s)
@@ -143,6 +143,27 @@ def test_decide_cli(capsys):
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_decide_phase_cli(capsys):
+    """--phase sets every request's query rows (prefill: a chunk), or the first group's (mixed)."""
+    run = ["decide", "--deployment", "h200-x8-deepseek-v3.2", "--json"]
+    assert main([*run, "--requests", "16x32k", "--phase", "prefill"]) == 0
+    prefill = json.loads(capsys.readouterr().out)
+    assert prefill["phase"] == "prefill" and prefill["query_rows"] == 16 * 8192
+    assert main([*run, "--requests", "2x32k,14x8k", "--phase", "mixed", "--query-rows", "4096"]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert mixed["phase"] == "mixed" and mixed["query_rows"] == 2 * 4096 + 14
+    assert main([*run, "--requests", "16x32k", "--phase", "decode"]) == 0
+    decode = json.loads(capsys.readouterr().out)
+    assert decode["query_rows"] == 16
+    slower = {r["layout"]: r["time_s"] for r in prefill["layouts"]}
+    assert all(slower[r["layout"]] > r["time_s"] for r in decode["layouts"])  # a chunk costs more than a row
+    assert all(r["ffn_s"] > 0 for r in decode["layouts"])  # the shared dense/MoE blocks are charged
+    assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", "--requests", "16x32k", "--phase", "mixed"]) == 2
+    assert "two request groups" in capsys.readouterr().err
+    assert main(["decide", "--deployment", "h200-x8-deepseek-v3.2", "--requests", "16x32k", "--phase", "prefill"]) == 0
+    assert "prefill step of 131,072 query rows" in capsys.readouterr().out
+
+
 def with_host(dep, overheads_us: dict, overlap: float):
     hw = dep.hardware.with_host_overheads(overheads_us, overlap, source="assumed", ref="test")
     return dataclasses.replace(dep, hardware=hw)
@@ -172,7 +193,8 @@ def test_ranking_follows_calibrated_host_overheads():
     s = Scheduler(with_host(deployment(), host_bound, 1.0))
     decision = s.decide(x, best)
     assert decision.action == SWITCH and decision.layout is not best
-    assert decision.time_s(best) == pytest.approx(est.overhead_s + 61 * 4400e-6)  # host-bound: h per layer
+    # host-bound: h per layer, then the shared dense/MoE blocks
+    assert decision.time_s(best) == pytest.approx(est.overhead_s + 61 * 4400e-6 + est.ffn_s)
     assert s.decide(x, lightest).layout is lightest  # the fastest stays
     rows = {r["layout"]: r for r in decision.layout_rows()}
     assert rows[best]["host_s"] > rows[lightest]["host_s"] > 0

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from splash_core.cli.main import main
+from splash_core.costmodel import BatchArrays, CostModel
 from splash_core.layouts import LAYOUTS
 from splash_core.profiles import ProfileError, load
-from splash_core.simulator import SPLASH, simulate
+from splash_core.simulator import ORACLE, SPLASH, simulate
 
 # The CPU profile as first calibrated here (2-core VM), frozen so these tests do not move
 # when profiles/hardware/cpu.yaml is recalibrated.
@@ -73,16 +75,20 @@ def test_bad_workloads_name_the_key(data, where):
 def test_every_policy_serves_the_rollout_and_splash_switches():
     dep, w = cpu_tiny(), load("workload", "rollout-tiny")
     sim = simulate(dep, w)
-    assert [r.policy for r in sim.results] == [*map(str, LAYOUTS), SPLASH]
+    assert [r.policy for r in sim.results] == [*map(str, LAYOUTS), SPLASH, ORACLE]
     for r in sim.results:
         assert r.tokens == w.total_tokens and not r.rejected
         assert r.throughput == pytest.approx(r.tokens / r.total_time_s)
-        if r.policy != SPLASH:
+        if r.policy not in (SPLASH, ORACLE):
             assert r.layout_steps == {r.policy: r.steps} and not r.switches
-    splash = sim.result(SPLASH)
+    splash, oracle = sim.result(SPLASH), sim.result(ORACLE)
     assert splash.switches and sum(splash.layout_steps.values()) == splash.steps
     assert all(0 <= s.exposed_s <= s.blocking_s + 1e-12 for s in splash.switches)
+    assert splash.switch_time_s == pytest.approx(sum(s.exposed_s for s in splash.switches))
     assert sim.splash_ratio == pytest.approx(splash.throughput / sim.best_fixed.throughput)
+    # the oracle runs every step in its fastest layout and switches for free: nothing beats it here
+    assert sim.best_fixed.policy != ORACLE and not oracle.switches
+    assert all(oracle.throughput >= r.throughput * (1 - 1e-9) for r in sim.results)
     assert "not a measurement" in sim.note
 
 
@@ -103,10 +109,74 @@ def test_simulate_cli(tmp_path, capsys):
     assert main(["simulate", "--deployment", "cpu-tiny", "--workload", "rollout-tiny", "--json", "--plot",
                  str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {r["policy"] for r in out["results"]} == {"TP", "CP", "DP", "DOP", "SPLASH"}
+    assert {r["policy"] for r in out["results"]} == {"TP", "CP", "DP", "DOP", "SPLASH", "oracle"}
     assert "not a measurement" in out["note"] and out["splash_over_best_fixed"] > 0
+    assert out["oracle_over_best_fixed"] >= out["splash_over_best_fixed"] - 1e-9
     assert png.stat().st_size > 10_000
     assert main(["simulate", "--deployment", "cpu-tiny", "--workload", "rollout-tiny"]) == 0
     text = capsys.readouterr().out
-    assert "not a measurement" in text and "SPLASH / best fixed layout" in text
+    assert "not a measurement" in text and "SPLASH / best fixed layout" in text and "per-step oracle" in text
+    assert "switching" in text
     assert main(["simulate", "--deployment", "cpu-tiny", "--workload", "no-such-workload"]) == 2
+
+
+def _squeezed(workload):
+    """cpu-tiny with room for two of ``workload``'s longest requests (their KV, the replicated
+    weights and TP's activations of one request prefilling up to 32,768 rows), so Eq 6 binds
+    and bigger chunks must shrink."""
+    dep = dataclasses.replace(cpu_tiny(), memory_fraction=1.0)
+    cost = CostModel.from_deployment(dep)
+    longest = max(r.prompt_tokens + r.max_new_tokens for r in workload.requests())
+    rows = min(32768, max(r.prompt_tokens for r in workload.requests()))
+    scratch = float(cost.evaluate(BatchArrays.of([rows], [0], query_rows=[rows])).scratch_bytes[0].max())
+    gib = (2 * longest * cost.kv_bytes_token + float(cost.weights_bytes.max()) + scratch) / 2**30
+    return dataclasses.replace(dep, hardware=dataclasses.replace(
+        dep.hardware, memory_gib=dataclasses.replace(dep.hardware.memory_gib, value=gib)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """A workload's first ``n`` requests (a rollout's hundreds of requests would take minutes)."""
+
+    workload: object
+    n: int
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
+
+    @property
+    def concurrency(self) -> int:
+        return min(self.workload.concurrency, self.n)
+
+    def requests(self):
+        return self.workload.requests()[:self.n]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(r.prompt_tokens + r.max_new_tokens for r in self.requests())
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parents[1] / "profiles" / "workloads").glob("*.yaml")))
+def test_no_step_breaks_eq6_under_any_policy(name):
+    """Hold admission holds: on a deployment where memory binds, every step of every policy
+    (each fixed layout, SPLASH, the oracle) fits Eq 6 in the layout it runs in, with the rows it
+    runs (every workload profile; a rollout's first 48 requests)."""
+    w = _Head(load("workload", name), 48)
+    dep = _squeezed(w)
+    budget = dep.memory_budget_bytes - dep.common_bytes - dep.reserve_bytes
+    sim = simulate(dep, w, prefill_chunk=16384, decode_stride=4096)
+    for r in sim.results:
+        assert 0 < r.peak_need_bytes <= budget, r.policy
+        assert r.tokens + sum(s.prompt_tokens + s.max_new_tokens for s in w.requests() if s.id in r.rejected) \
+            == w.total_tokens
+    tp = sim.result("TP")
+    assert max(n for _, _, n in tp.trace) < len(w.requests())  # TP queued: memory did bind
+
+
+def test_the_b200_rollout_is_wide_then_long():
+    w = load("workload", "rollout-b200")
+    reqs = w.requests()
+    out = sorted(r.max_new_tokens for r in reqs)
+    assert len(reqs) == 512 and w.concurrency == 512
+    assert out[len(out) // 2] <= 16384 and sum(o >= 65536 for o in out) == 32

@@ -16,6 +16,9 @@ from .main import UsageError
 from .output import GIB, print_json, table
 from .plan import parse_tokens
 
+PHASES = ("decode", "prefill", "mixed")
+PREFILL_CHUNK = 8192  # rows a prefill step gives a request when --query-rows is not set
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("decide", help="which layout the scheduler runs for a batch, and why (Eq 5, 6, 8, 10)")
@@ -23,7 +26,11 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", required=True,
                    help='running requests as COUNTxCONTEXT groups, e.g. "16x128k" or "4x8k,2x100k" (k = 1024)')
     p.add_argument("--current", help="layout the group runs now (default: the deployment's initial layout)")
-    p.add_argument("--query-rows", type=at_least(1), default=1,
+    p.add_argument("--phase", choices=PHASES, default=None,
+                   help="decode: one query row per request (default); prefill: every request prefills a chunk "
+                        "of --query-rows rows (default 8192); mixed: the first COUNTxCONTEXT group prefills, "
+                        "the others decode")
+    p.add_argument("--query-rows", type=at_least(1), default=None,
                    help="query rows per request this step: 1 in decode (default), the chunk in prefill")
     p.add_argument("--remaining-output", default="0",
                    help="output tokens each request may still generate, reserved by Eq 6 (default 0)")
@@ -34,7 +41,12 @@ def add_parser(sub) -> None:
 
 def parse_requests(text: str) -> list[int]:
     """'16x128k' or '4x8k,2x100k' -> one context per request."""
-    contexts = []
+    return [c for group in parse_groups(text) for c in group]
+
+
+def parse_groups(text: str) -> list[list[int]]:
+    """'4x8k,2x100k' -> [[8192] * 4, [102400] * 2]."""
+    groups = []
     for group in text.split(","):
         count, sep, tokens = group.strip().lower().partition("x")
         if not sep or not count.strip().isdigit():
@@ -42,15 +54,32 @@ def parse_requests(text: str) -> list[int]:
         context = parse_tokens(tokens)
         if context < 1:
             raise UsageError(f"bad request group {group.strip()!r}: a context must be at least 1 token")
-        contexts += [context] * int(count)
-    if not contexts:
+        groups.append([context] * int(count))
+    if not any(groups):
         raise UsageError("no requests given")
-    return contexts
+    return groups
+
+
+def phase_rows(groups: list[list[int]], phase: str | None, query_rows: int | None) -> list[int]:
+    """Query rows per request: ``query_rows`` for every request without ``phase`` (1 by
+    default); a chunk for prefilling requests (every request in prefill, the first group in
+    mixed), one row for decoding ones."""
+    if query_rows is not None and query_rows < 1:
+        raise UsageError(f"--query-rows must be >= 1 (got {query_rows})")
+    if phase is None:
+        return [query_rows or 1] * sum(map(len, groups))
+    if phase == "mixed" and len(groups) < 2:
+        raise UsageError('--phase mixed needs two request groups, e.g. "2x32k,14x8k" (the first prefills)')
+    chunk = query_rows or PREFILL_CHUNK
+    prefilling = len(groups) if phase == "prefill" else (1 if phase == "mixed" else 0)
+    return [chunk if i < prefilling else 1 for i, group in enumerate(groups) for _ in group]
 
 
 def run(args) -> int:
     deployment = load("deployment", args.deployment)
-    contexts = parse_requests(args.requests)
+    groups = parse_groups(args.requests)
+    contexts = [c for group in groups for c in group]
+    rows = phase_rows(groups, args.phase, args.query_rows)
     try:
         current = Layout.parse(args.current) if args.current else deployment.initial_layout
     except ValueError as exc:
@@ -58,27 +87,33 @@ def run(args) -> int:
     remaining = parse_tokens(args.remaining_output)
     reserved = [c + remaining for c in contexts]
     owners = assign_owners(reserved, deployment.T)  # least projected KV first, as admission does
-    x = BatchArrays.of(contexts, owners, query_rows=[args.query_rows] * len(contexts), reserved=reserved)
+    x = BatchArrays.of(contexts, owners, query_rows=rows, reserved=reserved)
     since = math.inf if args.steps_since_switch is None else args.steps_since_switch
     decision = Scheduler(deployment).decide(x, current, since)
     if args.json:
         out = decision.as_dict()
         out.update({"deployment": deployment.name, "requests": len(contexts), "total_context": sum(contexts),
+                    "phase": args.phase or ("decode" if max(rows) == 1 else "prefill"),
+                    "query_rows": int(sum(min(r, c) for r, c in zip(rows, contexts))),
                     "note": "predicted by the cost model (Eq 10) with the hardware profile's θ, not measured"})
         print_json(out)
         return 0
+    n_rows = sum(min(r, c) for r, c in zip(rows, contexts))
+    phase = args.phase or ("decode" if max(rows) == 1 else "prefill")
     print(f"{deployment.name}: {len(contexts)} requests, {sum(contexts):,} context tokens, "
-          f"T = {deployment.T}, current {current}")
-    rows = []
+          f"T = {deployment.T}, current {current}; {phase} step of {n_rows:,} query rows")
+    table_rows = []
     for r in decision.layout_rows():
         eq5 = "-" if r["switch_eq5"] is None else (
             f"{'fits' if r['switch_eq5'] else 'exceeds'} ({size(r['switch_peak_gib'] * GIB)}, {r['eq5_how']})")
-        rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True),
-                     size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
-                     f"{r['bounds']['proj']}/{r['bounds']['att']}"))
-    print(table(rows, ["layout", "step ms", f"vs {current}", "per rank", "Eq 6", "Eq 5 switch", "proj/att bound"],
-                align="lrrrlll"))
-    print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
+        parts = "/".join(f"{r[k] * 1e3:.1f}" for k in ("proj_s", "att_s", "exposed_comm_s", "ffn_s"))
+        table_rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True), parts,
+                           size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
+                           f"{r['bounds']['proj']}/{r['bounds']['att']}"))
+    print(table(table_rows, ["layout", "step ms", f"vs {current}", "proj/att/comm/shared ms", "per rank", "Eq 6",
+                             "Eq 5 switch", "proj/att bound"], align="lrrrrlll"))
+    print(f"
+budget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
     print(f"decision: {decision.reason}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0

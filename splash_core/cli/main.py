@@ -34,6 +34,7 @@ COMMANDS = (
     "crossovers",
     "decide",
     "simulate",
+    "sweep",
     "calibrate",
     "report",
 )

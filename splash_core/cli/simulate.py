@@ -6,15 +6,16 @@ from __future__ import annotations
 from ..formatting import number, size
 from ..layouts import LAYOUTS
 from ..profiles import load
-from ..simulator import SPLASH, simulate
+from ..simulator import ORACLE, SPLASH, simulate
 from .args import at_least, figure_path
+from .main import UsageError
 from .output import print_json, table
 
-_COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e"}
+_COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e", ORACLE: "#7f7f7f"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("simulate", help="model a workload under each fixed layout and under SPLASH")
+    p = sub.add_parser("simulate", help="model a workload under each fixed layout, SPLASH and the per-step oracle")
     p.add_argument("--deployment", required=True, help="deployment profile: name or path to a .yaml")
     p.add_argument("--workload", required=True, help="workload profile: name or path to a .yaml")
     p.add_argument("--prefill-chunk", type=at_least(1), default=8192,
@@ -37,7 +38,8 @@ def run(args) -> int:
     if args.json:
         print_json({"deployment": sim.deployment, "workload": sim.workload, "prefill_chunk": sim.prefill_chunk,
                     "results": [r.summary() for r in sim.results], "best_fixed": best.policy if best else None,
-                    "splash_over_best_fixed": ratio, "note": sim.note, "plot": args.plot})
+                    "splash_over_best_fixed": ratio, "oracle_over_best_fixed": sim.ratio(ORACLE),
+                    "note": sim.note, "plot": args.plot})
         return 0
     print(f"{deployment.name} serving {workload.name} ({len(workload.requests())} requests, "
           f"{workload.total_tokens:,} tokens)")
@@ -45,15 +47,18 @@ def run(args) -> int:
     rows = []
     for r in sim.results:
         steps = ", ".join(f"{k} {v}" for k, v in r.layout_steps.items())
-        rows.append((r.policy, r.throughput, r.total_time_s, r.steps, len(r.switches), steps, len(r.rejected)))
-    print(table(rows, ["policy", "tokens/s", "time s", "steps", "switches", "steps per layout", "rejected"],
-                align="lrrrrlr"))
+        rows.append((r.policy, r.throughput, r.total_time_s, r.steps, len(r.switches), r.switch_time_s * 1e3, steps,
+                     len(r.rejected)))
+    print(table(rows, ["policy", "tokens/s", "time s", "steps", "switches", "switching ms", "steps per layout",
+                       "rejected"], align="lrrrrrlr"))
     splash = sim.result(SPLASH)
     for e in splash.switches:
         print(f"  step {e.step}: {e.src} -> {e.dst}, {size(e.fetched_bytes)} received over the group, "
               f"exposed {number(e.exposed_s * 1e3)} ms (blocking {number(e.blocking_s * 1e3)} ms)")
     if best is not None and ratio is not None:
-        print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x  (modelled)")
+        print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x; per-step oracle / best fixed: "
+              f"{sim.ratio(ORACLE):.3f}x; SPLASH spent {splash.switch_time_s * 1e3:.1f} ms of "
+              f"{splash.total_time_s:.1f} s switching  (modelled)")
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0

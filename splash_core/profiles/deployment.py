@@ -10,6 +10,7 @@ from ..formatting import size
 from ..layouts import Layout
 from .hardware import GIB, HardwareProfile
 from .model import LayerKind, ModelProfile
+from .quantity import Quantity
 from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
 from .graphs import GraphConfig
 from .transfer import TransferConfig
@@ -44,6 +45,29 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Disaggregation:
+    """The paper's fixed-layout protocol (§5.1, appendix C): this group prefills in the layout
+    under test and hands each prompt's KV to a separate decode group that runs one fixed
+    layout (DP-attention in the paper) on the same model and hardware."""
+
+    prefill_chunk: int = field("prefill tokens per step over the whole group (SGLang's chunked-prefill "
+                               "size; owner layouts split it evenly over their ranks)", default=16384,
+                               checks=[positive])
+    cp_prompts_per_step: int | None = field(
+        "prompts one CP prefill step takes at most (SGLang's context-parallel prefill splits one prompt "
+        "over the ranks; None: as many as the chunk holds)", default=1)
+    decode_T: int = field("ranks of the decode group", default=8, checks=[positive])
+    decode_layout: Layout = field("the decode group's fixed attention layout", default=Layout.DP)
+    decode_memory_fraction: float = field("fraction of device memory the decode group may use", default=0.9,
+                                          checks=[fraction])
+    decode_common_gib: float = field("M_0 of Eq 6 on a decode rank (its dense/MoE shard, activations), GiB",
+                                     default=0.0, checks=[non_negative])
+    kv_transfer_gbps: Quantity | None = field(
+        "bandwidth one prefill rank sends a finished prompt's KV to the decode group at, GB/s "
+        "(absent: the transfer takes no time)", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
 class DeploymentProfile:
     """One serving deployment: what runs where, with how much memory, switching how."""
 
@@ -64,12 +88,19 @@ class DeploymentProfile:
     page_size: int = field("tokens per KV page", default=64, checks=[positive])
     initial_layout: Layout = field("layout the group starts in", default=Layout.TP)
     compute_dtype: str = field("activation/weight format the runtime computes in", default="bf16", checks=[one_of(*dtypes.NAMES)])
+    sparse_attention: bool | None = field(
+        "top-k attention with the model's indexer (DeepSeek-V3.2's DSA) as SGLang's sparse FlashMLA runs it; "
+        "None: whenever the model has an indexer. The cost model charges what this says runs",
+        default=None)
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
     scheduler: SchedulerConfig = field("scheduler settings", default=SchedulerConfig())
     transfer: TransferConfig = field("how a switch moves state (routes, chunks, pipelining)", default=TransferConfig())
     graphs: GraphConfig = field("how decode steps replay captured graphs (buckets, table widths)", default=GraphConfig())
+    disaggregation: Disaggregation | None = field(
+        "how `splash sweep` runs the paper's prefill/decode protocol (None: one decode group like this one, "
+        "DP-attention, same memory settings)", default=None)
     notes: str = field("caveats", default="")
 
     def problems(self):

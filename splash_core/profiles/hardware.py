@@ -40,6 +40,48 @@ def _no_overheads():
     return types.MappingProxyType({})
 
 
+def parse_direction(text: str) -> tuple[Layout, Layout]:
+    """'DOP->CP' -> (DOP, CP); ValueError names what is wrong."""
+    src, sep, dst = str(text).partition("->")
+    if not sep:
+        raise ValueError(f"expected SRC->DST, e.g. DOP->CP (got {text!r})")
+    a, b = Layout.parse(src.strip()), Layout.parse(dst.strip())
+    if a is b:
+        raise ValueError(f"a switch needs two different layouts (got {text!r})")
+    return a, b
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferReference:
+    """The transfer law of Eq 13-14: per-layer network time of each directed switch, measured
+    once at ``batch`` requests of ``context`` tokens; a switch of another batch scales it by the
+    bytes it moves (linear in B·s for KV, fixed for weights). Directions left out move nothing
+    over the network there (a discard) or fall back to bytes / bandwidth."""
+
+    batch: int = field("B_ref: requests of the reference switch", checks=[positive])
+    context: int = field("s_ref: context tokens per request of the reference switch", checks=[positive])
+    weights_ms: dict[str, Quantity] = field("per-layer weight transfer time per direction SRC->DST, ms",
+                                            default_factory=_no_overheads)
+    kv_ms: dict[str, Quantity] = field("per-layer KV (+ indexer, recurrent) transfer time per direction "
+                                       "SRC->DST at the reference batch, ms", default_factory=_no_overheads)
+
+    def problems(self):
+        for key in ("weights_ms", "kv_ms"):
+            for direction in getattr(self, key):
+                try:
+                    parse_direction(direction)
+                except ValueError as exc:
+                    yield Problem(f"{key}.{direction}", str(exc))
+
+    def per_layer_s(self, state_class: str, src: Layout, dst: Layout) -> float | None:
+        """Reference seconds per layer of ``weights`` or ``kv`` from ``src`` to ``dst`` (None: none given)."""
+        table = self.weights_ms if state_class == "weights" else self.kv_ms
+        for direction, q in table.items():
+            if parse_direction(direction) == (src, dst):
+                return q.value * 1e-3
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class HardwareProfile:
     """θ: device memory, compute and memory rates, interconnect bandwidths and latency.
@@ -67,6 +109,9 @@ class HardwareProfile:
     all_reduce_gbps: Quantity = field("all-reduce bandwidth per rank (reduced bytes), GB/s")
     collective_latency_us: Quantity = field("fixed latency of one collective, µs")
     step_overhead_us: Quantity = field("t0 of Eq 10: fixed per-step overhead, µs")
+    attention_tflops: Quantity | None = field(
+        "rate attention kernels reach on prefill rows (query-key products), TFLOP/s; absent = matmul_tflops",
+        default=None)
     layer_overhead_us: dict[Layout, Quantity] = field(
         "host time h per layer of each layout that Eq 10's stages leave out, µs; with it a layer costs "
         "its Eq 10 time plus [h − host_overlap × that time]+ (every layout, or none: absent = Eq 10 as printed)",
@@ -79,6 +124,10 @@ class HardwareProfile:
     )
     collective_samples: tuple[CollectiveSample, ...] = field(
         "calibrated collective times across message sizes (measured profiles only)", default=()
+    )
+    switch_transfer: TransferReference | None = field(
+        "Eq 13-14's per-direction references for switch transfer times (absent: bytes / bandwidth + latency)",
+        default=None,
     )
     step_samples: tuple[StepSample, ...] = field(
         "timed runtime steps the host overheads were fitted to (measured profiles only)", default=()
@@ -98,6 +147,11 @@ class HardwareProfile:
                 yield Problem("host_overlap", "only meaningful with layer_overhead_us")
             elif self.host_overlap.value > 1:
                 yield Problem("host_overlap.value", "must be in [0, 1]", self.host_overlap.value)
+
+    @property
+    def attention_flops(self) -> float:
+        """FLOP/s of attention kernels (matmul_tflops when not given)."""
+        return (self.attention_tflops or self.matmul_tflops).value * 1e12
 
     @property
     def memory_bytes(self) -> float:
@@ -149,4 +203,7 @@ class HardwareProfile:
                 out[f.name] = value
             elif f.name == "layer_overhead_us":
                 out.update({f"{f.name}.{layout}": value[layout] for layout in LAYOUTS if layout in value})
+            elif isinstance(value, TransferReference):
+                for key in ("weights_ms", "kv_ms"):
+                    out.update({f"{f.name}.{key}.{d}": q for d, q in getattr(value, key).items()})
         return out

@@ -1,10 +1,16 @@
 """Fixed-layout throughput sweeps (paper Figures 4, 8, 10; Tables 4-6): one panel per sweep,
-a line per layout, the best layout at each sampled position starred and bolded."""
+a line per layout, the best layout at each sampled position starred and bolded.
+
+A cost-model block (``splash sweep --paper --out``) stands beside the paper's table of its
+chapter (same model and T): per position the predicted throughput of every layout with its
+error against the paper's, the predicted and the paper's best layout, and per sweep and table
+how many positions agree and how the throughput errors spread."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 from ..results import Result
 from . import figures
@@ -74,6 +80,9 @@ def sweeps(result: Result) -> list[Sweep]:
 def render(result: Result, ctx: Context) -> list[str]:
     groups = sweeps(result)
     lines = [f"![fixed-layout sweeps]({_plot(result, groups, ctx)})", ""]
+    paper = _paper_of(result, ctx) if result.data["source"] == "model" else None
+    if paper is not None:
+        return lines + _beside_paper(groups, {s.label: s for s in sweeps(paper)}, paper)
     for sweep in groups:
         axis_name = "input tokens" if sweep.axis == "input_tokens" else "batch"
         other_name = "batch" if sweep.axis == "input_tokens" else "input tokens"
@@ -90,7 +99,65 @@ def render(result: Result, ctx: Context) -> list[str]:
     return lines
 
 
+def _paper_of(result: Result, ctx: Context) -> Result | None:
+    """The paper's sweeps this chapter holds for the same model and T, if any."""
+    d = result.data
+    return next((r for r in ctx.results if r.benchmark == "fixed_layout_sweep" and r.data["source"] == "paper"
+                 and r.data["model"].lower() == d["model"].lower() and r.data["T"] == d["T"]), None)
+
+
+def _beside_paper(groups: list[Sweep], paper: dict[str, Sweep], paper_result: Result) -> list[str]:
+    """Per position: predicted tokens/s and error against the paper, the two best layouts."""
+    lines, everywhere = [], []
+    for sweep in groups:
+        ref = paper.get(sweep.label)
+        rows, agree, errors = [], 0, []
+        for position in sweep.positions:
+            cells = []
+            for layout in LAYOUTS:
+                v, p = sweep.value(layout, position), ref.value(layout, position) if ref else None
+                if v is None:
+                    cells.append(MISSING)
+                    continue
+                err = None if not p else (v - p) / p
+                errors += [] if err is None else [err]
+                cells.append(rate(v) + ("" if err is None else f" ({err:+.0%})"))
+            mine, theirs = sweep.leader(position), ref.leader(position) if ref else None
+            agree += mine is not None and mine == theirs
+            other = position[0] if sweep.axis == "input_tokens" else position[1]
+            rows.append([f"{sweep.x(position):,}", f"{other:,}", *cells, mine or MISSING, theirs or MISSING,
+                         "yes" if mine and mine == theirs else "no"])
+        axis_name = "input tokens" if sweep.axis == "input_tokens" else "batch"
+        other_name = "batch" if sweep.axis == "input_tokens" else "input tokens"
+        lines += [f"*{sweep.label}* — predicted total throughput in tokens/s (error against the paper's "
+                  f"{paper_result.data['reference'].split(',')[0]}); {agree}/{len(sweep.positions)} best layouts "
+                  f"agree, {_spread(errors)}.", ""]
+        lines += table([axis_name, other_name, "TP", "CP", "DP", "DOP", "best (model)", "best (paper)", "agree"],
+                       rows, "rrrrrrlll") + [""]
+        everywhere.append((agree, len(sweep.positions), errors))
+    agree, n = sum(a for a, _, _ in everywhere), sum(k for _, k, _ in everywhere)
+    errors = [e for _, _, errs in everywhere for e in errs]
+    return lines + [f"**Agreement with the paper's {paper_result.data['reference'].split(',')[0]}:** the best "
+                    f"layout agrees at {agree}/{n} positions ({agree / n:.0%}); {_spread(errors)}.", ""]
+
+
+def _spread(errors: list[float]) -> str:
+    """How throughput errors spread: median |error| and the share within 25%."""
+    if not errors:
+        return "no throughput to compare"
+    absolute = [abs(e) for e in errors]
+    within = sum(e <= 0.25 for e in absolute) / len(absolute)
+    return f"median |throughput error| {statistics.median(absolute):.0%}, {within:.0%} of throughputs within 25%"
+
+
 def _plot(result: Result, groups: list[Sweep], ctx: Context) -> str:
+    path, name = ctx.image_path(result, "sweeps")
+    plot_sweeps(groups, _title(result), path)
+    return name
+
+
+def plot_sweeps(groups: list[Sweep], title: str, path) -> None:
+    """One panel per sweep, a line per layout, the best layout starred (the paper's Figures 4, 8, 10)."""
     cols = min(2, len(groups))
     rows = math.ceil(len(groups) / cols)
     fig, axes = figures.figure(rows, cols, width=3.6, height=2.4)
@@ -116,13 +183,16 @@ def _plot(result: Result, groups: list[Sweep], ctx: Context) -> str:
             ax.legend(loc="upper left", frameon=False)
     for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.suptitle(_title(result), fontsize=9)
-    path, name = ctx.image_path(result, "sweeps")
+    fig.suptitle(title, fontsize=9)
     figures.save(fig, path)
-    return name
 
 
 def _title(result: Result) -> str:
     d = result.data
-    where = f"paper {d['reference']}" if d["source"] == "paper" else f"{d['source']} on {d['platform']}"
+    if d["source"] == "paper":
+        where = f"paper {d['reference']}"
+    elif d["source"] == "model":
+        where = f"predicted by the cost model for {d['platform']}" + (f" ({d['variant']})" if d.get("variant") else "")
+    else:
+        where = f"{d['source']} on {d['platform']}"
     return f"{d['model']}, T = {d['T']} — {where}"

@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""Fit a paper-derived hardware profile's effective rates to the paper's fixed-layout table.
+
+The paper gives no kernel rates for its deployments, only datasheets and end-to-end sweeps
+(Tables 4-6). This fits a few physically meaningful θ of the deployment's hardware profile —
+the rate its matrix multiplies reach, the rate its attention kernels reach, the HBM rate its
+weight and KV reads reach, the fixed time of one engine step, and the rate DOP's activation
+all-to-all reaches — to every throughput of the table at once (4 layouts x every position),
+by least squares on log throughput. Nothing is fitted per position or per layout, and the
+winner of a position is not part of the objective: the agreement `splash sweep --paper`
+reports is an outcome, not a target.
+
+Search: coordinate descent in log space (each rate multiplied and divided by a step that
+shrinks 2 -> 1.05), each rate kept within [lower, upper] (upper: the datasheet peak or the
+NVLink line rate). With ``--write`` the fitted values replace the profile's, each with
+source ``paper`` and a ref naming the table, this command and the objective reached.
+
+    python bench/fit_sweep_theta.py --deployment h200-x8-deepseek-v3.2 --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import multiprocessing
+import re
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from splash_core.profiles import load  # noqa: E402
+from splash_core.profiles.loader import find  # noqa: E402
+from splash_core.profiles.quantity import Quantity  # noqa: E402
+from splash_core.sweep import predict  # noqa: E402
+from splash_core.sweep_paper import TABLES, paper_positions  # noqa: E402
+
+# (key, lower bound as a fraction of the starting value's upper bound, upper bound key)
+RATES = ("matmul_tflops", "attention_tflops", "hbm_gbps", "step_overhead_us", "all_to_all_gbps")
+MISSING_PENALTY = math.log(10.0) ** 2  # a layout predicted not to fit where the paper ran it
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--deployment", required=True)
+    p.add_argument("--mode", default="disaggregated")
+    p.add_argument("--reference", default="bench/reference")
+    p.add_argument("--rounds", type=int, default=4, help="step sizes tried (2, 1.41, 1.19, 1.09[, 1.04])")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--write", action="store_true", help="write the fitted rates into the hardware profile")
+    return p.parse_args(argv)
+
+
+def peak(q: Quantity) -> float:
+    """A datasheet value; four times an assumed placeholder (no datasheet: the fit may find
+    the device faster than guessed); or the peak an earlier fit recorded in its ref ("peak N")."""
+    if q.source == "datasheet":
+        return q.value
+    if q.source == "assumed":
+        return 4 * q.value
+    found = re.search(r"peak ([0-9.]+)", q.ref)
+    if not found:
+        raise SystemExit(f"no peak for {q!r}: the fit needs one to bound the rate")
+    return float(found[1])
+
+
+def start_and_bounds(hw) -> dict[str, tuple[float, float, float]]:
+    """(start, lower, upper) per fitted rate: datasheet peaks bound the device rates; the link's
+    line rate bounds the exchange (the profiles take all-reduce at 80% of it)."""
+    peak_flops, peak_hbm = peak(hw.matmul_tflops), peak(hw.weight_read_gbps)
+    link = max(hw.all_gather_gbps.value, hw.all_reduce_gbps.value) / 0.8
+    return {"matmul_tflops": (0.5 * peak_flops, 0.02 * peak_flops, peak_flops),
+            "attention_tflops": (0.3 * peak_flops, 0.02 * peak_flops, peak_flops),
+            "hbm_gbps": (0.6 * peak_hbm, 0.05 * peak_hbm, peak_hbm),
+            "step_overhead_us": (10000.0, 10.0, 200000.0),
+            "all_to_all_gbps": (0.5 * link, 5.0, link)}
+
+
+def with_rates(hw, rates: dict[str, float], ref: str):
+    def q(value):
+        return Quantity(value=float(value), source="paper", ref=ref)
+
+    return dataclasses.replace(hw, matmul_tflops=q(rates["matmul_tflops"]), attention_tflops=q(rates["attention_tflops"]),
+                               weight_read_gbps=q(rates["hbm_gbps"]), kv_read_gbps=q(rates["hbm_gbps"]),
+                               step_overhead_us=q(rates["step_overhead_us"]), all_to_all_gbps=q(rates["all_to_all_gbps"]))
+
+
+_BASE = None  # the deployment being fitted: forked workers inherit it (profiles do not pickle)
+
+
+def _one(job):
+    rates, mode, batch, tokens = job
+    dep = dataclasses.replace(_BASE, hardware=with_rates(_BASE.hardware, rates, "fit"))
+    return [(lp.layout, lp.tokens_per_s) for lp in predict(dep, batch, tokens, mode=mode).layouts]
+
+
+class Objective:
+    def __init__(self, deployment, positions, mode: str, pool):
+        self.deployment, self.positions, self.mode, self.pool = deployment, positions, mode, pool
+        self.calls = 0
+
+    def __call__(self, rates: dict[str, float]) -> float:
+        self.calls += 1
+        jobs = [(rates, self.mode, p.batch, p.input_tokens) for p in self.positions]
+        preds = self.pool.map(_one, jobs)
+        err = []
+        for paper, pp in zip(self.positions, preds):
+            for layout, v in pp:
+                err.append(MISSING_PENALTY if v is None else math.log(v / paper.tokens_per_s[layout]) ** 2)
+        return sum(err) / len(err)
+
+
+def fit(objective: Objective, bounds, rounds: int) -> tuple[dict[str, float], float]:
+    rates = {k: v[0] for k, v in bounds.items()}
+    best = objective(rates)
+    print(f"start {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
+    for step in [2 ** (1 / 2 ** i) for i in range(rounds)]:
+        improved = True
+        while improved:
+            improved = False
+            for key in RATES:
+                for factor in (step, 1 / step):
+                    trial = dict(rates)
+                    lo, hi = bounds[key][1:]
+                    trial[key] = min(hi, max(lo, rates[key] * factor))
+                    if trial[key] == rates[key]:
+                        continue
+                    value = objective(trial)
+                    if value < best - 1e-6:
+                        rates, best, improved = trial, value, True
+                        print(f"step {step:.3f} {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
+                        break
+    return rates, best
+
+
+def fmt(rates) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in rates.items())
+
+
+def _origin(q: Quantity) -> str:
+    """Where the bound came from, kept across re-fits."""
+    if q.source in ("datasheet", "assumed"):
+        return f"{q.source}: {q.ref}"
+    found = re.search(r"peak [0-9.]+ \((.*)\)$", q.ref)
+    return found[1] if found else q.ref
+
+
+def write_profile(hw, rates: dict[str, float], ref: str) -> Path:
+    """Replace the fitted keys' lines of the hardware profile's YAML, keeping everything else."""
+    path = find("hardware", hw.name)
+    text = path.read_text()
+    previous = {k: getattr(hw, k) for k in ("matmul_tflops", "weight_read_gbps", "all_to_all_gbps")}
+    lines = {
+        "matmul_tflops": (rates["matmul_tflops"], f"{ref}; peak {peak(previous['matmul_tflops']):g} "
+                                                  f"({_origin(previous['matmul_tflops'])})"),
+        "attention_tflops": (rates["attention_tflops"], ref),
+        "weight_read_gbps": (rates["hbm_gbps"], f"{ref}; peak {peak(previous['weight_read_gbps']):g} "
+                                                f"({_origin(previous['weight_read_gbps'])})"),
+        "kv_read_gbps": (rates["hbm_gbps"], f"{ref} (the same HBM rate as weight reads)"),
+        "step_overhead_us": (rates["step_overhead_us"], ref),
+        "all_to_all_gbps": (rates["all_to_all_gbps"], f"{ref}: DOP's activation exchange (switches use switch_transfer)"),
+    }
+    for key, (value, why) in lines.items():
+        entry = f"{key}: {{value: {float(f'{value:.4g}')!r}, source: paper, ref: \"{why}\"}}"  # YAML reads 2e+04 as text
+        pattern = re.compile(rf"^{key}:.*?(?=^\S)", re.M | re.S)
+        text, n = pattern.subn(entry + "\n", text, count=1)
+        if n == 0:
+            text = text.replace("all_gather_gbps:", f"{entry}\nall_gather_gbps:", 1)
+    path.write_text(text)
+    load("hardware", str(path))  # the written profile must load
+    return path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    deployment = load("deployment", args.deployment)
+    hw = deployment.hardware
+    positions = paper_positions(args.reference, hw.platform, deployment.model.name)
+    if not positions:
+        raise SystemExit(f"the paper has no table for {deployment.model.name} on {hw.platform}")
+    table = TABLES[hw.platform]
+    global _BASE
+    _BASE = deployment
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        objective = Objective(deployment, positions, args.mode, pool)
+        rates, best = fit(objective, start_and_bounds(hw), args.rounds)
+    command = " ".join(shlex.quote(a) for a in ["python", "bench/fit_sweep_theta.py", *(argv or sys.argv[1:])])
+    ref = (f"fitted to {table}'s {len(positions) * 4} throughputs ({args.mode} protocol, rms log error "
+           f"{math.sqrt(best):.3f}) by `{command}`")
+    print(f"fitted after {objective.calls} evaluations: {fmt(rates)}\n{ref}")
+    if args.write:
+        print(f"wrote {write_profile(hw, rates, ref)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
