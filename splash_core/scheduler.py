@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .costmodel import BatchArrays, CostModel, Estimates
+from .formatting import percent
 from .layouts import LAYOUTS, Layout
 from .manifest import Manifest, plan_switch
 
@@ -111,7 +112,7 @@ class Decision:
             eq5 = "" if r["switch_eq5"] is None else (
                 f"; switch {'fits' if r['switch_eq5'] else 'exceeds'} Eq 5 at {r['switch_peak_gib']:.2f} GiB "
                 f"({r['eq5_how']})")
-            lines.append(f"  {r['layout']!s:<4} {r['time_s'] * 1e3:9.3f} ms ({-r['vs_current']:+.1%} vs {self.current})  "
+            lines.append(f"  {r['layout']!s:<4} {r['time_s'] * 1e3:9.3f} ms ({percent(-r['vs_current'], signed=True)} vs {self.current})  "
                          f"{r['need_gib']:8.2f} GiB  Eq 6 {'fits' if r['fits_eq6'] else 'exceeds'}{eq5}")
         return "\n".join(lines)
 
@@ -167,7 +168,7 @@ class Scheduler:
         best = order[0]
         if best is current:
             runner = next((l for l in order if l is not current), None)
-            tail = f" ({runner} next, {-self._lead(times, ci, runner):+.1%})" if runner else ""
+            tail = f" ({runner} next, {percent(-self._lead(times, ci, runner), signed=True)})" if runner else ""
             return make(action=STAY, layout=current, note=f"fastest feasible layout{tail}")
         if steps_since_switch < self.min_steps:
             return make(action=STAY, layout=current,

@@ -112,8 +112,7 @@ def run(args) -> int:
                            f"{r['bounds']['proj']}/{r['bounds']['att']}"))
     print(table(table_rows, ["layout", "step ms", f"vs {current}", "proj/att/comm/shared ms", "per rank", "Eq 6",
                              "Eq 5 switch", "proj/att bound"], align="lrrrrlll"))
-    print(f"
-budget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
+    print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
     print(f"decision: {decision.reason}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0
