@@ -6,6 +6,6 @@ the explicit key arrays (:class:`RankBlocks`) a rank executes.
 """
 
 from .diff import RankBlocks
-from .plan import Fit, LayerPlan, Manifest, StatePlan, plan_switch
+from .plan import Fit, LayerPlan, Manifest, StatePlan, plan_precopy, plan_switch
 
-__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "plan_switch"]
+__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "plan_precopy", "plan_switch"]

@@ -212,8 +212,12 @@ class Manifest:
 
 
 def plan_switch(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T: int,
-                page_size: int, *, layers: Iterable[int] | None = None) -> Manifest:
+                page_size: int, *, layers: Iterable[int] | None = None, copied: np.ndarray | None = None) -> Manifest:
     """Plan the switch ``src → dst`` of ``batch`` over ``layers`` (default: all).
+
+    ``copied``: per request of ``batch`` (in order), how many of its leading pages a pre-copy
+    (:func:`plan_precopy`) already placed on their destination holders; those count as held
+    there, so the switch keeps them and moves only the rest (the dirty tail).
 
     ValueError for a T that does not divide a layer kind's heads, owners outside the group,
     duplicate request ids or a T the planner cannot address (> 64).
@@ -228,14 +232,37 @@ def plan_switch(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T: 
     per_kind: dict[LayerKind, dict[State, StatePlan]] = {}
     kinds = model.layer_kinds
     for kind in sorted({kinds[i] for i in selected}, key=lambda k: k.value):
-        per_kind[kind] = _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size)
+        per_kind[kind] = _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size, copied)
     plans = tuple(LayerPlan(i, kinds[i], per_kind[kinds[i]]) for i in selected)
     return Manifest(src, dst, T, page_size, model.name, plans,
                     footprint(src, batch, model, T, page_size, layers=selected),
                     footprint(dst, batch, model, T, page_size, layers=selected))
 
 
-def _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size) -> dict[State, StatePlan]:
+def plan_precopy(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T: int, page_size: int,
+                 pages: np.ndarray) -> dict[State, StatePlan]:
+    """The pre-copy of a switch ``src → dst``: per request of ``batch`` (in order) its first
+    ``pages[i]`` pages (full, so never written again) fetched by every destination holder that
+    lacks them, nothing freed (the source layout keeps serving). The KV (and indexer) plans of the
+    MLA layers, shared by all of them; empty where the model has none."""
+    if LayerKind.MLA not in model.layer_kinds:
+        return {}
+    check_batch(batch, T)
+    u = U.page_universe(batch.ids, np.asarray(pages, dtype=np.int64) * page_size, page_size)
+    held = U.page_masks(src, u, batch.ids, batch.owners, T)
+    diff = BlockDiff(u, held, held | U.page_masks(dst, u, batch.ids, batch.owners, T), T)
+    return _page_plans(LayerKind.MLA, diff, model, page_size)
+
+
+def _page_plans(kind, diff: BlockDiff, model, page_size) -> dict[State, StatePlan]:
+    """KV and indexer plans of one page diff (same pages, same holders: the diff is shared)."""
+    states = {State.KV: _state_plan(State.KV, kind, diff, [page_size * model.kv_bytes_per_token_layer])}
+    if model.indexer is not None:
+        states[State.INDEXER] = _state_plan(State.INDEXER, kind, diff, [page_size * model.indexer_bytes_per_token_layer])
+    return states
+
+
+def _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size, copied=None) -> dict[State, StatePlan]:
     states: dict[State, StatePlan] = {}
     projs = projections(model, kind)
     if projs:
@@ -246,11 +273,10 @@ def _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size) -> di
         states[State.WEIGHTS] = _state_plan(State.WEIGHTS, kind, diff, sizes, tuple(p.name for p in projs))
     if kind is LayerKind.MLA:
         u = U.page_universe(ids, contexts, page_size)
-        diff = BlockDiff(u, U.page_masks(src, u, ids, owners, T), U.page_masks(dst, u, ids, owners, T), T)
-        states[State.KV] = _state_plan(State.KV, kind, diff, [page_size * model.kv_bytes_per_token_layer])
-        if model.indexer is not None:  # same pages, same holders: the diff is shared
-            states[State.INDEXER] = _state_plan(State.INDEXER, kind, diff,
-                                                [page_size * model.indexer_bytes_per_token_layer])
+        held, needed = U.page_masks(src, u, ids, owners, T), U.page_masks(dst, u, ids, owners, T)
+        if copied is not None:  # pre-copied pages are held by their destination holders too
+            held = held | np.where(u.page < np.asarray(copied)[u.request_index], needed, 0).astype(held.dtype)
+        states.update(_page_plans(kind, BlockDiff(u, held, needed, T), model, page_size))
     elif kind is LayerKind.KDA:
         check_divides(T, model.kda.heads, "kda heads")
         started = contexts > 0  # no history, no state yet: nothing to move

@@ -409,6 +409,29 @@ class BlockTables:
             logical_pages = self.pages_of(request)[0]
         return self.free_keys(PageKeys.one(request, np.unique(np.asarray(logical_pages, dtype=np.int64))))
 
+    def adopt(self, source: int, target: int) -> int:
+        """Hand every page ``source`` holds to ``target``, at the same logical and physical pages
+        (nothing is copied): how a pre-copy's pages, held under an id of their own, join their
+        request. ValueError, changing nothing, where ``target`` holds one of those logical pages
+        already. Returns how many pages moved."""
+        row = self._row.get(source)
+        if row is None:
+            return 0
+        logical = np.flatnonzero(self._table[row] >= 0)
+        to = int(self._rows([target], create=True)[0])
+        if (self._table[to, logical] >= 0).any():
+            self._drop_empty([target])
+            raise ValueError(f"layer {self.layer}: request {target} already holds some of pages {logical.tolist()[:16]}")
+        self._table[to, logical] = self._table[row, logical]
+        self._table[row, logical] = -1
+        self._held[to] += logical.size
+        self._held[row] -= logical.size
+        self._drop_empty([source])
+        self.version += 1
+        if self._changed is not None:
+            self._changed.update((source, target))
+        return int(logical.size)
+
     def compact(self, request_ids: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For ``request_ids`` in order: (dense logical -> physical table [R, P] up to the last page
         any of them holds, kernel block table [R, W] listing each request's held pages in logical

@@ -16,7 +16,12 @@ intact) are raised on every rank. Each state moves through a :class:`~.transfer.
 (weights, KV + indexer pages, KDA recurrent state by default); a new kind of state joins
 through that contract.
 
-Modules: ``executor`` (the step and its per-layer pipeline), ``planning`` (the switch plan,
+A switch may also span steps: ``executor.precopy(dst, batch, k)`` copies the destination's
+missing KV in the background of k ordinary steps, and the handoff ``executor.step(...,
+precopy=...)`` moves only the dirty tails (:mod:`.precopy`).
+
+Modules: ``executor`` (the step and its per-layer pipeline), ``precopy`` (switches spanning
+steps), ``planning`` (the switch plan,
 manifests for the model's layers, Eq 5 and pool checks), ``transfer`` (side communicator,
 waits, faults, the mover contract), ``weights_mover``, ``pages_mover``, ``page_pulls``,
 ``recurrent`` (KDA state), ``modes``, ``report``, ``errors`` and ``tracing`` (what a benchmark
@@ -28,10 +33,11 @@ from .errors import SwitchFailed, SwitchRefused, TransferError
 from .executor import SwitchExecutor, default_movers
 from .modes import Mode
 from .planning import SwitchPlan
+from .precopy import PreCopy, PreCopyReport
 from .report import LayerReport, SwitchReport
 from .tracing import SwitchTracer
 from .transfer import Fault, StateMover, Transfer, TransferContext
 
-__all__ = ["Fault", "LayerReport", "Mode", "StateMover", "SwitchExecutor", "SwitchFailed", "SwitchPlan",
+__all__ = ["Fault", "LayerReport", "Mode", "PreCopy", "PreCopyReport", "StateMover", "SwitchExecutor", "SwitchFailed", "SwitchPlan",
            "SwitchRefused", "SwitchReport", "SwitchTracer", "Transfer", "TransferContext", "TransferError",
            "default_movers"]

@@ -60,6 +60,7 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...layouts import Layout, Primitive
@@ -70,6 +71,7 @@ from .errors import SwitchFailed, SwitchRefused, TransferError
 from .modes import Mode
 from .pages_mover import PagesMover
 from .planning import SwitchPlan, budget_refusal, check_pools, history_batch, layer_plans, peak_bytes, plan_layers
+from .precopy import PreCopy
 from .recurrent import RecurrentMover
 from .report import LayerReport, SwitchReport
 from .tracing import QUIET, SwitchTracer
@@ -108,6 +110,7 @@ class _Switch:
     host_s: float = 0.0  # host time of the checks before anything moved (planning included)
     # by layer index: each mover with the plans of its states (shared by the layers of a kind)
     movers: dict[int, tuple[tuple[StateMover, dict], ...]] = dataclasses.field(default_factory=dict)
+    precopy: PreCopy | None = None  # the pre-copy this switch hands off: its layers adopt their copies as they land
 
 
 class SwitchExecutor:
@@ -140,26 +143,28 @@ class SwitchExecutor:
     # ---- planning ---------------------------------------------------------------------
 
     def plans(self, dst: Layout | str, batch: StepBatch, *, after_step: bool = False,
-              layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
+              layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
         """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
         layout among the layers not in ``dst`` (or among ``layers``, by model index), of the
         histories before the step (or ``after_step``), this rank's key arrays and the movers'
         routes computed. The last few are cached by (destination, layer layouts, requests' ids,
-        owners, starts and, after the step, rows)."""
-        manifests = self._manifests(_layout(dst), batch, after_step, layers)
+        owners, starts and, after the step, rows). ``copied``: each request's leading pages a
+        pre-copy placed (:meth:`PreCopy.copied_pages`): the handoff's manifests."""
+        manifests = self._manifests(_layout(dst), batch, after_step, layers, copied)
         self._ready(manifests)
         return manifests
 
     def _manifests(self, dst: Layout, batch: StepBatch, after_step: bool = False,
-                   layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
-        """:meth:`plans` without this rank's part (what any rank plans alike), cached."""
+                   layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
+        """:meth:`plans` without this rank's part (what any rank plans alike), cached. ``copied``:
+        the leading pages of each request a pre-copy placed already."""
         key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
                batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size,
-               batch.rows.tobytes() if after_step else None, layers)
+               batch.rows.tobytes() if after_step else None, layers, None if copied is None else copied.tobytes())
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers)
+        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers, copied=copied)
         self._cache[key] = manifests
         while len(self._cache) > _CACHED_PLANS:
             self._cache.popitem(last=False)
@@ -180,32 +185,52 @@ class SwitchExecutor:
                         prepare(layers[lp.index], mine, self.model.rank, self.model.T, self._io)
 
     def plan_switch(self, dst: Layout | str, batch: StepBatch, mode: Mode | str = Mode.SPLASH, *,
-                    check_eq5: bool = True) -> SwitchPlan:
+                    check_eq5: bool = True, precopy: PreCopy | None = None) -> SwitchPlan:
         """The switching step to ``dst`` at ``batch``'s step in ``mode``, as :meth:`step` executes
         it: the manifests, the layer that moves after the step (and its manifests of the
         histories after it) and, unless ``check_eq5`` is False (the caller's decision already
         checked it), Eq 5 against ``budget_bytes``. Pure given the model's layer layouts: rank 0
-        plans it and every rank executes the same plan (``step(..., plan=...)``)."""
+        plans it and every rank executes the same plan (``step(..., plan=...)``). ``precopy``: the
+        complete pre-copy to ``dst`` this step hands off; its copied pages count as held, so only
+        the dirty tails move (and Eq 5 counts the copies as held)."""
         dst, mode, m = _layout(dst), Mode.parse(mode), self.model
         layouts = tuple(layer.layout for layer in m.layers)
         key = SwitchPlan.key_of(batch)
+        copied = self._copied(precopy, dst, batch)
         order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
         if not order:
-            return SwitchPlan(dst, mode, layouts, key, {})
+            return SwitchPlan(dst, mode, layouts, key, {}, copied=copied)
         t0 = time.perf_counter()
-        manifests = self._manifests(dst, batch)
+        manifests = self._manifests(dst, batch, copied=copied)
         plans = layer_plans(manifests)
         deferred, after = None, None
         if self._defers(mode, order[0], plans[m.layers[order[0]].index]):
             deferred = order[0]
-            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,))
+            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,), copied=copied)
             plans.update(layer_plans(after))
         refusal = None
         if check_eq5 and self.budget_bytes is not None:
             peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
             refusal = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
         return SwitchPlan(dst, mode, layouts, key, manifests, deferred, after,
-                          (time.perf_counter() - t0) * 1e3, refusal)
+                          (time.perf_counter() - t0) * 1e3, refusal, copied)
+
+    @staticmethod
+    def _copied(precopy: PreCopy | None, dst: Layout, batch: StepBatch) -> np.ndarray | None:
+        """The pages ``precopy`` placed for ``batch``'s requests, once it may hand off to ``dst``."""
+        if precopy is None:
+            return None
+        if precopy.dst is not dst or not precopy.complete:
+            state = "cancelled" if precopy.cancelled else f"{len(precopy.pending)} layers still to copy"
+            raise ValueError(f"the pre-copy to {precopy.dst} cannot hand off a switch to {dst} ({state})")
+        precopy.check(batch)
+        return precopy.copied_pages(batch)
+
+    def precopy(self, dst: Layout | str, batch: StepBatch, steps: int) -> PreCopy:
+        """Begin a pre-copy to ``dst`` before ``batch``'s step, copying over ``steps`` steps
+        (:class:`~.precopy.PreCopy`: run those steps with its ``step``, then hand off with
+        ``step(..., precopy=...)``, or ``cancel`` it). Every rank, with the same arguments."""
+        return PreCopy(self, _layout(dst), batch, steps)
 
     def plan(self, dst: Layout | str, batch: StepBatch) -> Manifest:
         """The manifest of the switch to ``dst`` at ``batch``'s step, when all layers share one
@@ -225,10 +250,13 @@ class SwitchExecutor:
     # ---- the switching step -----------------------------------------------------------
 
     def step(self, batch: StepBatch, tokens: torch.Tensor, dst: Layout | str,
-             mode: Mode | str = Mode.SPLASH, *, plan: SwitchPlan | None = None) -> tuple[torch.Tensor, SwitchReport]:
+             mode: Mode | str = Mode.SPLASH, *, plan: SwitchPlan | None = None,
+             precopy: PreCopy | None = None) -> tuple[torch.Tensor, SwitchReport]:
         """One serving step of ``batch`` during which every layer moves to ``dst``; returns the
         step's logits (as :meth:`Model.step`) and this rank's report. ``plan``: the switch as
         :meth:`plan_switch` planned it (on rank 0 of a serving group), else planned here.
+        ``precopy``: the complete pre-copy to ``dst`` this step hands off (only dirty tails move;
+        after a failure, cancel it: the layers not switched keep their copies until then).
         Raises :class:`SwitchRefused` before anything moves when the switch does not fit, and
         :class:`SwitchFailed` when a transfer fails (see the module docstring)."""
         mode, dst = Mode.parse(mode), _layout(dst)
@@ -236,7 +264,7 @@ class SwitchExecutor:
         start, end = streams.new_event(timing=True), streams.new_event(timing=True)
         if mode is not Mode.READY:
             start.record()
-        sw = self._prepare(dst, batch, mode, plan)
+        sw = self._prepare(dst, batch, mode, plan, precopy)
         exposed = None
         try:
             if mode is Mode.READY:
@@ -334,23 +362,28 @@ class SwitchExecutor:
 
         return boundary
 
-    def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None = None) -> _Switch:
+    def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None = None,
+                 precopy: PreCopy | None = None) -> _Switch:
         t0 = time.perf_counter()
         with self._span("prepare"):
-            sw = self._check(dst, batch, mode, plan)
+            sw = self._check(dst, batch, mode, plan, precopy)
         sw.host_s = time.perf_counter() - t0
         return sw
 
-    def _check(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None) -> _Switch:
+    def _check(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None,
+               precopy: PreCopy | None = None) -> _Switch:
         m = self.model
         if batch.T != m.T or batch.page_size != m.page_size:
             raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={m.T}, page {m.page_size}")
         layouts = tuple(layer.layout for layer in m.layers)
         if plan is None:
-            plan = self.plan_switch(dst, batch, mode)
+            plan = self.plan_switch(dst, batch, mode, precopy=precopy)
         elif plan.dst is not dst or plan.mode is not mode or plan.matches(layouts, batch):
             raise ValueError(f"the switch plan (to {plan.dst}, {plan.mode}) is not this step's (to {dst}, {mode}): "
                              f"{plan.matches(layouts, batch) or 'another destination or mode'}")
+        copied = self._copied(precopy, dst, batch)
+        if (copied is None) != (plan.copied is None) or (copied is not None and not np.array_equal(copied, plan.copied)):
+            raise ValueError("the switch plan was not planned with this step's pre-copy (plan_switch(..., precopy=))")
         src = layouts[0] if len(set(layouts)) == 1 else "mixed"
         order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
         if not order:
@@ -364,7 +397,7 @@ class SwitchExecutor:
         computes_in = list(dst if pos in order and pos != plan.deferred else layout
                            for pos, layout in enumerate(layouts))
         sw = _Switch(dst, src, order, plan.plan_ms + (time.perf_counter() - t0) * 1e3, plan.deferred,
-                     tuple(computes_in))
+                     tuple(computes_in), precopy=precopy)
         per_kind: dict[int, tuple] = {}  # layers of a kind share one states mapping
         for lp in plans.values():
             if id(lp.states) not in per_kind:
@@ -373,7 +406,8 @@ class SwitchExecutor:
         if plan.refusal:
             raise self._refused(sw, mode, plan.refusal)
         pools = check_pools(m, io.host, dst, batch, plans,
-                            {layer.index: layout for layer, layout in zip(m.layers, computes_in)})
+                            {layer.index: layout for layer, layout in zip(m.layers, computes_in)},
+                            precopy.aside() if precopy is not None else None)
         stray = pools.stray_error()
         if stray:
             raise ValueError(stray)
@@ -509,6 +543,8 @@ class SwitchExecutor:
             raise
         for mover, t in lm.transfers:  # the destination copy is live: retire the source copy
             mover.retire(t)
+        if sw.precopy is not None:  # before the layer computes in dst: its pre-copied pages join
+            sw.precopy.adopt(lm.layer)
         lm.host_s += time.perf_counter() - t0
         sw.landed.append(lm)
 

@@ -45,6 +45,7 @@ class SwitchPlan:
     deferred_manifests: dict[Layout, Manifest] | None = None
     plan_ms: float = 0.0
     refusal: str | None = None
+    copied: np.ndarray | None = None  # per request, the leading pages a pre-copy placed (the handoff's)
 
     @staticmethod
     def key_of(batch: StepBatch) -> tuple:
@@ -76,15 +77,17 @@ def history_batch(batch: StepBatch, after_step: bool = False) -> ownership.Batch
 
 
 def plan_layers(model, dst: Layout, batch: StepBatch, *, after_step: bool = False,
-                layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
+                layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
     """One manifest per source layout among the layers not yet in ``dst`` (usually one), or
-    among ``layers`` (model layer indices) of them; histories before the step, or ``after_step``."""
+    among ``layers`` (model layer indices) of them; histories before the step, or ``after_step``.
+    ``copied``: per request of the batch, its leading pages a pre-copy placed already
+    (:func:`~splash_core.manifest.plan_switch`)."""
     groups: dict[Layout, list[int]] = {}
     for layer in model.layers:
         if layer.layout is not dst and (layers is None or layer.index in layers):
             groups.setdefault(layer.layout, []).append(layer.index)
     hist = history_batch(batch, after_step)
-    return {src: plan_switch(src, dst, hist, model.profile, model.T, model.page_size, layers=idx)
+    return {src: plan_switch(src, dst, hist, model.profile, model.T, model.page_size, layers=idx, copied=copied)
             for src, idx in groups.items()}
 
 
@@ -180,14 +183,16 @@ def new_pages_here(layout: Layout, batch: StepBatch, rank: int, T: int) -> int:
 
 
 def check_pools(model, host, dst: Layout, batch: StepBatch, plans: dict[int, LayerPlan],
-                computes_in: dict[int, Layout] | None = None) -> PoolCheck:
+                computes_in: dict[int, Layout] | None = None, aside: dict[int, int] | None = None) -> PoolCheck:
     """Gather every rank's page needs for the switching step (a collective on the host
     collectives ``host``): pages arriving in the moving layers plus, in every paged layer, the
     step's new pages, placed by the layout the layer computes the step in (``computes_in``:
     layer index -> layout, default ``dst``); and the pages held beyond the batch's histories
     (each layer's used pages against its layout's share, in closed form; requests are named
-    only when they differ)."""
+    only when they differ). ``aside``: per layer index, pages a pre-copy holds for the
+    destination (under ids of its own: neither strays nor free)."""
     paged = model.paged_layers
+    aside = aside or {}
     T, rank = model.T, model.rank
     computes_in = computes_in or {}
     placed = {layout: new_pages_here(layout, batch, rank, T) for layout in {dst, *computes_in.values()}}
@@ -203,7 +208,7 @@ def check_pools(model, host, dst: Layout, batch: StepBatch, plans: dict[int, Lay
     fetched = np.array([arriving[id(plans[layer.index].states[State.KV])] if layer.index in plans else 0
                         for layer in paged], dtype=np.int64)
     free = np.array([layer.kv.free_pages for layer in paged], dtype=np.int64)
-    extra = sum(layer.kv.used_pages - share[layer.layout] for layer in paged)
+    extra = sum(layer.kv.used_pages - share[layer.layout] - aside.get(layer.index, 0) for layer in paged)
     local = ()
     if extra:
         ids = set(int(i) for i in batch.ids)

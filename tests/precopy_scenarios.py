@@ -1,0 +1,39 @@
+"""Shared pieces of the pre-copy tests: what a rank must hold while a pre-copy runs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from splash_core.runtime.kv_pool import held_pages
+from splash_core.runtime.switch.precopy import shadow_id
+
+from switch_scenarios import PAGE
+
+
+def precopy_problems(model, precopy, batch, rank: int) -> list[str]:
+    """Where this rank differs from a pre-copy in progress after ``batch``'s step: every layer holds
+    exactly its layout's pages of each request under the request's id (the source layout serves
+    on untouched), and each layer whose copy landed holds, under the shadow id, exactly the
+    destination's pages of the copied prefix that the source does not give it; nothing else."""
+    problems = []
+    ids = {int(i) for i in batch.ids}
+    for layer in model.paged_layers:
+        for rid, owner, ctx in zip(batch.ids, batch.owners, batch.contexts):
+            rid, owner = int(rid), int(owner)
+            want = held_pages(layer.layout, rid, owner, np.arange(-(-int(ctx) // PAGE)), rank, model.T)
+            have = np.sort(layer.kv.pages_of(rid)[0])
+            if not np.array_equal(have, want):
+                problems.append(f"layer {layer.index} request {rid}: holds {have.tolist()}, its layout {want.tolist()}")
+            prefix = np.arange(precopy.prefix.get(rid, 0) if layer.index in precopy.holding else 0)
+            copies = np.setdiff1d(held_pages(precopy.dst, rid, owner, prefix, rank, model.T),
+                                  held_pages(layer.layout, rid, owner, prefix, rank, model.T))
+            shadow = np.sort(layer.kv.pages_of(shadow_id(rid))[0])
+            if not np.array_equal(shadow, copies):
+                problems.append(f"layer {layer.index} request {rid}: copies {shadow.tolist()}, want {copies.tolist()}")
+        stray = {r for r in layer.kv.requests if (r if r >= 0 else -1 - r) not in ids}
+        if stray:
+            problems.append(f"layer {layer.index} holds pages of {sorted(stray)}, not in the batch")
+        expected = sum(len(layer.kv.pages_of(r)[0]) for r in layer.kv.requests)
+        if layer.kv.used_pages != expected:
+            problems.append(f"layer {layer.index}: {layer.kv.used_pages} pages used, tables list {expected}")
+    return problems
