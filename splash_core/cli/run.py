@@ -42,8 +42,12 @@ def add_parser(sub) -> None:
                    help="prefill rows per owner rank per step (default 8192, as splash simulate)")
     p.add_argument("--kv-pages", type=at_least(1), default=None,
                    help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
-    p.add_argument("--switch-mode", choices=("splash", "blocking"), default="splash",
-                   help="how a switch moves state: layer-pipelined (splash, default) or all before the step")
+    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy"), default="splash",
+                   help="how a switch moves state: layer-pipelined (splash, default), all before the step "
+                        "(blocking), or pre-copied in the background of --precopy-steps steps, then handed off "
+                        "with the tokens appended meanwhile (precopy)")
+    p.add_argument("--precopy-steps", type=at_least(1), default=4,
+                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; default 4)")
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="collective timeout in seconds (default: the deployment's collective_timeout_s)")
@@ -74,6 +78,7 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     job = Job(deployment=args.deployment, model=args.model, workload=args.workload, policy=args.policy,
               prefill_chunk=args.prefill_chunk, kv_pages=args.kv_pages, switch_mode=args.switch_mode,
+              precopy_steps=args.precopy_steps,
               check=not args.no_check, progress=not args.json)
     summary = run_group(job, "run", args.timeout)
     if isinstance(summary, int):  # a rank failed

@@ -47,8 +47,12 @@ def add_parser(sub) -> None:
                    help="splash (the scheduler decides every step), a fixed layout TP|CP|DP|DOP, "
                         "or script:TP,DP,...[:STEPS] (forced switches)")
     p.add_argument("--prefill-chunk", type=at_least(1), default=8192, help="prefill rows per owner rank per step")
-    p.add_argument("--switch-mode", choices=("splash", "blocking"), default="splash",
-                   help="how a switch moves state: layer-pipelined (splash, default) or all before the step")
+    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy"), default="splash",
+                   help="how a switch moves state: layer-pipelined (splash, default), all before the step "
+                        "(blocking), or pre-copied in the background of --precopy-steps steps, then handed off "
+                        "with the tokens appended meanwhile (precopy)")
+    p.add_argument("--precopy-steps", type=at_least(1), default=4,
+                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; default 4)")
     p.add_argument("--grace-period", type=positive_float, default=30.0,
                    help="seconds requests in flight get to finish after SIGTERM/SIGINT (default 30)")
     p.add_argument("--timeout", type=positive_float, default=None,
@@ -79,7 +83,8 @@ def run(args) -> int:
                          f"(--nproc-per-node {deployment.T})")
     served, info, kv_pages = _served(args, deployment, policy)
     job = dict(deployment=args.deployment, model=args.model, T=args.T, policy=args.policy, kv_pages=kv_pages,
-               max_running=args.max_running, prefill_chunk=args.prefill_chunk, switch_mode=args.switch_mode)
+               max_running=args.max_running, prefill_chunk=args.prefill_chunk, switch_mode=args.switch_mode,
+               precopy_steps=args.precopy_steps)
     config = ServerConfig(args.host, args.port, served, info, job, deployment.backend, deployment.T,
                           args.timeout or deployment.collective_timeout_s, api_key=args.api_key,
                           grace_s=args.grace_period, log_level=args.log_level)

@@ -209,11 +209,12 @@ class Controller:
     # ---- after a step -------------------------------------------------------------------
 
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
-               refused: str = "") -> list[Request]:
+               refused: str = "", precopying: bool = False) -> list[Request]:
         """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
-        plan's switch, if it did. Returns the requests that generated a token in this step."""
-        if plan.layout is not self.layout:
+        plan's switch, if it did; ``precopying``: the step ran beside a pre-copy to the plan's
+        layout (the switch is booked at its handoff). Returns the requests that generated a token."""
+        if plan.layout is not self.layout and not precopying:
             self.switches.append(SwitchRecord(plan.step, self.layout, plan.layout, self.reason, refused))
         if ran_in is not self.layout:
             self.layout, self.since_switch = ran_in, 0

@@ -48,7 +48,8 @@ class Job:
     policy: object = "splash"
     prefill_chunk: int = 8192  # prefill rows per owner rank per step (as `splash simulate`)
     kv_pages: int | None = None  # pages per layer and rank (None: from the budget and the workload)
-    switch_mode: str = "splash"  # how the executor moves state: "splash" (layer-pipelined) or "blocking"
+    switch_mode: str = "splash"  # how switches move state: "splash" (layer-pipelined), "blocking" or "precopy"
+    precopy_steps: int = 4  # steps a pre-copy spans before its handoff (switch_mode "precopy")
     check: bool = True  # compare outputs with the single-device reference (rank 0, after the run)
     check_tolerance: float | None = None  # for compute formats below float32 (None: the default)
     progress: bool = False  # progress bar on rank 0's stderr
@@ -98,7 +99,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     ctx.collectives.barrier()
     start = time.perf_counter()
     try:
-        reports = run_steps(ctx, group, controller, job.switch_mode, hooks, on_step)
+        reports = run_steps(ctx, group, controller, job.switch_mode, hooks, on_step, job.precopy_steps)
     finally:
         if hooks is not None:
             hooks.close()

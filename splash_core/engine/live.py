@@ -54,6 +54,7 @@ class LiveJob:
     policy: object = "splash"
     prefill_chunk: int = 8192
     switch_mode: str = "splash"
+    precopy_steps: int = 4  # steps a pre-copy spans before its handoff (switch_mode "precopy")
     model: str | None = None
     T: int | None = None
     front_end_here: bool = False  # the front end runs in this process (rank 0 under torchrun): it owns the signals
@@ -99,7 +100,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     # whole process group must not kill a rank mid-collective; the front end drains and stops the
     # group (a rank whose parent is gone still exits: runtime.spawn)
     with contextlib.nullcontext() if job.front_end_here else stop_signals(signal.SIG_IGN):
-        run_steps(ctx, group, controller, job.switch_mode, hooks)
+        run_steps(ctx, group, controller, job.switch_mode, hooks, precopy_steps=job.precopy_steps)
     if hooks is None:
         return None
     totals = {"steps": hooks.steps, "switches": hooks.switches}

@@ -6,7 +6,9 @@ batch composition, the policy's layout) and broadcasts a compact plan
 (:mod:`~splash_core.engine.plan`); every rank then frees the pages of finished and aborted
 requests and runs the step: :meth:`Model.step <splash_core.runtime.model.Model.step>` in the
 current layout, or, when the plan names another layout, the switch executor's step, during
-which every layer moves to it while the batch keeps computing. From the logits (identical on
+which every layer moves to it while the batch keeps computing (with ``switch_mode="precopy"``,
+a pre-copy over ``precopy_steps`` steps first, then the handoff: :mod:`~splash_core.engine.precopies`).
+From the logits (identical on
 every rank) rank 0 chooses each request's next token (:mod:`~splash_core.engine.sampling`:
 greedy or seeded sampling) and books it; the next plan carries it to every rank. A switch the
 executor refuses before anything moves (Eq 5) runs the step in the current layout instead.
@@ -33,6 +35,7 @@ from ..runtime.model import Model
 from ..runtime.switch import SwitchExecutor, SwitchRefused
 from .controller import Controller
 from .plan import Command, StepPlan, exchange
+from .precopies import PreCopies
 from .sampling import GREEDY, next_tokens as choose_tokens
 
 
@@ -96,12 +99,14 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy) -> Group:
 
 
 def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
-              on_step: Callable | None = None) -> list:
+              on_step: Callable | None = None, precopy_steps: int = 4) -> list:
     """Run rank 0's plans on this rank until STOP (``controller`` and ``hooks`` on rank 0 only);
-    returns this rank's switch reports as (step, report)."""
+    returns this rank's switch reports as (step, report). ``switch_mode``: splash, blocking or
+    precopy (then a pre-copy spans ``precopy_steps`` steps)."""
     model, executor = group.model, group.executor
     lead = controller is not None
     hooks = hooks or Hooks()
+    precopies = PreCopies(executor, precopy_steps) if switch_mode == "precopy" and executor is not None else None
     reports = []
     step = 0
     try:
@@ -109,6 +114,8 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
             plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks)
             for rid in plan.releases:
                 model.release(rid)
+                if precopies is not None:
+                    precopies.release(rid)
             pools = ctx.host_collectives().all_gather_object(pool_usage(model)) if plan.report else None
             if lead:
                 hooks.after_plan(plan, pools)
@@ -119,14 +126,20 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
             if on_step is not None:
                 on_step(ctx, step)
             t0 = time.perf_counter()
-            switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
-            logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
+            copying = False
+            if precopies is not None:
+                logits, report, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
+                    ctx, executor, controller, plan, model, precopies.mode, precopy))
+            else:
+                switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
+                logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
             next_tokens = _choose(controller, plan, logits) if lead else None
             seconds = time.perf_counter() - t0
             if report is not None:
                 reports.append((step, report))
             if lead:
-                produced = controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused)
+                produced = controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused,
+                                             precopying=copying)
                 hooks.after_step(plan, produced, seconds, report)
             step += 1
     except Exception as exc:
@@ -190,17 +203,18 @@ def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks) -> tupl
     return plan, tokens
 
 
-def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str):
+def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str, precopy=None):
     """On a switching step, the switch as rank 0 planned it (:meth:`SwitchExecutor.plan_switch`,
-    Eq 5 checked there unless the policy's decision already did), broadcast over the host
-    collectives: no other rank plans or checks it again. None on other steps."""
+    Eq 5 checked there unless the policy's decision already did; always for the handoff of
+    ``precopy``, whose copies count as held), broadcast over the host collectives: no other rank
+    plans or checks it again. None on other steps."""
     if plan.command is not Command.STEP or plan.layout is model.layers[0].layout:
         return None
     mine = None
     if controller is not None:
         try:
             mine = executor.plan_switch(plan.layout, plan.batch(model.T, model.page_size), mode,
-                                        check_eq5=not controller.eq5_checked)
+                                        check_eq5=precopy is not None or not controller.eq5_checked, precopy=precopy)
         except Exception as exc:
             ctx.host_collectives().broadcast_object(f"{type(exc).__name__}: {exc}", src=0)
             raise

@@ -72,11 +72,12 @@ class PreCopyReport:
     host_ms: float
     paused: str = ""
     failed: str = ""
+    cancelled: str = ""  # why the copies had to go before the step (its new pages needed their room)
 
     def summary(self) -> dict:
         return {"dst": self.dst.value, "step": self.step, "layers": list(self.layers),
                 "received_bytes": self.received_bytes, "complete": self.complete, "host_ms": self.host_ms,
-                "paused": self.paused, "failed": self.failed}
+                "paused": self.paused, "failed": self.failed, "cancelled": self.cancelled}
 
 
 class _ShadowPool:
@@ -173,7 +174,13 @@ class PreCopy:
         t0 = time.perf_counter()
         layers = tuple(self.pending[: self.per_step])
         plans = self._plans_for(batch) if layers else {}
-        paused = self._short(layers, plans, batch) if layers else ""
+        paused, crowded = self._short(layers, plans, batch) if layers or self.holding else ("", "")
+        if crowded:  # the step cannot run beside the copies: they go, the step runs as it would have
+            self.cancel()
+            logits = self.model.step(batch, tokens)
+            self.steps_run += 1
+            return logits, PreCopyReport(self.dst, self.steps_run, (), 0, False,
+                                         (time.perf_counter() - t0) * 1e3, cancelled=crowded)
         if paused:
             layers = ()
         moves, failed = [], ""
@@ -233,16 +240,17 @@ class PreCopy:
             out[src] = self._plans[key]
         return out
 
-    def _short(self, layers, plans, batch: StepBatch) -> str:
-        """Why copying ``layers`` now would not fit (agreed by every rank: one host all-reduce),
-        or "": each layer's pool must keep the step's new pages free beside the copies, and the
-        attention state held (copies included), the copies' transit buffers, the step's new
+    def _short(self, layers, plans, batch: StepBatch) -> tuple[str, str]:
+        """(why copying ``layers`` now would not fit, why the step's new pages do not fit beside
+        the copies already held), each "" where they do; agreed by every rank (one host
+        all-reduce). Each layer's pool must keep the step's new pages free beside the copies, and
+        the attention state held (copies included), the copies' transit buffers, the step's new
         pages and the reserve must stay within the Eq 5 budget."""
         m, ex = self.model, self.executor
         rank, T = m.rank, m.T
         page_bytes = m.pool.format.page_bytes if m.paged_layers else 0
         need = new_total = transit = 0
-        short_layer = -1
+        short_layer = crowded_layer = -1
         for index in layers:
             kv_plan = plans[self.sources[index]][State.KV]
             fetched = len(kv_plan.rank(rank).fetched)
@@ -252,7 +260,10 @@ class PreCopy:
             need += fetched
             transit += int(sum(p.transit_bytes[rank] for p in plans[self.sources[index]].values()))
         for layer in m.paged_layers:
-            new_total += new_pages_here(layer.layout, batch, rank, T)
+            new = new_pages_here(layer.layout, batch, rank, T)
+            new_total += new
+            if layer.kv.free_pages < new and crowded_layer < 0:
+                crowded_layer = layer.index
         over = 0
         if ex.budget_bytes is not None:
             held = m.nbytes()
@@ -260,18 +271,23 @@ class PreCopy:
             peak = state + (need + new_total) * page_bytes + transit + ex.reserve_bytes
             over = int(peak > ex.budget_bytes) * int(peak)
         table = torch.zeros(3 * T, dtype=torch.int64)
-        table[rank], table[T + rank], table[2 * T + rank] = short_layer + 1, over, need
+        table[rank], table[T + rank], table[2 * T + rank] = short_layer + 1, over, crowded_layer + 1
         ex.io.host.all_reduce(table)
         table = table.numpy()
+        crowded = ""
+        if table[2 * T:].any():
+            r = int(np.flatnonzero(table[2 * T:])[0])
+            crowded = (f"KV pool: rank {r} layer {int(table[2 * T + r]) - 1} needs the pages the copies hold for "
+                       "the step's new tokens")
         if table[:T].any():
             r = int(np.flatnonzero(table[:T])[0])
             return (f"KV pool: rank {r} layer {int(table[r]) - 1} has too few free pages for its copies and the "
-                    "step's new pages")
+                    "step's new pages"), crowded
         if table[T: 2 * T].any():
             r, gib = int(np.flatnonzero(table[T: 2 * T])[0]), float(1 << 30)
             return (f"Eq 5: rank {r} would hold {table[T + r] / gib:.3f} GiB of attention state with the copies "
-                    f"(reserve included), over its budget of {ex.budget_bytes / gib:.3f} GiB")
-        return ""
+                    f"(reserve included), over its budget of {ex.budget_bytes / gib:.3f} GiB"), crowded
+        return "", crowded
 
     def _shadow(self, keys: PageKeys) -> PageKeys:
         twin = self._shadowed.get(id(keys))
