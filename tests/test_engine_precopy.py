@@ -1,0 +1,52 @@
+"""The engine with ``switch_mode="precopy"`` on T = 2 gloo ranks: forced switches through all 12
+directions as pre-copies then handoffs, a policy that changes its mind before every pre-copy
+completes (each is cancelled, nothing switches), and the CLI's option checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from splash_core.cli.main import main
+from splash_core.engine import Job, serve
+from splash_core.engine.policy import ScriptedPolicy
+from splash_core.layouts import Layout
+from splash_core.profiles import load
+
+TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
+ALL_DIRECTIONS = (TP, DP, TP, CP, TP, DOP, DP, CP, DP, DOP, CP, DOP, TP)
+
+
+def test_forced_precopy_switches_through_every_direction_lose_no_request(rank_pools):
+    """Each layout for 4 steps: the plan names a new layout, 2 steps copy beside it, the third
+    hands off; the switch is booked at the handoff (2 steps after the plan asked for it)."""
+    job = Job("cpu-tiny", "rollout-tiny", policy=ScriptedPolicy(ALL_DIRECTIONS, every=4), prefill_chunk=32,
+              switch_mode="precopy", precopy_steps=2)
+    summary = rank_pools(2).run(serve, job)[0]
+    done = [s for s in summary.switches if not s.refused]
+    assert not [s for s in summary.switches if s.refused]
+    # the script wraps around after its 13 layouts; each switch comes 2 steps after its layout's turn began
+    assert [(s.src, s.dst) for s in done[:12]] == [(str(a), str(b)) for a, b in zip(ALL_DIRECTIONS, ALL_DIRECTIONS[1:])]
+    assert all(s.step % 4 == 2 for s in done), [s.step for s in done]
+    specs = load("workload", "rollout-tiny").requests()
+    assert summary.served == len(specs) and summary.output_tokens == sum(s.max_new_tokens for s in specs)
+    assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+
+
+def test_a_policy_that_changes_its_mind_cancels_every_precopy(rank_pools):
+    """DP and TP in turn, one step each, with pre-copies of 3 steps: every TP step begins a
+    pre-copy, the next DP step cancels it; nothing ever switches and every token is the reference's."""
+    job = Job("cpu-tiny", "rollout-tiny", policy=ScriptedPolicy((DP, TP), every=1), switch_mode="precopy",
+              precopy_steps=3)
+    summary = rank_pools(2).run(serve, job)[0]
+    assert summary.switches == () and set(summary.layout_steps) == {"DP"}
+    assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precopy-steps", "0"], "argument --precopy-steps: must be >= 1 (got 0)"),
+    (["--switch-mode", "later"], "argument --switch-mode: invalid choice: 'later'"),
+])
+def test_bad_precopy_options_are_one_line_and_exit_code_2(capsys, args, message):
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("splash run: error: ") and message in err
