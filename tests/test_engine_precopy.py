@@ -4,6 +4,8 @@ completes (each is cancelled, nothing switches), and the CLI's option checks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from splash_core.cli.main import main
@@ -50,3 +52,34 @@ def test_bad_precopy_options_are_one_line_and_exit_code_2(capsys, args, message)
     assert main(["run", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("splash run: error: ") and message in err
+
+
+class _AlternatingPrecopies(ScriptedPolicy):
+    """The script's layouts, switching into every second one by a pre-copy of 2 steps and into the
+    others in one step (what the scheduler's choice under ``switch_mode="auto"`` looks like)."""
+
+    def decide(self, x, current, steps_since_switch, step):
+        choice = super().decide(x, current, steps_since_switch, step)
+        turn = (step // self.every) % len(self.script)
+        return dataclasses.replace(choice, precopy_steps=2 * (turn % 2))
+
+
+def test_auto_mode_switches_as_each_plan_says(rank_pools):
+    job = Job("cpu-tiny", "rollout-tiny", policy=_AlternatingPrecopies(ALL_DIRECTIONS, every=4), prefill_chunk=32,
+              switch_mode="auto", precopy_steps=8)
+    summary = rank_pools(2).run(serve, job)[0]
+    done = [s for s in summary.switches if not s.refused]
+    assert len(done) >= 12 and not [s for s in summary.switches if s.refused]
+    # into odd turns of the script by a pre-copy of 2 steps (booked at its handoff), else at once
+    turns = len(ALL_DIRECTIONS)
+    assert all(s.step % 4 == (2 if (s.step // 4) % turns % 2 else 0) for s in done), [s.step for s in done]
+    assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+
+
+def test_the_scheduler_explains_its_choice_in_auto_mode(rank_pools):
+    """The default job's one switch (TP to DP: its KV is only discarded, so nothing to pre-copy):
+    the scheduler costs both ways and switches in one step."""
+    summary = rank_pools(2).run(serve, Job("cpu-tiny", "rollout-tiny", switch_mode="auto"))[0]
+    assert [(s.src, s.dst) for s in summary.switches] == [("TP", "DP")]
+    assert "one-step switch:" in summary.switches[0].reason and "exposed (Eq 7)" in summary.switches[0].reason
+    assert summary.check["passed"]

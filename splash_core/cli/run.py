@@ -42,12 +42,14 @@ def add_parser(sub) -> None:
                    help="prefill rows per owner rank per step (default 8192, as splash simulate)")
     p.add_argument("--kv-pages", type=at_least(1), default=None,
                    help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
-    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy"), default="splash",
+    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy", "auto"), default="splash",
                    help="how a switch moves state: layer-pipelined (splash, default), all before the step "
-                        "(blocking), or pre-copied in the background of --precopy-steps steps, then handed off "
-                        "with the tokens appended meanwhile (precopy)")
+                        "(blocking), pre-copied in the background of --precopy-steps steps, then handed off "
+                        "with the tokens appended meanwhile (precopy), or either, as the scheduler finds "
+                        "cheaper (auto: Eq 7 extended to pre-copies of up to --precopy-steps steps)")
     p.add_argument("--precopy-steps", type=at_least(1), default=4,
-                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; default 4)")
+                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; the most with auto; "
+                        "default 4)")
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="collective timeout in seconds (default: the deployment's collective_timeout_s)")

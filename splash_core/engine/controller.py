@@ -112,7 +112,8 @@ class Controller:
         batch = StepBatch.build(members, T, page_size)
         by_id = {r.id: r for r in self.running}
         tokens = np.concatenate([by_id[q.id].feed(q.rows) for q in batch.requests])
-        return StepPlan(Command.STEP, step, layout, batch.requests, tokens, self._take_releases())
+        return StepPlan(Command.STEP, step, layout, batch.requests, tokens, self._take_releases(),
+                        precopy_steps=choice.precopy_steps if layout is choice.layout else 0)
 
     def _arrive(self) -> None:
         now = self._now()

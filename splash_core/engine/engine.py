@@ -48,8 +48,9 @@ class Job:
     policy: object = "splash"
     prefill_chunk: int = 8192  # prefill rows per owner rank per step (as `splash simulate`)
     kv_pages: int | None = None  # pages per layer and rank (None: from the budget and the workload)
-    switch_mode: str = "splash"  # how switches move state: "splash" (layer-pipelined), "blocking" or "precopy"
-    precopy_steps: int = 4  # steps a pre-copy spans before its handoff (switch_mode "precopy")
+    switch_mode: str = "splash"  # how switches move state: "splash" (layer-pipelined), "blocking", "precopy"
+    # (every switch pre-copied over precopy_steps steps) or "auto" (the scheduler picks one step or a pre-copy)
+    precopy_steps: int = 4  # steps a pre-copy spans before its handoff ("auto": at most)
     check: bool = True  # compare outputs with the single-device reference (rank 0, after the run)
     check_tolerance: float | None = None  # for compute formats below float32 (None: the default)
     progress: bool = False  # progress bar on rank 0's stderr
@@ -87,7 +88,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     deployment = deployment_of(job)
     served, concurrency, requests = _requests(job, deployment)
     capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages)
-    policy = make_policy(job.policy, deployment)
+    policy = make_policy(job.policy, deployment, job.precopy_steps if job.switch_mode == "auto" else 0)
     group = build(ctx, deployment, capacity, policy)
     lead = ctx.rank == 0
     controller = hooks = None

@@ -54,7 +54,7 @@ class LiveJob:
     policy: object = "splash"
     prefill_chunk: int = 8192
     switch_mode: str = "splash"
-    precopy_steps: int = 4  # steps a pre-copy spans before its handoff (switch_mode "precopy")
+    precopy_steps: int = 4  # steps a pre-copy spans before its handoff ("auto": at most)
     model: str | None = None
     T: int | None = None
     front_end_here: bool = False  # the front end runs in this process (rank 0 under torchrun): it owns the signals
@@ -84,7 +84,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     """Serve the front end's requests on this rank until it closes; rank 0 returns the run's totals."""
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     deployment = deployment_of(job)
-    policy = make_policy(job.policy, deployment)
+    policy = make_policy(job.policy, deployment, job.precopy_steps if job.switch_mode == "auto" else 0)
     capacity = KVCapacity(job.kv_pages, deployment.page_size, deployment.T, "set by the server")
     group = build(ctx, deployment, capacity, policy)
     controller = hooks = None

@@ -1,7 +1,7 @@
 """The step plan: what rank 0 decided for one step, broadcast so every rank runs the same step.
 
 Wire format (int64, two broadcasts from rank 0 per step): a fixed header
-``[command, step, layout, requests, tokens, releases, report, 0]``, then a body holding, in
+``[command, step, layout, requests, tokens, releases, report, precopy_steps]``, then a body holding, in
 order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed (rows
 in batch order) and the ids of finished requests whose pages every rank frees before the step.
 The tokens stay on the device as a view of the body, so no rank copies them again.
@@ -47,11 +47,13 @@ class StepPlan:
     tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     releases: tuple[int, ...] = ()
     report: bool = False  # every rank reports its KV pool after this plan
+    precopy_steps: int = 0  # a switch to ``layout`` goes by a pre-copy of this many steps (0: the policy's one step)
 
     def encode(self) -> tuple[np.ndarray, np.ndarray]:
         """(header [8], body) as int64 arrays."""
         header = np.array([int(self.command), self.step, LAYOUTS.index(self.layout), len(self.requests),
-                           len(self.tokens), len(self.releases), int(self.report), 0], dtype=np.int64)
+                           len(self.tokens), len(self.releases), int(self.report), self.precopy_steps],
+                          dtype=np.int64)
         body = np.concatenate([np.array([[r.id, r.owner, r.start, r.rows] for r in self.requests],
                                         dtype=np.int64).reshape(-1),
                                np.asarray(self.tokens, dtype=np.int64), np.array(self.releases, dtype=np.int64)])
@@ -72,7 +74,7 @@ def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torc
         body = torch.from_numpy(b)
     header = header.to(device)
     collectives.broadcast(header, src=0)
-    command, step, layout, n_req, n_tok, n_rel, report = (int(v) for v in header.cpu().tolist()[:7])
+    command, step, layout, n_req, n_tok, n_rel, report, precopy_steps = (int(v) for v in header.cpu().tolist())
     size = 4 * n_req + n_tok + n_rel
     if body is None:
         body = torch.zeros(size, dtype=torch.int64)
@@ -85,5 +87,5 @@ def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torc
         plan = StepPlan(Command(command), step, LAYOUTS[layout],
                         tuple(StepRequest(*map(int, r)) for r in rows),
                         host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]),
-                        bool(report))
+                        bool(report), precopy_steps)
     return plan, body[4 * n_req: 4 * n_req + n_tok]

@@ -15,6 +15,7 @@ import dataclasses
 
 from ..costmodel import BatchArrays
 from ..layouts import LAYOUTS, Layout
+from ..precopy_time import plan_transition
 from ..scheduler import HOLD, Scheduler
 
 
@@ -22,7 +23,8 @@ from ..scheduler import HOLD, Scheduler
 class Choice:
     """One step's layout, and whether to hold admission before the next step. ``eq5_checked``:
     the policy found that the switch into ``layout`` fits memory (Eq 5), so the switch
-    executor does not check it again."""
+    executor does not check it again. ``precopy_steps``: switch by a pre-copy of that many steps
+    (0: in one step)."""
 
     layout: Layout
     action: str  # the scheduler's stay / switch / forced_switch / hold_admission, or fixed / scripted
@@ -30,24 +32,34 @@ class Choice:
     preference: tuple[Layout, ...]  # every layout the policy may run, most preferred first
     hold: bool = False
     eq5_checked: bool = False
+    precopy_steps: int = 0
 
 
 class SchedulerPolicy:
-    """SPLASH: the transition-aware scheduler π(x; θ) (paper §4.2) decides every step."""
+    """SPLASH: the transition-aware scheduler π(x; θ) (paper §4.2) decides every step; with
+    ``precopy_steps``, each switch it decides is made in one step or as a pre-copy of up to that
+    many steps, whichever Eq 7 extended (:mod:`splash_core.precopy_time`) finds cheaper."""
 
     name = "splash"
     layouts = LAYOUTS
 
-    def __init__(self, deployment):
+    def __init__(self, deployment, precopy_steps: int = 0):
         self.scheduler = Scheduler(deployment)
         self.initial = deployment.initial_layout
+        self.precopy_steps, self.interference = precopy_steps, deployment.scheduler.precopy_interference
 
     def decide(self, x: BatchArrays, current: Layout, steps_since_switch: float, step: int) -> Choice:
         d = self.scheduler.decide(x, current, steps_since_switch)
         order = tuple(sorted(LAYOUTS, key=d.time_s))
         check = d.switch_checks.get(d.layout) if d.switch else None
-        return Choice(d.layout, d.action, d.reason, order, hold=d.action == HOLD,
-                      eq5_checked=check is not None and check.fits)
+        reason, steps = d.reason, 0
+        if d.switch and self.precopy_steps:
+            s = self.scheduler
+            best, _ = plan_transition(x, current, d.layout, s.cost, d.estimates, self.precopy_steps,
+                                      self.interference, layers=s.layers)
+            reason, steps = f"{reason}; {best.explain()}", best.steps
+        return Choice(d.layout, d.action, reason, order, hold=d.action == HOLD,
+                      eq5_checked=check is not None and check.fits, precopy_steps=steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +113,14 @@ class ScriptedPolicy:
         return Choice(layout, "scripted", f"script step {step}: {layout}", (layout,) + rest)
 
 
-def make_policy(spec, deployment):
-    """A policy from a spec string (see the module docstring) or an object that is one already."""
+def make_policy(spec, deployment, precopy_steps: int = 0):
+    """A policy from a spec string (see the module docstring) or an object that is one already;
+    ``precopy_steps``: the scheduler may switch by pre-copies of up to that many steps."""
     if not isinstance(spec, str):
         return spec
     text = spec.strip()
     if text.lower() == "splash":
-        return SchedulerPolicy(deployment)
+        return SchedulerPolicy(deployment, precopy_steps)
     if text.lower().startswith("script:"):
         parts = text.split(":")
         if len(parts) not in (2, 3) or not parts[1]:

@@ -1,8 +1,10 @@
-"""Switches as pre-copies in the step loop (``--switch-mode precopy``; :mod:`splash_core.runtime.switch.precopy`).
+"""Switches as pre-copies in the step loop (``--switch-mode precopy`` or ``auto``;
+:mod:`splash_core.runtime.switch.precopy`).
 
 Every rank keeps the same pre-copy state and takes the same decision each step, from rank 0's
 plan alone: when the plan names a layout other than the current one, a pre-copy to it begins
-(copying over ``steps`` steps, which run in the current layout), and the first step after it
+(copying over ``steps`` steps, which run in the current layout; with ``auto``, over the plan's
+``precopy_steps``, and a plan with none switches in one step), and the first step after it
 completed hands off (the switching step, moving only the dirty tails). When the plan names the
 current layout again, or another one, the pre-copy is cancelled (its copies freed). A pre-copy
 that its steps did not complete (memory was short: it paused) falls back to the one-step switch;
@@ -23,10 +25,12 @@ HANDOFF_MODE = Mode.SPLASH  # the handoff is an ordinary layer-pipelined switchi
 class PreCopies:
     """The step loop's pre-copy on one rank (``executor``: the group's switch executor)."""
 
-    def __init__(self, executor, steps: int):
+    def __init__(self, executor, steps: int, forced: bool = True):
+        """``steps``: every switch pre-copies over that many steps where ``forced``, else over
+        each plan's ``precopy_steps`` (the policy's choice, 0 for one step)."""
         if steps < 1:
             raise ValueError(f"a pre-copy spans at least one step (got precopy_steps = {steps})")
-        self.executor, self.steps, self.active = executor, steps, None
+        self.executor, self.steps, self.forced, self.active = executor, steps, forced, None
         self.mode = HANDOFF_MODE
 
     def release(self, request: int) -> None:
@@ -47,13 +51,15 @@ class PreCopies:
         if dst is model.layers[0].layout:
             return model.step(batch, tokens), None, "", False
         if active is None:
-            active = self.active = self.executor.precopy(dst, batch, self.steps)
-        if not active.complete and not active.due:
+            steps = self.steps if self.forced else plan.precopy_steps
+            if steps:
+                active = self.active = self.executor.precopy(dst, batch, steps)
+        if active is not None and not active.complete and not active.due:
             logits, _ = active.step(batch, tokens)
             if active.cancelled:  # a copy failed, or the step needed the copies' pages
                 self.active = None
             return logits, None, "", True
-        if not active.complete:  # paused too long: the one-step switch instead
+        if active is not None and not active.complete:  # paused too long: the one-step switch instead
             active.cancel()
             active = self.active = None
         self.active = None

@@ -101,12 +101,14 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy) -> Group:
 def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
               on_step: Callable | None = None, precopy_steps: int = 4) -> list:
     """Run rank 0's plans on this rank until STOP (``controller`` and ``hooks`` on rank 0 only);
-    returns this rank's switch reports as (step, report). ``switch_mode``: splash, blocking or
-    precopy (then a pre-copy spans ``precopy_steps`` steps)."""
+    returns this rank's switch reports as (step, report). ``switch_mode``: splash, blocking,
+    precopy (every switch a pre-copy of ``precopy_steps`` steps) or auto (the plan says)."""
     model, executor = group.model, group.executor
     lead = controller is not None
     hooks = hooks or Hooks()
-    precopies = PreCopies(executor, precopy_steps) if switch_mode == "precopy" and executor is not None else None
+    precopies = None
+    if switch_mode in ("precopy", "auto") and executor is not None:
+        precopies = PreCopies(executor, precopy_steps, forced=switch_mode == "precopy")
     reports = []
     step = 0
     try:

@@ -37,6 +37,12 @@ class SchedulerConfig:
         "η per layout: fraction of attention time that hides communication (Eq 10)",
         default_factory=_default_overlap,
     )
+    precopy_interference: float = field(
+        "α: fraction of a pre-copy's background copy time that the step it runs beside loses to it "
+        "(splash_core.precopy_time); not yet measured on a GPU: the default is a placeholder until calibrated",
+        default=0.25,
+        checks=[unit_interval],
+    )
 
     def problems(self):
         for layout, eta in self.overlap.items():

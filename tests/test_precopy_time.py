@@ -1,0 +1,74 @@
+"""Eq 7 extended to pre-copies (splash_core.precopy_time): the cost of each way to switch, and
+the scheduler's choice between them, on the 8-H200 DeepSeek-V3.2 deployment's cost model (θ
+as profiled; the interference coefficient α is a placeholder, so the tests sweep it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from splash_core.costmodel import BatchArrays, CostModel
+from splash_core.layouts import Layout
+from splash_core.precopy_time import ONE_STEP, PRECOPY, candidate_steps, plan_transition, precopy_cost
+from splash_core.profiles import load
+from splash_core.switch_time import SwitchCost
+
+TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
+
+
+@pytest.fixture(scope="module")
+def decode_batch():
+    deployment = load("deployment", "h200-x8-deepseek-v3.2")
+    cost = CostModel.from_deployment(deployment)
+    B, s = 16, 32768
+    x = BatchArrays.of([s] * B, [i % deployment.T for i in range(B)], query_rows=[1] * B, ids=list(range(B)),
+                       reserved=[s + 256] * B)
+    return cost, x, cost.evaluate(x)
+
+
+def test_precopy_cost_counts_what_outlasts_each_step_and_the_interference():
+    handoff = SwitchCost(0.002, 0.004, (0.004,), (0.001,))
+    # 30 ms of prefix over 3 steps of 8 ms: 2 ms a step outlasts it, 8 ms a step overlaps it
+    c = precopy_cost(handoff, 0.030, 3, src_step_s=0.008, dst_step_s=0.007, interference=0.5)
+    assert c.kind == PRECOPY and c.steps == 3 and c.exposed_s == 0.002
+    assert c.background_s == pytest.approx(3 * (0.002 + 0.5 * 0.008))
+    assert c.delay_s == pytest.approx(3 * 0.001)
+    assert c.total_s == pytest.approx(0.002 + 0.018 + 0.003)
+    # a destination slower than the source costs no delay; with α = 0 a copy that fits its step is free
+    free = precopy_cost(handoff, 0.030, 6, src_step_s=0.008, dst_step_s=0.009, interference=0.0)
+    assert (free.background_s, free.delay_s) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="at least one step"):
+        precopy_cost(handoff, 0.030, 0, 0.008, 0.007, 0.5)
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        precopy_cost(handoff, 0.030, 1, 0.008, 0.007, 1.5)
+
+
+def test_candidate_steps():
+    assert candidate_steps(1) == (1,)
+    assert candidate_steps(4) == (1, 2, 4)
+    assert candidate_steps(6) == (1, 2, 4, 6)
+
+
+@pytest.mark.parametrize("src, dst", [(DP, TP), (CP, DP), (DP, CP)])
+def test_a_handoff_exposes_only_the_dirty_tail(decode_batch, src, dst):
+    """Decode at B = 16, 32K, where KV moves: every pre-copy's handoff exposes a small fraction of
+    the one-step switch; with no interference the scheduler pre-copies, with full interference
+    (every copied second slows a step by as much) the one-step switch, which hides some of it, wins."""
+    cost, x, est = decode_batch
+    best, costs = plan_transition(x, src, dst, cost, est, 8, 0.0)
+    one = costs[0]
+    assert one.kind == ONE_STEP and [c.steps for c in costs] == [0, 1, 2, 4, 8]
+    assert all(c.exposed_s < 0.01 * one.exposed_s for c in costs[1:]), [c.explain() for c in costs]
+    assert best.kind == PRECOPY and best.total_s < one.total_s, best.explain()
+    worst, _ = plan_transition(x, src, dst, cost, est, 8, 1.0)
+    assert worst.kind == ONE_STEP, worst.explain()
+    assert "one-step switch" in worst.explain() and "pre-copy of" in best.explain()
+
+
+def test_nothing_to_precopy_switches_in_one_step(decode_batch):
+    """TP into DP only discards KV: a pre-copy has nothing to take off the handoff, so it only adds
+    steps in the source layout, and the one-step switch wins for every α."""
+    cost, x, est = decode_batch
+    for alpha in (0.0, 0.25):
+        best, costs = plan_transition(x, TP, DP, cost, est, 4, alpha)
+        assert best.kind == ONE_STEP
+        assert all(c.exposed_s == pytest.approx(costs[0].exposed_s) and c.background_s == 0.0 for c in costs[1:])
