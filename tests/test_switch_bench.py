@@ -112,3 +112,20 @@ def test_copy_interference_smoke_writes_every_variant(tmp_path):
     lengths = data.data["run_lengths"]
     assert [(r["pitched"], r["run_pages"]) for r in lengths] == [(False, 1), (False, 4), (True, 1), (True, 4)]
     assert lengths[-1]["copies"] < lengths[-2]["copies"]  # 4 rows in a pitched copy
+
+
+def test_precopy_step_writes_valid_results(rank_pools, tmp_path):
+    """bench/precopy_step.py on a tiny batch: the handoff receives only the dirty tails (the last
+    page of each history), a fraction of what the one-step switch receives."""
+    script = load_bench("precopy_step")
+    args = script.parse_args(["--out", str(tmp_path), "--layers", "2", "--batch", "4", "--context", "128",
+                              "--page-size", "16", "--runs", "1", "--directions", "DP-TP,CP-DP", "--precopy-steps", "2"])
+    assert script.run(args, rank_pools(2)) == 0
+    data = results.read_result(tmp_path / "cpu" / "precopy_step.json")
+    rows = {(r["src"], r["dst"]): r for r in data["summary"]["directions"]}
+    assert set(rows) == {("DP", "TP"), ("CP", "DP")}
+    for r in rows.values():
+        assert 0 < r["handoff_kv_bytes"] <= r["one_step_kv_bytes"] / 4 and r["paused_steps"] == 0
+        assert r["precopy_host_p50_ms"] > 0 and r["ordinary_p50_ms"] > 0
+    kinds = [s["kind"] for s in data["samples"] if (s["src"], s["dst"]) == ("DP", "TP")]
+    assert kinds == ["ordinary", "precopy", "precopy", "handoff", "one_step"]
