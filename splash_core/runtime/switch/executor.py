@@ -45,6 +45,12 @@ arguments, so every decision below is the same everywhere):
    layers keep the destination layout, later ones the source: every history is intact and the
    model stays consistent (each layer holds exactly its own layout's state).
 
+A switch may also hand off a pre-copy (:mod:`.precopy`, ``step(..., precopy=...)``): its
+manifests count the pages the pre-copy placed in earlier steps as held by their destination
+holders, so only the dirty tails move, the pool check sets those pages aside, and as each layer
+lands (right after its source copy is retired, before it computes) its copies join their
+requests. A failure leaves the copies of the layers not switched in place: cancel the pre-copy.
+
 The step's new tokens go straight to the layout each layer computes the step in (their pages are
 reserved there), so a request in its first prefill chunk has nothing to move but in the
 deferred layer. A failure after the step computed (in the deferred layer's transfer) is
