@@ -126,3 +126,24 @@ def test_precopy_all_directions_t2(rank_pools, references, pulls):
 def test_precopy_all_directions_t3(rank_pools, references):
     results = rank_pools(3).run(_precopy_runs, DIRECTIONS, TransferConfig(chunk_bytes=3000))
     _check(results, references[3], 3, "T=3")
+
+
+def test_adopt_hands_pages_over_without_copying_or_refuses_changing_nothing():
+    from splash_core.runtime.block_tables import BlockTables
+
+    tables = BlockTables(0, 16)
+    tables.alloc(7, [0, 2])
+    tables.alloc(-8, [1, 3])
+    physical = dict(zip(*(a.tolist() for a in tables.pages_of(-8))))
+    assert tables.adopt(-8, 7) == 2
+    logical, held = tables.pages_of(7)
+    assert logical.tolist() == [0, 1, 2, 3] and {p: h for p, h in zip(logical.tolist(), held.tolist())
+                                                  if p in physical} == physical
+    assert tables.requests == [7] and tables.used_pages == 4 and tables.adopt(-8, 7) == 0
+    tables.alloc(-8, [2])
+    before = (tables.pages_of(7), tables.pages_of(-8), tables.free_pages, tables.version)
+    with pytest.raises(ValueError, match="request 7 already holds some of pages"):
+        tables.adopt(-8, 7)
+    after = (tables.pages_of(7), tables.pages_of(-8), tables.free_pages, tables.version)
+    assert all(np.array_equal(a, b) for x, y in zip(before[:2], after[:2]) for a, b in zip(x, y))
+    assert before[2:] == after[2:]

@@ -127,7 +127,7 @@ class PreCopy:
         self.cancelled = False
         self._mover = next(mv for mv in executor.movers if State.KV in mv.states)
         self._plans: dict[tuple, dict[State, StatePlan]] = {}
-        self._shadowed: dict[int, PageKeys] = {}  # by id of the keys: their shadow twins (one plan at a time)
+        self._shadowed: dict[int, tuple[PageKeys, PageKeys]] = {}  # by id of the keys: (keys, their shadow twin)
 
     # ---- state --------------------------------------------------------------------------
 
@@ -153,11 +153,16 @@ class PreCopy:
 
     def check(self, batch: StepBatch) -> None:
         """ValueError unless ``batch`` may run beside this pre-copy or hand it off: the layers are
-        in the layouts it copies from and its requests kept their owners."""
+        in the layouts it copies from, every request it copies is in the batch (every layer must
+        copy the same requests) and they kept their owners."""
         now = {layer.index: layer.layout for layer in self.model.layers}
         if now != self.sources:
             raise ValueError(f"the pre-copy to {self.dst} copies from layer layouts "
                              f"{[str(v) for v in self.sources.values()]}, the model has {[str(v) for v in now.values()]}")
+        missing = sorted(set(self.prefix) - {int(i) for i in batch.ids})
+        if missing:
+            raise ValueError(f"requests {missing} of the pre-copy to {self.dst} are not in the batch: release "
+                             "finished requests (PreCopy.release) and put every running request in the batch")
         moved = [int(i) for i, o in zip(batch.ids, batch.owners) if self.owners.get(int(i), int(o)) != int(o)]
         if moved:
             raise ValueError(f"requests {moved} changed owner during the pre-copy to {self.dst}")
@@ -332,7 +337,7 @@ class PreCopy:
             self._side_done()
             for index in self.holding:
                 self.model.pool[index].free(shadow_id(request))
-        self._plans.clear()
+            self._plans.clear()
 
     def cancel(self) -> None:
         """Free every copy; nothing else changes (on every rank)."""
