@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from splash_core.cli.main import main
@@ -83,3 +84,47 @@ def test_the_scheduler_explains_its_choice_in_auto_mode(rank_pools):
     assert [(s.src, s.dst) for s in summary.switches] == [("TP", "DP")]
     assert "one-step switch:" in summary.switches[0].reason and "exposed (Eq 7)" in summary.switches[0].reason
     assert summary.check["passed"]
+
+
+class _FakePreCopy:
+    def __init__(self, dst):
+        self.dst, self.complete, self.due, self.cancelled = dst, True, False, False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _FakeExecutor:
+    """Refuses every handoff of a pre-copy (its copies held push Eq 5 over), takes the one-step switch."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.model = SimpleNamespace(T=2, page_size=16, layers=[SimpleNamespace(layout=DP)],
+                                     step=lambda batch, tokens: "ran in DP")
+        self.calls, self.made = [], []
+
+    def precopy(self, dst, batch, steps):
+        self.made.append(_FakePreCopy(dst))
+        return self.made[-1]
+
+    def step(self, batch, tokens, dst, mode, *, plan, precopy):
+        from splash_core.runtime.switch import SwitchRefused
+
+        self.calls.append((plan, precopy is not None))
+        if precopy is not None:
+            raise SwitchRefused("Eq 5: over budget with the copies held")
+        return "switched", "report"
+
+
+def test_a_refused_handoff_falls_back_to_the_one_step_switch():
+    from splash_core.engine.plan import Command, StepPlan
+    from splash_core.engine.precopies import PreCopies
+    from splash_core.runtime.step_batch import StepRequest
+
+    executor = _FakeExecutor()
+    plan = StepPlan(Command.STEP, 0, TP, (StepRequest(0, 0, 5, 1),), np.zeros(1, np.int64))
+    out = PreCopies(executor, 2).run(plan, None, lambda pc: "handoff plan" if pc is not None else "one-step plan")
+    assert out == ("switched", "report", "", False)
+    assert executor.calls == [("handoff plan", True), ("one-step plan", False)]
+    assert executor.made[0].cancelled  # its copies were freed before the one-step switch

@@ -7,9 +7,10 @@ plan alone: when the plan names a layout other than the current one, a pre-copy 
 ``precopy_steps``, and a plan with none switches in one step), and the first step after it
 completed hands off (the switching step, moving only the dirty tails). When the plan names the
 current layout again, or another one, the pre-copy is cancelled (its copies freed). A pre-copy
-that its steps did not complete (memory was short: it paused) falls back to the one-step switch;
-a handoff or fallback that Eq 5 refuses runs the step in the current layout, as a refused
-switch does, and the plan's next step begins a new pre-copy. A failed copy cancels the pre-copy
+that its steps did not complete (memory was short: it paused) falls back to the one-step switch,
+and so does a handoff that Eq 5 or the pools refuse (the copies count as held); a one-step
+switch refused too runs the step in the current layout, as a refused switch does, and the
+plan's next step begins a new pre-copy. A failed copy cancels the pre-copy
 (the step it ran beside is unaffected), and so does a step whose new pages need the room the
 copies hold; the next step begins a new one.
 """
@@ -61,17 +62,25 @@ class PreCopies:
             return logits, None, "", True
         if active is not None and not active.complete:  # paused too long: the one-step switch instead
             active.cancel()
-            active = self.active = None
+            active = None
         self.active = None
         try:
-            logits, report = self.executor.step(batch, tokens, dst, HANDOFF_MODE, plan=share(active),
-                                                 precopy=active)
+            logits, report = self._switch(batch, tokens, dst, share, active)
         except SwitchRefused as exc:
-            if active is not None:
-                active.cancel()
             return model.step(batch, tokens), None, str(exc), False
-        except BaseException:
-            if active is not None:
-                active.cancel()
-            raise
         return logits, report, "", False
+
+    def _switch(self, batch, tokens, dst, share, precopy):
+        """The switching step handing off ``precopy`` (or in one step, for None); a handoff that
+        Eq 5 or the pools refuse (the copies count as held) falls back to the one-step switch."""
+        try:
+            return self.executor.step(batch, tokens, dst, HANDOFF_MODE, plan=share(precopy), precopy=precopy)
+        except SwitchRefused:
+            if precopy is None:
+                raise
+            precopy.cancel()
+            return self._switch(batch, tokens, dst, share, None)
+        except BaseException:
+            if precopy is not None:
+                precopy.cancel()
+            raise
