@@ -121,8 +121,8 @@ def run(args, pool) -> int:
         benchmark="precopy_step", platform=args.platform, backend=args.backend, model=spec["model"]["name"], T=T,
         dtype="bf16", samples=samples, summary={"workload": workload, "layers": args.layers, "directions": rows},
         extra={"pages_per_layer": pages},
-        notes=(f"{args.backend} backend, {args.kernels} kernels, 2 ranks, slowest rank per sample, wall clock (noisy on "
-               "a shared CPU). precopy_extra = pre-copy step - ordinary step; precopy_host = the pre-copy's own "
+        notes=(f"{args.backend} backend, {args.kernels} kernels, 2 ranks, slowest rank per sample, wall clock "
+               "(noisy on a shared CPU). precopy_extra = pre-copy step - ordinary step; precopy_host = the pre-copy's own "
                "host work in its step; on CPU the copies share the ranks' cores with the step, so this says "
                "nothing yet of a device's interference coefficient (scheduler.precopy_interference)"))
     print("wrote", results.write_result(data, args.out))

@@ -1,6 +1,8 @@
-"""The engine with ``switch_mode="precopy"`` on T = 2 gloo ranks: forced switches through all 12
-directions as pre-copies then handoffs, a policy that changes its mind before every pre-copy
-completes (each is cancelled, nothing switches), and the CLI's option checks."""
+"""The engine with ``switch_mode="precopy"`` and ``"auto"`` on T = 2 gloo ranks: forced switches
+through all 12 directions as pre-copies then handoffs, a policy that changes its mind before every
+pre-copy completes (each is cancelled, nothing switches), plans that say per switch whether to
+pre-copy (auto), the scheduler's explained choice, a refused handoff falling back to the one-step
+switch, and the CLI's option checks."""
 
 from __future__ import annotations
 
