@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from splash_core.layouts import DIRECTIONS, State
 from splash_core.profiles.loader import load
@@ -121,6 +122,25 @@ def _check(results, ref, T, label):
 def test_precopy_all_directions_t2(rank_pools, references, pulls):
     results = rank_pools(2).run(_precopy_runs, DIRECTIONS, PULLS if pulls else TransferConfig())
     _check(results, references[2], 2, f"T=2 {'pulls' if pulls else 'collectives'}")
+
+
+def _through_transfer_buffers(ctx, directions, transfer):
+    """``_precopy_runs`` with side collectives that gather in place in reused transfer buffers (as
+    copy engines' registered memory): each copy must land before the next layer's reuses them."""
+    from splash_core.collectives import DistCollectives, TransferBuffers
+
+    side = ctx.side_collectives()
+    ctx._side = DistCollectives(side.group, ctx.device, transfer_buffers=TransferBuffers(
+        lambda n: torch.zeros(n, dtype=torch.uint8)))
+    try:
+        return _precopy_runs(ctx, directions, transfer)
+    finally:
+        ctx._side = side
+
+
+def test_precopy_through_transfer_buffers_t2(rank_pools, references):
+    results = rank_pools(2).run(_through_transfer_buffers, DIRECTIONS, TransferConfig())
+    _check(results, references[2], 2, "T=2 transfer buffers")
 
 
 def test_precopy_all_directions_t3(rank_pools, references):

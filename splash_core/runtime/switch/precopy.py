@@ -189,23 +189,22 @@ class PreCopy:
         if paused:
             layers = ()
         moves, failed = [], ""
+        # a transfer buffer is reused by the next layer's transfer: there each copy lands before the
+        # next starts (queued on the side stream); else all start, the step runs, then all land
+        land_each = self.executor.io.buffered
         host_s = time.perf_counter() - t0
         try:
             if layers:
                 t1 = time.perf_counter()
                 self.executor._begin()  # the side stream starts after what the compute stream issued
-                try:
-                    for index in layers:
-                        moves.append(self._start(index, plans[self.sources[index]]))
-                except TransferError as exc:
-                    failed = str(exc)
+                failed = self._launch(layers, plans, moves, land_each)
                 host_s += time.perf_counter() - t1
             logits = self.model.step(batch, tokens)
         except BaseException:
             self._rollback(moves)
             raise
         t2 = time.perf_counter()
-        if not failed and moves:
+        if not failed and moves and not land_each:
             failed = self._finish(moves)
         if layers:  # every rank copies the same layers (the pause is agreed)
             failed = self._agree(failed)
@@ -300,6 +299,20 @@ class PreCopy:
             twin = (keys, dataclasses.replace(keys, requests=tuple(shadow_id(r) for r in keys.requests)))
             self._shadowed[id(keys)] = twin
         return twin[1]
+
+    def _launch(self, layers, plans, moves, land_each: bool) -> str:
+        """Start the copies of ``layers`` (into ``moves``), landing each before the next where
+        ``land_each``; the first failure, or ""."""
+        for index in layers:
+            try:
+                moves.append(self._start(index, plans[self.sources[index]]))
+            except TransferError as exc:
+                return str(exc)
+            if land_each:
+                failed = self._finish(moves[-1:])
+                if failed:
+                    return failed
+        return ""
 
     def _start(self, index: int, plans: dict[State, StatePlan]) -> tuple[int, Transfer]:
         io = self.executor.io
