@@ -46,7 +46,11 @@ owner, so a CP rank computes KDA like DP.
 
 The host term belongs with t0 and δ: what a real runtime spends per layer outside the
 modelled stages, measured per layout by ``splash calibrate``; a profile without it (the
-paper's, a datasheet's) gives Eq 10 as printed.
+paper's, a datasheet's) gives Eq 10 as printed. A runtime that replays captured graphs for
+pure decode steps spends no host time per layer there: such a step is charged the profile's
+replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the
+gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
+model is told decode steps replay (``decode_graphs``); prefill and mixed steps run eagerly.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class CostModel:
 
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, T: int, *, page_size: int,
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
-                 layers: Sequence[int] | None = None, sparse: bool | None = None):
+                 layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True):
         self.model, self.hardware, self.T, self.page_size = model, hardware, T, page_size
         self.act_bytes = dtypes.nbytes(compute_dtype)
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
@@ -152,6 +156,10 @@ class CostModel:
         self.host = np.array([h.layer_overhead_s(l) for l in LAYOUTS])  # h_ℓ (zeros without calibration)
         self.host_list = self.host.tolist()
         self.host_overlap = h.host_overlap_fraction  # η_h
+        # pure decode steps replayed from captured graphs: their own t0 and time per layer
+        self.replays = bool(decode_graphs and h.replays_graphs)
+        self.graph_overhead = h.graph_step_overhead_us.value * 1e-6 if self.replays else self.overhead
+        self.graph_host = np.array([h.graph_layer_overhead_s(l) for l in LAYOUTS])
         self.transfer_law = (None if h.switch_transfer is None else  # Eq 13-14's references
                              TransferLaw(h.switch_transfer, model, T, page_size, covered))
         self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
@@ -164,7 +172,7 @@ class CostModel:
         layers = None if deployment.layers is None else range(deployment.layers)
         return cls(deployment.model, deployment.hardware, deployment.T, page_size=deployment.page_size,
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
-                   sparse=deployment.sparse_attention)
+                   sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off")
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -175,6 +183,8 @@ class CostModel:
         q = x.query_rows
         decode_rows = float(len(q) if x.decode else np.count_nonzero(q == 1))
         rows = float(len(q) if x.decode else q.sum())
+        replayed = self.replays and decode_rows == rows
+        overhead = self.graph_overhead if replayed else self.overhead
         sums = np.zeros((7, len(LAYOUTS)))  # proj, att, latency, comm, exposed, host, total
         layer_s, scratch, costliest = {}, None, np.full(len(LAYOUTS), -1.0)
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
@@ -186,7 +196,7 @@ class CostModel:
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
             t_lat = collectives * self.latency
             t_dev = t_proj + t_att + t_lat + exposed
-            t_host = np.maximum(0.0, self.host - self.host_overlap * t_dev)
+            t_host = self.graph_host if replayed else np.maximum(0.0, self.host - self.host_overlap * t_dev)
             layer_s[kc.kind] = t_layer = t_dev + t_host
             sums += kc.layers * np.stack([t_proj, t_att, t_lat, comm, exposed, t_host, t_layer])
             costlier = kc.layers * t_layer > costliest  # report the bounds of the costliest kind
@@ -198,7 +208,7 @@ class CostModel:
         memory = (self.weights_bytes[:, None] + ld.reserved_pages * (self.page_size * self.kv_bytes_token)
                   + ld.state_requests * self.state_bytes_request + scratch)
         proj, att, lat, comm, exposed, host, total = sums
-        return Estimates(total + self.overhead + ffn, self.overhead, proj, att, lat, comm, exposed, host, ffn,
+        return Estimates(total + overhead + ffn, overhead, proj, att, lat, comm, exposed, host, ffn,
                          layer_s, proj_cb, att_cb, memory, scratch)
 
     def step_time(self, layout: Layout, x: BatchArrays) -> StepTime:

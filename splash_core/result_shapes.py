@@ -379,11 +379,11 @@ SHAPES: dict[str, Shape] = {
     "runtime_step": Shape(
         doc="one decode step and one prefill chunk of the distributed runtime per layout and context",
         summary={"layers": "positive", "layers_fit": "count", "memory": "record", "points": "rows",
-                 "skipped": "texts"},
+                 "skipped": "texts", "graphs": "text?", "calibrated_profile": "text?"},
         rows={"memory": {"per_layer_bytes": "counts", "fixed_bytes": "count", "transient_bytes": "count",
                          "budget_bytes": "count"},
               "points": {"layout": "layout", "phase": "phase", "context": "positive", "batch": "positive",
-                         "rows": "positive", "median_ms": "nonneg"}},
+                         "rows": "positive", "path": "text?", "median_ms": "nonneg"}},
         row_key={"points": ("layout", "phase", "context", "batch")},
         sample={"layout": "layout", "phase": "phase", "context": "positive", "batch": "positive",
                 "rows": "positive", "layers": "positive", "step_ms": "numbers"},
