@@ -126,7 +126,7 @@ def fit_replayed(points: Sequence[ReplayPoint]) -> ReplayFit:
                                        for l in LAYOUTS]])
     layer_s = {}
     for layout, g in zip(LAYOUTS, coef[1:]):
-        if g < 0:
+        if g < -1e-9:  # beyond rounding
             notes.append(f"{layout}: 0 us per layer (Eq 10 alone over-predicts its replayed steps)")
         layer_s[layout] = max(0.0, float(g))
     return ReplayFit(float(coef[0]), layer_s, tuple(notes))

@@ -85,6 +85,8 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     for bad, message in ((["--layers", "9"], "--layers must be in 1..3 for model 'tiny-mla' (got 9)"),
                          (["--layers", "0"], "argument --layers: must be >= 1 (got 0)"),
                          (["--no-runtime", "--model", "tiny-mla"], "drop --no-runtime"),
+                         (["--no-runtime", "--graphs", "off"], "drop --no-runtime"),
+                         (["--graphs", "on"], "--graphs on: backend reference runs on the host, which captures no graphs"),
                          (["--model", "glm-5.3-flash", "--layers", "8"], "mix layer kinds (kda, mla)")):
         assert main(["calibrate", "--backend", "reference", *bad, "--out", str(tmp_path / "x.yaml")]) == 2
         err = capsys.readouterr().err.strip()
@@ -144,14 +146,18 @@ def test_runtime_timing_on_two_gloo_ranks(rank_pools):
     per_rank = rank_pools(2).run(calibrate_runtime.time_steps, spec, "fp32")
     samples = per_rank[0]
     assert per_rank[1] == samples  # agreed: the slowest rank's times
-    assert sorted((s["layers"], s["layout"], s["context"]) for s in samples) == sorted(
-        [(0, "TP", c) for c in spec.contexts] + [(3, str(l), c) for l in LAYOUTS for c in spec.contexts])
-    assert all(s["seconds"] > 0 and s["batch"] == spec.batch for s in samples)
+    # the host replays nothing: decode and prefill ran eagerly, nothing at a second layer count
+    assert sorted((s["layers"], s["layout"], s["context"], s["phase"]) for s in samples) == sorted(
+        [(0, "TP", c, "decode") for c in spec.contexts]
+        + [(3, str(l), c, ph) for l in LAYOUTS for c in spec.contexts for ph in ("decode", "prefill")])
+    assert all(s["seconds"] > 0 and s["batch"] == spec.batch and s["path"] == "eager" for s in samples)
+    assert {s["rows"] for s in samples if s["phase"] == "prefill"} == {spec.prefill_chunk}
 
     base = loader.load("hardware", "cpu").without_host_overheads()
     host = calibrate_runtime.fit_theta(samples, base, spec, 2, "fp32")
     assert host["step_overhead_us"] > 0 and 0 <= host["host_overlap"] <= 1
     assert set(host["layer_overhead_us"]) == {str(l) for l in LAYOUTS}
+    assert "graph_layer_overhead_us" not in host  # nothing replayed
     theta = {"matmul_tflops": 1.0, **host}
     data = calibrate.build_profile(theta, base, name="t", machine="test host", command="splash calibrate ...",
                                    backend="reference", date="2026-01-02")
@@ -166,3 +172,88 @@ def test_runtime_timing_on_two_gloo_ranks(rank_pools):
     kept = loader.from_mapping("hardware", again, file="<test>")
     assert kept.layer_overhead_us == profile.layer_overhead_us and kept.step_samples == profile.step_samples
     assert "layer_overhead_us" in kept.notes
+
+
+# ---- decode steps replayed from captured graphs ---------------------------------------------
+
+def test_replayed_fit_recovers_t0_and_time_per_layer():
+    t0, gap = 400e-6, {Layout.TP: 20e-6, Layout.CP: 35e-6, Layout.DP: 0.0, Layout.DOP: 50e-6}
+    points = [host_overhead.ReplayPoint(l, n, t0 + n * gap[l]) for l in LAYOUTS for n in (1, 4)]
+    fit = host_overhead.fit_replayed(points)
+    assert fit.step_s == pytest.approx(t0) and not fit.notes
+    assert all(fit.layer_s[l] == pytest.approx(gap[l], abs=1e-12) for l in LAYOUTS)
+    with pytest.raises(ValueError, match="two layer counts"):
+        host_overhead.fit_replayed([p for p in points if p.layers == 4])
+    with pytest.raises(ValueError, match="layout DP"):
+        host_overhead.fit_replayed([p for p in points if p.layout is not Layout.DP])
+    faster = [host_overhead.ReplayPoint(l, n, -1e-6 * n) for l in LAYOUTS for n in (1, 4)]  # below Eq 10
+    fit = host_overhead.fit_replayed(faster)
+    assert all(g == 0.0 for g in fit.layer_s.values()) and any("over-predicts" in n for n in fit.notes)
+
+
+def _with_graph_terms(profile, graph_us: float, t0_us: float):
+    host = {l: 1000.0 for l in LAYOUTS}
+    return profile.with_host_overheads(host, 1.0, {l: graph_us for l in LAYOUTS}, t0_us, source="measured",
+                                       ref="test", date="2026-01-02", machine="m", command="c")
+
+
+def test_cost_model_charges_replayed_decode_steps_their_own_terms():
+    from splash_core.costmodel import CostModel
+
+    model = loader.load("model", "deepseek-v3")
+    base = loader.load("hardware", "h200").without_host_overheads()
+    graphs = _with_graph_terms(base, 30.0, 900.0)
+    assert graphs.replays_graphs and not base.replays_graphs
+
+    def total(hw, query_rows: int, replay: bool = True) -> float:
+        cost = CostModel(model, hw, 1, page_size=64, layers=range(8), sparse=False, decode_graphs=replay)
+        return float(cost.evaluate(host_overhead.uniform_batch(16, 8192, 1, query_rows)).total_s[0])
+
+    # decode: the device time, t0 of a replayed step and 30 µs per layer; no eager host term
+    assert total(graphs, 1) - total(base, 1) == pytest.approx(
+        (900.0 - base.step_overhead_us.value + 8 * 30.0) * 1e-6, rel=1e-9)
+    eager = graphs.with_host_overheads({l: 1000.0 for l in LAYOUTS}, 1.0, source="measured", ref="t",
+                                       date="2026-01-02", machine="m", command="c")
+    assert eager.replays_graphs  # given no new replay terms, the profile's stay
+    # without decode graphs (deployment mode off), or in prefill, the eager host term applies
+    assert total(graphs, 1, replay=False) == pytest.approx(total(graphs.without_host_overheads().with_host_overheads(
+        {l: 1000.0 for l in LAYOUTS}, 1.0, source="measured", ref="t", date="2026-01-02", machine="m",
+        command="c"), 1))
+    assert total(graphs, 16) == total(graphs, 16, replay=False)
+
+
+def test_replay_terms_come_together_and_are_not_kept_from_a_stale_base():
+    base = _with_graph_terms(loader.load("hardware", "cpu").without_host_overheads(), 10.0, 200.0)
+    data = calibrate.build_profile({"matmul_tflops": 2.0}, base, name="t", machine="m", command="c",
+                                   backend="reference")
+    assert loader.from_mapping("hardware", data, file="<t>").replays_graphs  # nothing timed again: kept
+    again = calibrate.build_profile({"matmul_tflops": 2.0, "layer_overhead_us": {str(l): 5.0 for l in LAYOUTS},
+                                     "host_overlap": 0.5}, base, name="t", machine="m", command="c",
+                                    backend="reference")
+    assert not loader.from_mapping("hardware", again, file="<t>").replays_graphs  # timed eagerly: not kept
+    half = dict(data)
+    del half["graph_step_overhead_us"]
+    with pytest.raises(loader.ProfileError, match="graph_step_overhead_us: give it together"):
+        loader.from_mapping("hardware", half, file="<t>")
+
+
+def test_static_buffer_decode_is_timed_and_named(rank_pools):
+    """The graph path's persistent buffers on the host (nothing captures): the step says so."""
+    from splash_core.profiles.graphs import GraphConfig
+    from splash_core.runtime import step_timing
+
+    samples = rank_pools(1).run(_time_static, GraphConfig(mode="static"))[0]
+    assert {(s["phase"], s["path"]) for s in samples} == {("decode", "static"), ("prefill", "eager")}
+    assert all(len(s["step_ms"]) == 2 for s in samples)
+    with pytest.raises(ValueError, match="warmup >= 1"):
+        step_timing.time_layout(None, profile=None, layout=Layout.TP, layers=1, batch=1, contexts=[8], page_size=16,
+                                dtype=torch.float32, kernels=None, warmup=0, graphs=GraphConfig(mode="static"))
+
+
+def _time_static(ctx, graphs):
+    from splash_core.runtime.step_timing import time_layout
+
+    return time_layout(ctx, profile=loader.load("model", "tiny-mla"), layout=Layout.DOP, layers=2, batch=3,
+                       contexts=[40], page_size=16, dtype=torch.float32,
+                       kernels=ctx.backend.mla_kernels(ctx.device, torch.float32), reps=2, warmup=1, prefill_chunk=4,
+                       fused=ctx.backend.fused_kernels(ctx.device, torch.float32), graphs=graphs)

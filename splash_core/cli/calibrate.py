@@ -25,7 +25,7 @@ from .main import UsageError
 from .output import print_json, table
 
 DTYPES = ("bf16", "fp16", "fp32")
-UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "host_overlap": "fraction"}
+UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "attention_tflops": "TFLOP/s", "host_overlap": "fraction"}
 
 
 def add_parser(sub) -> None:
@@ -68,6 +68,9 @@ def _runtime_spec(args, accelerator: bool):
         if args.model or args.layers is not None or args.graphs != "auto":
             raise UsageError("--model, --layers and --graphs choose what the runtime timing builds; drop --no-runtime")
         return None
+    if args.graphs == "on" and not accelerator:
+        raise UsageError(f"--graphs on: backend {args.backend} runs on the host, which captures no graphs; "
+                         f"use --graphs auto or off")
     try:
         return calibrate_runtime.RuntimeSpec.choose(accelerator, args.quick, args.model, args.layers, args.graphs)
     except ValueError as exc:
