@@ -75,6 +75,8 @@ def describe(sizes: Sizes, dtype: torch.dtype) -> dict[str, str]:
                              f"{sizes.chunk_rows} rows at the end of {sizes.kv_tokens}-token histories, "
                              f"{sizes.attention_heads} heads, causal FLOPs 2 x heads x (576 + 512) per visible "
                              f"key, {name}, median"),
+        "decode_attention_tflops": (f"backend MLA decode, {sizes.kv_requests} requests x {sizes.kv_tokens} tokens, "
+                                    f"{sizes.attention_heads} heads, FLOPs 2 x heads x (576 + 512) per key, {name}, median"),
         "all_gather_gbps": "least-squares fit of all-gather time vs bytes received per rank (collective_samples)",
         "all_to_all_gbps": "least-squares fit of even all-to-all time vs bytes received per rank",
         "all_reduce_gbps": "least-squares fit of all-reduce time vs bytes reduced per rank",
@@ -132,23 +134,31 @@ def _kv_read_gbps(device, dtype, sizes: Sizes, streams, kernels) -> float:
     return cache.numel() * cache.element_size() / seconds / GB
 
 
-def _attention_tflops(device, dtype, sizes: Sizes, streams, kernels) -> float:
-    """Prefill attention's rate: the backend's extend kernel on chunks of rows at the end of
-    paged histories, FLOPs counted as the cost model counts them (per causal (row, key) pair)."""
+def _attention_tflops(device, dtype, sizes: Sizes, streams, kernels) -> tuple[float, float]:
+    """Attention's rates with the model's heads, FLOPs counted as the cost model counts them (per
+    (row, key) pair, causal): the backend's extend kernel on chunks of rows at the end of paged
+    histories (prefill), and its decode kernel on one row per request (decode, whose time is
+    mostly the KV read it shares with kv_read_gbps; the rate then says so to Eq 10's max)."""
     page, d_c, d_r = 64, 512, 64
     rows, context, heads = sizes.chunk_rows, sizes.kv_tokens, sizes.attention_heads
     pages_per_req = context // page
     cache = torch.randn(sizes.kv_requests * pages_per_req, page, d_c + d_r, device=device).to(dtype)
     table = torch.arange(cache.shape[0], device=device, dtype=torch.int32).view(sizes.kv_requests, -1)
     index = torch.arange(pages_per_req, device=device, dtype=torch.int32).expand_as(table).contiguous()
+    scale, pair_flops = (d_c + d_r) ** -0.5, 2 * heads * (d_c + d_r + d_c)
     q = torch.randn(sizes.kv_requests * rows, heads, d_c + d_r, device=device).to(dtype)
     row_req = torch.arange(sizes.kv_requests, device=device, dtype=torch.int32).repeat_interleave(rows)
     row_pos = (context - rows + torch.arange(rows, device=device, dtype=torch.int32)).repeat(sizes.kv_requests)
-    seconds = statistics.median(timed(
-        lambda: kernels.extend(q, cache, table, index, row_req, row_pos, (d_c + d_r) ** -0.5, d_c), streams,
-        sizes.repeats))
-    pairs = sizes.kv_requests * (rows * context - rows * (rows - 1) // 2)
-    return pairs * 2 * heads * (d_c + d_r + d_c) / seconds / 1e12
+    prefill_s = statistics.median(timed(
+        lambda: kernels.extend(q, cache, table, index, row_req, row_pos, scale, d_c), streams, sizes.repeats))
+    q1 = torch.randn(sizes.kv_requests, heads, d_c + d_r, device=device).to(dtype)
+    req = torch.arange(sizes.kv_requests, device=device, dtype=torch.int32)
+    pos = torch.full_like(req, context - 1)
+    decode_s = statistics.median(timed(
+        lambda: kernels.decode(q1, cache, table, index, req, pos, scale, d_c), streams, sizes.repeats))
+    prefill_pairs = sizes.kv_requests * (rows * context - rows * (rows - 1) // 2)
+    return (prefill_pairs * pair_flops / prefill_s / 1e12,
+            sizes.kv_requests * context * pair_flops / decode_s / 1e12)
 
 
 def _collective_samples(collectives, device, sizes: Sizes, streams) -> list[dict]:
@@ -207,8 +217,9 @@ def measure(collectives, device, streams, kernels, options: dict) -> dict:
         "matmul_tflops": _matmul_tflops(device, dtype, sizes, streams),
         "weight_read_gbps": _weight_read_gbps(device, dtype, sizes, streams),
         "kv_read_gbps": _kv_read_gbps(device, dtype, sizes, streams, kernels),
-        "attention_tflops": _attention_tflops(device, dtype, sizes, streams, kernels),
     }
+    theta["attention_tflops"], theta["decode_attention_tflops"] = _attention_tflops(device, dtype, sizes, streams,
+                                                                                    kernels)
     if collectives.size > 1:
         samples = _collective_samples(collectives, device, sizes, streams)
         theta.update(fit_collectives(samples))

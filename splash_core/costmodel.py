@@ -8,7 +8,8 @@ For a layout ℓ and the busiest rank's loads (Table 2, exact for any batch), on
 layer of each kind costs
 
     t_proj = max(F_proj / Φ, W_read / β_W)              projections: compute- or weight-read-bound
-    t_att  = max(F_att / Φ_att, K_read / β_KV)          attention: compute- or KV-read-bound
+    t_att  = max(F_att / Φ_att, K_read / β_KV)          attention: compute- or KV-read-bound (Φ_att of
+                                                         decode kernels in a pure decode step)
     t_dev  = t_proj + t_att + δ + [R_h − η t_att]+ + R_c δ: collective latency, R = R_h + R_c: bandwidth cost
     t_layer = t_dev + [h_ℓ − η_h t_dev]+                 h_ℓ: host time per layer, η_h: how much hides
 
@@ -148,6 +149,7 @@ class CostModel:
         self.ffn = ffn_costs(model, covered, self.act_bytes)
         h = hardware
         self.flops, self.att_flops = h.matmul_tflops.value * 1e12, h.attention_flops
+        self.decode_att_flops = h.decode_attention_flops  # a pure decode step runs the decode kernel
         self.weight_bw, self.kv_bw = h.weight_read_gbps.value * GB, h.kv_read_gbps.value * GB
         self.bw = {Primitive.ALL_GATHER: h.all_gather_gbps.value * GB,
                    Primitive.ALL_TO_ALL: h.all_to_all_gbps.value * GB, "all_reduce": h.all_reduce_gbps.value * GB}
@@ -190,7 +192,7 @@ class CostModel:
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
-            t_att, a_cb = self._attention(kc, ld)
+            t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops)
             hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows)
             comm = hideable + carried
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
@@ -229,13 +231,15 @@ class CostModel:
         read = np.where(rows.max(axis=1) > 0, (self.frac * kc.weight_bytes + kc.replicated_bytes) / self.weight_bw, 0.0)
         return np.maximum(compute, read), compute >= read
 
-    def _attention(self, kc: KindCosts, ld: RankLoads) -> tuple[np.ndarray, np.ndarray]:
-        """Busiest rank's attention compute and read time per layout (each may peak on a
-        different rank; Eq 10 takes the larger)."""
+    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float) -> tuple[np.ndarray, np.ndarray]:
+        """Busiest rank's attention compute (at ``att_flops``: the decode kernel's rate in a pure
+        decode step, the prefill kernel's otherwise, since a mixed step's pairs are mostly its
+        chunks') and read time per layout (each may peak on a different rank; Eq 10 takes the
+        larger)."""
         if kc.kind is LayerKind.MLA:
             scored = ld.pairs.copy()
             scored[TP] *= self.T  # the indexer is replicated: every TP rank scores every pair
-            compute = (ld.sparse_pairs * (kc.flops_pair / self.att_flops)).max(axis=1)
+            compute = (ld.sparse_pairs * (kc.flops_pair / att_flops)).max(axis=1)
             if kc.flops_index_pair:
                 compute = compute + (scored * (kc.flops_index_pair / self.flops)).max(axis=1)
                 read_rows = ld.sparse_pairs.copy()

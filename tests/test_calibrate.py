@@ -257,3 +257,27 @@ def _time_static(ctx, graphs):
                        contexts=[40], page_size=16, dtype=torch.float32,
                        kernels=ctx.backend.mla_kernels(ctx.device, torch.float32), reps=2, warmup=1, prefill_chunk=4,
                        fused=ctx.backend.fused_kernels(ctx.device, torch.float32), graphs=graphs)
+
+
+def test_decode_and_prefill_attention_run_at_their_own_kernels_rates():
+    """Calibration measures the decode kernel's rate beside the prefill kernel's: a pure decode
+    step's attention is charged the first, a step with chunks the second (absent: the same)."""
+    import dataclasses
+
+    from splash_core.costmodel import CostModel
+    from splash_core.profiles.quantity import Quantity
+
+    model = loader.load("model", "deepseek-v3")
+    base = loader.load("hardware", "h200").without_host_overheads()
+    slow = Quantity.from_yaml_value({"value": 50.0, "source": "assumed", "ref": "test"}, file="<t>", path="x")
+    fast = Quantity.from_yaml_value({"value": 5000.0, "source": "assumed", "ref": "test"}, file="<t>", path="x")
+    hw = dataclasses.replace(base, attention_tflops=slow, decode_attention_tflops=fast)
+
+    def att(profile, rows: int) -> float:
+        cost = CostModel(model, profile, 1, page_size=64, layers=range(1), sparse=False)
+        return float(cost.evaluate(host_overhead.uniform_batch(16, 65536, 1, rows)).att_s[0])
+
+    flops = 2 * 128 * (576 + 512)
+    assert att(hw, 16) == pytest.approx(16 * (16 * 65536 - 16 * 15 // 2) * flops / 50e12)  # compute-bound
+    assert att(hw, 1) < att(dataclasses.replace(hw, decode_attention_tflops=None), 1)  # decode: the decode rate
+    assert att(hw, 1) == pytest.approx(16 * 65536 * (576 * 2) / (base.kv_read_gbps.value * 1e9))  # KV-read-bound

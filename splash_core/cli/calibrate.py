@@ -25,7 +25,8 @@ from .main import UsageError
 from .output import print_json, table
 
 DTYPES = ("bf16", "fp16", "fp32")
-UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "attention_tflops": "TFLOP/s", "host_overlap": "fraction"}
+UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "attention_tflops": "TFLOP/s",
+         "decode_attention_tflops": "TFLOP/s", "host_overlap": "fraction"}
 
 
 def add_parser(sub) -> None:

@@ -119,6 +119,9 @@ class HardwareProfile:
     attention_tflops: Quantity | None = field(
         "rate attention kernels reach on prefill rows (query-key products), TFLOP/s; absent = matmul_tflops",
         default=None)
+    decode_attention_tflops: Quantity | None = field(
+        "rate attention kernels reach on decode rows (one query row per request, every head of a rank "
+        "against one latent), TFLOP/s; absent = attention_tflops", default=None)
     layer_overhead_us: dict[Layout, Quantity] = field(
         "host time h per layer of each layout that Eq 10's stages leave out, µs; with it a layer costs "
         "its Eq 10 time plus [h − host_overlap × that time]+ (every layout, or none: absent = Eq 10 as printed)",
@@ -176,6 +179,11 @@ class HardwareProfile:
     def attention_flops(self) -> float:
         """FLOP/s of attention kernels (matmul_tflops when not given)."""
         return (self.attention_tflops or self.matmul_tflops).value * 1e12
+
+    @property
+    def decode_attention_flops(self) -> float:
+        """FLOP/s of attention kernels on decode rows (attention_flops when not given)."""
+        return self.decode_attention_tflops.value * 1e12 if self.decode_attention_tflops else self.attention_flops
 
     @property
     def memory_bytes(self) -> float:
