@@ -24,7 +24,7 @@ model picks measured than the measured fastest (the regret of trusting the model
 ``<out>/<platform>/costmodel_check.json`` (source ``model``) and prints a table. Nothing here is
 tuned by hand, and nothing is fitted per position.
 
-    python bench/costmodel_check.py --measured $OUT/h200/runtime_step.json   # its calibrated.yaml
+    python bench/costmodel_check.py --measured $OUT/h200/runtime_step-t1.json --name costmodel_check-t1
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the same run, next to it; else the result's platform)")
     p.add_argument("--fit-context", type=int, default=8192, help="context the fitted variants' host terms are fitted at")
     p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
+    p.add_argument("--name", default="costmodel_check", help="file name (stem) of the result")
     return p.parse_args(argv)
 
 
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
         print(f"  {v['variant']:36s}" + "".join(
             f"  {l}: {cell.get((v['variant'], str(l), 'decode'), float('nan')):5.1f} / "
             f"{cell.get((v['variant'], str(l), 'prefill'), float('nan')):5.1f}" for l in LAYOUTS))
-    print("wrote", results.write_result(data, args.out))
+    print("wrote", results.write_result(data, args.out, args.name))
     return 0
 
 

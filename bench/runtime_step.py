@@ -21,13 +21,14 @@ On the lent nvidia-h200-x2 machine (T = 2, NCCL through the selected backend)::
    repetition is the slowest rank's wall time, device synchronised.
 
 ``--calibrate`` first runs ``splash calibrate`` with the same backend, ranks and ``--graphs``
-into ``<out>/<platform>/calibrated.yaml`` (θ of this machine's runtime, measured in the same
-run), which ``bench/costmodel_check.py`` then predicts these steps with. θ from the machine at
-T = 1 on one H200, in one command (about 5 minutes)::
+into ``<out>/<platform>/<name>-hardware.yaml`` (θ of this machine's runtime, measured in the
+same run), which ``bench/costmodel_check.py`` then predicts these steps with. θ from the
+machine at T = 1 on one H200, in one command (about 4 minutes)::
 
-    python bench/runtime_step.py --T 1 --batches 1,16,64 --calibrate --skip-equivalence --out $OUT
+    python bench/runtime_step.py --T 1 --batches 1,16,64 --reps 5 --warmup 2 --budget-s 200 \
+        --calibrate --skip-equivalence --name runtime_step-t1 --out $OUT
 
-Writes ``<out>/<platform>/runtime_equivalence.json`` and ``runtime_step.json`` through
+Writes ``<out>/<platform>/runtime_equivalence.json`` and ``<name>.json`` (``runtime_step.json``) through
 :mod:`splash_core.results` and prints a table. Exit code 1 if a layout fails equivalence.
 ``--smoke`` runs the same code on tiny shapes (CPU, gloo) in seconds.
 """
@@ -68,7 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="decode steps replay captured graphs: auto (where the backend captures them), on (the "
                         "backend must), off (eager); prefill runs eagerly")
     p.add_argument("--calibrate", action="store_true",
-                   help="first run `splash calibrate` (same backend, ranks, --graphs) into <out>/<platform>/calibrated.yaml")
+                   help="first run `splash calibrate` (same backend, ranks, --graphs) into <out>/<platform>/<name>-hardware.yaml")
+    p.add_argument("--name", default="runtime_step", help="file name (stem) of the timing result")
     p.add_argument("--contexts", default="8192,32768,131072", help="comma-separated history lengths")
     p.add_argument("--prefill-chunk", type=int, default=16, help="query rows per request in the prefill step")
     p.add_argument("--page-size", type=int, default=64)
@@ -176,7 +178,7 @@ def run(args, pool, calibrated: str | None = None) -> int:
               f"replay, static or eager); float32 matmul precision {args.matmul_precision}; synthetic history; "
               f"prefill = one chunk of {args.prefill_chunk} rows per request, eager; step time = slowest rank"
               + (f"; theta calibrated in the same run: {calibrated}" if calibrated else ""))
-    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    print("wrote", results.write_result(data, args.out, args.name), f"({time.time() - start:.0f} s)", flush=True)
     return 1 if failed else 0
 
 
@@ -193,13 +195,14 @@ def calibrate(args) -> str:
     platform = args.platform or get_backend(args.backend).hardware_profile() or "cpu"
     folder = Path(args.out) / platform
     folder.mkdir(parents=True, exist_ok=True)
+    name = f"{args.name}-hardware.yaml"
     command = ["calibrate", "--backend", args.backend, "--ranks", str(args.T), "--graphs", args.graphs,
-               "--dtype", args.dtype, "--out", str(folder / "calibrated.yaml"), "--force"]
+               "--dtype", args.dtype, "--out", str(folder / name), "--force"]
     command += ["--quick"] if args.smoke else []
     print("splash", " ".join(command), flush=True)
     if splash(command) != 0:
         raise SystemExit("splash calibrate failed (above)")
-    return "calibrated.yaml"
+    return name
 
 
 def main(argv=None) -> int:
