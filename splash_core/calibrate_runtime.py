@@ -30,7 +30,7 @@ import torch
 
 from . import host_overhead
 from .costmodel import CostModel
-from .layouts import LAYOUTS
+from .layouts import LAYOUTS, Layout
 from .profiles.deployment import SchedulerConfig
 from .profiles.hardware import HardwareProfile, StepSample
 from .profiles.model import ModelProfile
@@ -99,7 +99,9 @@ def runtime_model(spec: RuntimeSpec) -> ModelProfile:
 def time_steps(ctx, spec: RuntimeSpec, dtype: str) -> list[dict]:
     """On every rank: median step time (the slowest rank's, per repetition) of the model
     without layers (decode) and of ``spec.layers`` layers in each layout (decode and prefill),
-    at each context; where decode steps replay graphs, those again at ``spec.short_layers``.
+    at each context; where decode steps replay graphs, those again at ``spec.short_layers``
+    layers, and decode steps at ``spec.layers`` eagerly too (with prefill chunks alone, which
+    are device-bound at the longer context, η_h and h_ℓ would be one number).
     Returns the same list on every rank: dicts with the fields of
     :class:`~splash_core.profiles.hardware.StepSample`."""
     compute = torch_dtype(dtype)
@@ -108,13 +110,18 @@ def time_steps(ctx, spec: RuntimeSpec, dtype: str) -> list[dict]:
     common = dict(profile=load("model", spec.model), batch=spec.batch, page_size=spec.page_size, dtype=compute,
                   kernels=ctx.backend.mla_kernels(ctx.device, compute), reps=spec.reps, warmup=spec.warmup,
                   prefill_chunk=spec.prefill_chunk, fused=ctx.backend.fused_kernels(ctx.device, compute),
-                  graphs=graphs, graph_ops=graph_ops)
-    runs = [(LAYOUTS[0], 0, ("decode",))] + [(layout, spec.layers, ("decode", "prefill")) for layout in LAYOUTS]
-    if graph_ops is not None:
-        runs += [(layout, spec.short_layers, ("decode",)) for layout in LAYOUTS]
+)
+    replay = dict(graphs=graphs, graph_ops=graph_ops)
+    eager = dict(graphs=None, graph_ops=None)
+    runs = [(LAYOUTS[0], 0, ("decode",), eager)] + [(layout, spec.layers, ("decode", "prefill"), replay)
+                                                    for layout in LAYOUTS]
+    if graph_ops is not None:  # replayed decode at a second layer count; eager decode tells η_h from h_ℓ
+        runs += [(layout, spec.short_layers, ("decode",), replay) for layout in LAYOUTS]
+        runs += [(layout, spec.layers, ("decode",), eager) for layout in LAYOUTS]
     samples = []
-    for layout, layers, phases in runs:
-        mine = time_layout(ctx, layout=layout, layers=layers, contexts=list(spec.contexts), phases=phases, **common)
+    for layout, layers, phases, how in runs:
+        mine = time_layout(ctx, layout=layout, layers=layers, contexts=list(spec.contexts), phases=phases, **how,
+                           **common)
         everyone = ctx.collectives.all_gather_object(mine)  # a step ends on its slowest rank
         for i, sample in enumerate(mine):
             slowest = [max(rank[i]["step_ms"][k] for rank in everyone) for k in range(len(sample["step_ms"]))]
@@ -144,7 +151,8 @@ def fit_theta(samples: list[dict], hardware: HardwareProfile, spec: RuntimeSpec,
     rms_us = host_overhead.rms_residual(points, fit) * 1e6
     where = f"on {T} rank(s)"
     caveats = "".join(f"; {note}" for note in fit.notes)
-    eager_what = ("prefill chunks" if any(s.path == "replay" for s in steps) else "decode steps and prefill chunks")
+    eager_what = ("prefill chunks and eagerly run decode steps" if any(s.path == "replay" for s in steps)
+                  else "decode steps and prefill chunks")
     out = {
         "step_overhead_us": t0 * 1e6,
         "layer_overhead_us": {str(layout): h * 1e6 for layout, h in fit.layer_s.items()},
@@ -171,10 +179,10 @@ def _fit_replayed(replayed: list[StepSample], cost_model, spec: RuntimeSpec, whe
     """The replayed decode steps' t0 and time per layer beyond Eq 10 (µs), with their methods."""
     points = []
     for s in replayed:
-        cost = cost_model(s.layers)
+        cost, layout = cost_model(s.layers), Layout(s.layout)
         x = host_overhead.uniform_batch(s.batch, s.context, cost.T)
-        device = s.layers * host_overhead.device_layer_time(cost, x, s.layout) + cost.evaluate(x).ffn_s
-        points.append(host_overhead.ReplayPoint(s.layout, s.layers, s.seconds - device))
+        device = s.layers * host_overhead.device_layer_time(cost, x, layout) + cost.evaluate(x).ffn_s
+        points.append(host_overhead.ReplayPoint(layout, s.layers, s.seconds - device))
     fit = host_overhead.fit_replayed(points)
     caveats = "".join(f"; {note}" for note in fit.notes)
     what = (f"decode steps replayed from captured graphs, {spec.short_layers} and {spec.layers} layers of "

@@ -281,3 +281,101 @@ def test_decode_and_prefill_attention_run_at_their_own_kernels_rates():
     assert att(hw, 16) == pytest.approx(16 * (16 * 65536 - 16 * 15 // 2) * flops / 50e12)  # compute-bound
     assert att(hw, 1) < att(dataclasses.replace(hw, decode_attention_tflops=None), 1)  # decode: the decode rate
     assert att(hw, 1) == pytest.approx(16 * 65536 * (576 * 2) / (base.kv_read_gbps.value * 1e9))  # KV-read-bound
+
+
+def test_fit_theta_tells_replayed_decode_from_eager_prefill():
+    """Steps made by the cost model's own law (eager prefill: t0 + L (d + [h - η d]+) + ffn;
+    replayed decode: t0_g + L (d + g) + ffn) give back its constants."""
+    from splash_core.costmodel import CostModel
+
+    spec = calibrate_runtime.RuntimeSpec.choose(accelerator=True, quick=True)  # DeepSeek-V3 dims, 4 and 1 layers
+    hw = loader.load("hardware", "h200").without_host_overheads()
+    model, t0, t0_g, eta = calibrate_runtime.runtime_model(spec), 600e-6, 900e-6, 0.8
+    host = {Layout.TP: 900e-6, Layout.CP: 1300e-6, Layout.DP: 700e-6, Layout.DOP: 1100e-6}
+    gap = {Layout.TP: 20e-6, Layout.CP: 45e-6, Layout.DP: 10e-6, Layout.DOP: 30e-6}
+    samples = [{"layout": "TP", "layers": 0, "batch": spec.batch, "context": c, "seconds": t0} for c in spec.contexts]
+    for layout in LAYOUTS:
+        for layers, phase, rows, replay in ((spec.layers, "prefill", spec.prefill_chunk, False),
+                                            (spec.layers, "decode", 1, True), (spec.short_layers, "decode", 1, True),
+                                            (spec.layers, "decode", 1, False)):
+            cost = CostModel(model, hw, 1, page_size=spec.page_size, layers=range(layers), sparse=False)
+            for context in spec.contexts:
+                x = host_overhead.uniform_batch(spec.batch, context, 1, rows)
+                d, ffn = host_overhead.device_layer_time(cost, x, layout), cost.evaluate(x).ffn_s
+                seconds = ((t0_g + layers * (d + gap[layout])) if replay
+                           else (t0 + layers * (d + max(0.0, host[layout] - eta * d)))) + ffn
+                samples.append({"layout": str(layout), "layers": layers, "batch": spec.batch, "context": context,
+                                "seconds": seconds, "phase": phase, "rows": rows,
+                                "path": "replay" if replay else "eager"})
+    theta = calibrate_runtime.fit_theta(samples, hw, spec, 1, "bf16")
+    assert theta["step_overhead_us"] == pytest.approx(t0 * 1e6)
+    assert theta["graph_step_overhead_us"] == pytest.approx(t0_g * 1e6, rel=1e-6)
+    assert theta["host_overlap"] == pytest.approx(eta, abs=0.011)  # η on a grid of 0.01
+    for layout in LAYOUTS:
+        assert theta["graph_layer_overhead_us"][str(layout)] == pytest.approx(gap[layout] * 1e6, rel=1e-6)
+        assert theta["layer_overhead_us"][str(layout)] == pytest.approx(host[layout] * 1e6, rel=0.02)
+    assert "replayed from captured graphs" in theta["methods"]["graph_step_overhead_us"]
+    assert "fitted to the prefill chunks and eagerly run decode steps" in theta["methods"]["layer_overhead_us"]
+    data = calibrate.build_profile({"matmul_tflops": 1.0, **theta}, loader.load("hardware", "h200"), name="t",
+                                   machine="m", command="c", backend="hopper", date="2026-01-02")
+    profile = loader.from_mapping("hardware", data, file="<t>")
+    assert profile.replays_graphs and {s.path for s in profile.step_samples} == {"eager", "replay"}
+
+
+class _HostGraph:
+    """A 'captured graph' on the host: replay runs the function again into the outputs."""
+
+    def __init__(self, fn):
+        self.fn, self.outputs, self.capture_s, self.nbytes = fn, tuple(t.clone() for t in fn()), 0.0, 0
+
+    def replay(self):
+        for out, new in zip(self.outputs, self.fn()):
+            out.copy_(new)
+
+
+class _HostGraphOps:
+    def new_pool(self):
+        return None
+
+    def capture(self, fn, pool, warmup=2):
+        for _ in range(warmup):
+            fn()
+        return _HostGraph(fn)
+
+
+def test_replayed_decode_is_timed_and_named(rank_pools):
+    from splash_core.profiles.graphs import GraphConfig
+
+    samples = rank_pools(1).run(_time_replayed, GraphConfig(mode="static"))[0]
+    assert {(s["phase"], s["path"]) for s in samples} == {("decode", "replay"), ("prefill", "eager")}
+    assert all(min(s["step_ms"]) > 0 for s in samples)
+
+
+def _time_replayed(ctx, graphs):
+    from splash_core.runtime.step_timing import time_layout
+
+    return time_layout(ctx, profile=loader.load("model", "tiny-mla"), layout=Layout.CP, layers=2, batch=3,
+                       contexts=[40, 70], page_size=16, dtype=torch.float32,
+                       kernels=ctx.backend.mla_kernels(ctx.device, torch.float32), reps=2, warmup=1, prefill_chunk=4,
+                       graphs=graphs, graph_ops=_HostGraphOps())
+
+
+def test_runtime_timing_where_the_backend_captures(rank_pools):
+    """time_steps with a backend that captures (a host stand-in for graph ops): decode replayed at
+    two layer counts and eagerly, prefill eagerly; fit_theta then gives the replay terms too."""
+    spec = calibrate_runtime.RuntimeSpec.choose(accelerator=False, quick=True)
+    samples = rank_pools(1).run(_time_steps_capturing, spec)[0]
+    kinds = {(s["layers"], s["phase"], s["path"]) for s in samples}
+    assert kinds == {(0, "decode", "eager"), (spec.layers, "decode", "replay"), (spec.layers, "prefill", "eager"),
+                     (spec.short_layers, "decode", "replay"), (spec.layers, "decode", "eager")}
+    theta = calibrate_runtime.fit_theta(samples, loader.load("hardware", "cpu"), spec, 1, "fp32")
+    assert set(theta["graph_layer_overhead_us"]) == {str(l) for l in LAYOUTS} and theta["graph_step_overhead_us"] >= 0
+
+
+def _time_steps_capturing(ctx, spec):
+    ops = ctx.backend.graph_ops
+    ctx.backend.graph_ops = lambda device: _HostGraphOps()
+    try:
+        return calibrate_runtime.time_steps(ctx, spec, "fp32")
+    finally:
+        ctx.backend.graph_ops = ops
