@@ -7,6 +7,7 @@ and is module-level, so it pickles into :class:`~splash_core.runtime.spawn.RankP
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -131,5 +132,6 @@ def time_layout(ctx, *, profile: ModelProfile, layout: Layout, layers: int, batc
                             "rows": step.num_rows, "layers": len(model.layers), "step_ms": times,
                             "path": step_path(model, step)})
     del model
+    gc.collect()  # a model's decode graphs and tables hold each other (and its KV pool): free them before the next
     release_cached_memory(ctx)
     return samples
