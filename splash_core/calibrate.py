@@ -46,7 +46,8 @@ class Sizes:
     kv_heads: int
     collective_bytes: tuple[int, ...]
     repeats: int
-    # prefill attention: requests x chunk rows at the end of kv_tokens-token histories, heads
+    # prefill attention: requests x chunk rows at the end of kv_tokens-token histories (as many rows
+    # per request as the runtime timing's prefill chunks: the extend kernel's rate depends on it), heads
     chunk_rows: int = 0
     attention_heads: int = 0
 
@@ -56,7 +57,7 @@ class Sizes:
             return cls(8192, (256 if quick else 1024) * MIB, 16, 8192 if quick else 32768, 16,
                        (4096, 1 * MIB, 16 * MIB, 64 * MIB) if quick
                        else (4096, 256 * 1024, 4 * MIB, 32 * MIB, 256 * MIB), 5 if quick else 10,
-                       chunk_rows=64 if quick else 128, attention_heads=128)
+                       chunk_rows=16, attention_heads=128)
         return cls(256 if quick else 512, (16 if quick else 64) * MIB, 2, 512 if quick else 2048, 4,
                    (4096, 256 * 1024, 2 * MIB) if quick else (4096, 64 * 1024, 1 * MIB, 8 * MIB),
                    3 if quick else 5, chunk_rows=16, attention_heads=8)
