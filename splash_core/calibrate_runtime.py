@@ -69,9 +69,10 @@ class RuntimeSpec:
         if graphs not in GRAPH_MODES:
             raise ValueError(f"--graphs must be one of {', '.join(GRAPH_MODES)} (got {graphs!r})")
         if accelerator:
-            spec = cls(model or "deepseek-v3", layers or 4, 16, (1024, 65536), 64, 5 if quick else 10, 2, graphs)
+            spec = cls(model or "deepseek-v3", layers or 4, 16, (1024, 65536), 64, 5 if quick else 10, 2, graphs=graphs)
         else:
-            spec = cls(model or "tiny-mla", layers or 3, 4, (64, 8192), 16, 3 if quick else 9, 2, graphs, 8)
+            spec = cls(model or "tiny-mla", layers or 3, 4, (64, 8192), 16, 3 if quick else 9, 2, graphs=graphs,
+                       prefill_chunk=8)
         profile = load("model", spec.model)
         kinds = set(profile.layer_kinds[:spec.layers])
         if spec.layers < 1 or spec.layers > profile.num_layers:
@@ -109,8 +110,7 @@ def time_steps(ctx, spec: RuntimeSpec, dtype: str) -> list[dict]:
     graphs, graph_ops = timing_graphs(ctx, spec.graphs)
     common = dict(profile=load("model", spec.model), batch=spec.batch, page_size=spec.page_size, dtype=compute,
                   kernels=ctx.backend.mla_kernels(ctx.device, compute), reps=spec.reps, warmup=spec.warmup,
-                  prefill_chunk=spec.prefill_chunk, fused=ctx.backend.fused_kernels(ctx.device, compute),
-)
+                  prefill_chunk=spec.prefill_chunk, fused=ctx.backend.fused_kernels(ctx.device, compute))
     replay = dict(graphs=graphs, graph_ops=graph_ops)
     eager = dict(graphs=None, graph_ops=None)
     runs = [(LAYOUTS[0], 0, ("decode",), eager)] + [(layout, spec.layers, ("decode", "prefill"), replay)
