@@ -4,12 +4,12 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode
+# serve graphs decode theta
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
 # ($SERVE_ARGS adds options to bench/serve_bench.py, e.g. SERVE_ARGS="--layers 4"), decode graphs and
-# a decode step eager vs replayed) ($SWITCH_BUDGET and
+# a decode step eager vs replayed, θ from the device-bound runtime beside the steps it must predict) ($SWITCH_BUDGET and
 # $ENGINE_BUDGET set how long those two benchmarks may keep starting runs; $SWITCH_ARGS adds options and
 # $SWITCH_TAG names the run, so A/Bs in one call keep apart: SWITCH_TAG=-pulls
 # SWITCH_ARGS="--transfer peer_pulls=true", or SWITCH_TAG=-flat SWITCH_ARGS="--transfer peer_pulls=true
@@ -79,6 +79,11 @@ for s in "${sections[@]}"; do
                 --splash-ranks 1 -k 'fused or graph_ops'" ;;
     # a decode step eager vs replayed from its graph, B = 1/16/64 at 8K/32K/128K, beside its roofline (one GPU)
     decode) section decode 330 python3 bench/decode_step.py --out "$RES/decode" --budget-s "${DECODE_BUDGET:-240}" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode)"; exit 2 ;;
+    # θ from the device-bound runtime (splash calibrate --graphs auto) and, in the same run, a replayed decode step
+    # and an eager prefill chunk per layout at B = 1/16/64, 8K/32K/128K, T = 1 (one GPU): what
+    # bench/costmodel_check.py --measured theta/h200/runtime_step-t1.json predicts
+    theta) section theta 420 python3 bench/runtime_step.py --T 1 --batches 1,16,64 --reps 5 --warmup 2 --budget-s 200 \
+             --calibrate --skip-equivalence --name runtime_step-t1 --out "$RES/theta" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta)"; exit 2 ;;
   esac
 done

@@ -27,6 +27,7 @@ from .profiles.hardware import HardwareProfile
 GB = 1e9
 MIB = 1 << 20
 COLLECTIVE_OPS = ("all_gather", "all_to_all", "all_reduce")
+GRAPH_KEYS = ("graph_step_overhead_us", "graph_layer_overhead_us")  # replayed decode steps' part of θ
 # What a profile gets for numbers no microbenchmark gives when there is no base profile.
 UNMEASURED_DEFAULTS = {
     "step_overhead_us": {"value": 100.0, "source": "assumed",
@@ -45,16 +46,21 @@ class Sizes:
     kv_heads: int
     collective_bytes: tuple[int, ...]
     repeats: int
+    # prefill attention: requests x chunk rows at the end of kv_tokens-token histories (as many rows
+    # per request as the runtime timing's prefill chunks: the extend kernel's rate depends on it), heads
+    chunk_rows: int = 0
+    attention_heads: int = 0
 
     @classmethod
     def choose(cls, accelerator: bool, quick: bool) -> "Sizes":
         if accelerator:
             return cls(8192, (256 if quick else 1024) * MIB, 16, 8192 if quick else 32768, 16,
                        (4096, 1 * MIB, 16 * MIB, 64 * MIB) if quick
-                       else (4096, 256 * 1024, 4 * MIB, 32 * MIB, 256 * MIB), 5 if quick else 10)
+                       else (4096, 256 * 1024, 4 * MIB, 32 * MIB, 256 * MIB), 5 if quick else 10,
+                       chunk_rows=16, attention_heads=128)
         return cls(256 if quick else 512, (16 if quick else 64) * MIB, 2, 512 if quick else 2048, 4,
                    (4096, 256 * 1024, 2 * MIB) if quick else (4096, 64 * 1024, 1 * MIB, 8 * MIB),
-                   3 if quick else 5)
+                   3 if quick else 5, chunk_rows=16, attention_heads=8)
 
 
 def describe(sizes: Sizes, dtype: torch.dtype) -> dict[str, str]:
@@ -66,6 +72,12 @@ def describe(sizes: Sizes, dtype: torch.dtype) -> dict[str, str]:
         "weight_read_gbps": f"8-row {name} matmul streaming a {sizes.weight_bytes // MIB} MiB weight, median",
         "kv_read_gbps": (f"backend MLA decode, {sizes.kv_requests} requests x {sizes.kv_tokens} tokens, "
                          f"{sizes.kv_heads} heads, d_c 512 + d_r 64 ({kv_mib:.0f} MiB {name} cache), median"),
+        "attention_tflops": (f"backend MLA extend (prefill attention), {sizes.kv_requests} requests x "
+                             f"{sizes.chunk_rows} rows at the end of {sizes.kv_tokens}-token histories, "
+                             f"{sizes.attention_heads} heads, causal FLOPs 2 x heads x (576 + 512) per visible "
+                             f"key, {name}, median"),
+        "decode_attention_tflops": (f"backend MLA decode, {sizes.kv_requests} requests x {sizes.kv_tokens} tokens, "
+                                    f"{sizes.attention_heads} heads, FLOPs 2 x heads x (576 + 512) per key, {name}, median"),
         "all_gather_gbps": "least-squares fit of all-gather time vs bytes received per rank (collective_samples)",
         "all_to_all_gbps": "least-squares fit of even all-to-all time vs bytes received per rank",
         "all_reduce_gbps": "least-squares fit of all-reduce time vs bytes reduced per rank",
@@ -121,6 +133,33 @@ def _kv_read_gbps(device, dtype, sizes: Sizes, streams, kernels) -> float:
     seconds = statistics.median(timed(
         lambda: kernels.decode(q, cache, table, index, rows, pos, (d_c + d_r) ** -0.5, d_c), streams, sizes.repeats))
     return cache.numel() * cache.element_size() / seconds / GB
+
+
+def _attention_tflops(device, dtype, sizes: Sizes, streams, kernels) -> tuple[float, float]:
+    """Attention's rates with the model's heads, FLOPs counted as the cost model counts them (per
+    (row, key) pair, causal): the backend's extend kernel on chunks of rows at the end of paged
+    histories (prefill), and its decode kernel on one row per request (decode, whose time is
+    mostly the KV read it shares with kv_read_gbps; the rate then says so to Eq 10's max)."""
+    page, d_c, d_r = 64, 512, 64
+    rows, context, heads = sizes.chunk_rows, sizes.kv_tokens, sizes.attention_heads
+    pages_per_req = context // page
+    cache = torch.randn(sizes.kv_requests * pages_per_req, page, d_c + d_r, device=device).to(dtype)
+    table = torch.arange(cache.shape[0], device=device, dtype=torch.int32).view(sizes.kv_requests, -1)
+    index = torch.arange(pages_per_req, device=device, dtype=torch.int32).expand_as(table).contiguous()
+    scale, pair_flops = (d_c + d_r) ** -0.5, 2 * heads * (d_c + d_r + d_c)
+    q = torch.randn(sizes.kv_requests * rows, heads, d_c + d_r, device=device).to(dtype)
+    row_req = torch.arange(sizes.kv_requests, device=device, dtype=torch.int32).repeat_interleave(rows)
+    row_pos = (context - rows + torch.arange(rows, device=device, dtype=torch.int32)).repeat(sizes.kv_requests)
+    prefill_s = statistics.median(timed(
+        lambda: kernels.extend(q, cache, table, index, row_req, row_pos, scale, d_c), streams, sizes.repeats))
+    q1 = torch.randn(sizes.kv_requests, heads, d_c + d_r, device=device).to(dtype)
+    req = torch.arange(sizes.kv_requests, device=device, dtype=torch.int32)
+    pos = torch.full_like(req, context - 1)
+    decode_s = statistics.median(timed(
+        lambda: kernels.decode(q1, cache, table, index, req, pos, scale, d_c), streams, sizes.repeats))
+    prefill_pairs = sizes.kv_requests * (rows * context - rows * (rows - 1) // 2)
+    return (prefill_pairs * pair_flops / prefill_s / 1e12,
+            sizes.kv_requests * context * pair_flops / decode_s / 1e12)
 
 
 def _collective_samples(collectives, device, sizes: Sizes, streams) -> list[dict]:
@@ -180,6 +219,8 @@ def measure(collectives, device, streams, kernels, options: dict) -> dict:
         "weight_read_gbps": _weight_read_gbps(device, dtype, sizes, streams),
         "kv_read_gbps": _kv_read_gbps(device, dtype, sizes, streams, kernels),
     }
+    theta["attention_tflops"], theta["decode_attention_tflops"] = _attention_tflops(device, dtype, sizes, streams,
+                                                                                    kernels)
     if collectives.size > 1:
         samples = _collective_samples(collectives, device, sizes, streams)
         theta.update(fit_collectives(samples))
@@ -219,6 +260,8 @@ def build_profile(theta: dict, base: HardwareProfile | None, *, name: str, machi
             continue
         optional = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
         kept_value = getattr(base, key) if base is not None else None
+        if key in GRAPH_KEYS and "layer_overhead_us" in theta:  # timed again, eagerly: the base's replay is stale
+            kept_value = None
         if key in theta:
             value = theta[key]
             data[key] = ({layout: measured(key, v) for layout, v in value.items()} if isinstance(value, dict)

@@ -8,7 +8,8 @@ For a layout ℓ and the busiest rank's loads (Table 2, exact for any batch), on
 layer of each kind costs
 
     t_proj = max(F_proj / Φ, W_read / β_W)              projections: compute- or weight-read-bound
-    t_att  = max(F_att / Φ_att, K_read / β_KV)          attention: compute- or KV-read-bound
+    t_att  = max(F_att / Φ_att, K_read / β_KV)          attention: compute- or KV-read-bound (Φ_att of
+                                                         decode kernels in a pure decode step)
     t_dev  = t_proj + t_att + δ + [R_h − η t_att]+ + R_c δ: collective latency, R = R_h + R_c: bandwidth cost
     t_layer = t_dev + [h_ℓ − η_h t_dev]+                 h_ℓ: host time per layer, η_h: how much hides
 
@@ -46,7 +47,11 @@ owner, so a CP rank computes KDA like DP.
 
 The host term belongs with t0 and δ: what a real runtime spends per layer outside the
 modelled stages, measured per layout by ``splash calibrate``; a profile without it (the
-paper's, a datasheet's) gives Eq 10 as printed.
+paper's, a datasheet's) gives Eq 10 as printed. A runtime that replays captured graphs for
+pure decode steps spends no host time per layer there: such a step is charged the profile's
+replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the
+gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
+model is told decode steps replay (``decode_graphs``); prefill and mixed steps run eagerly.
 """
 
 from __future__ import annotations
@@ -131,7 +136,7 @@ class CostModel:
 
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, T: int, *, page_size: int,
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
-                 layers: Sequence[int] | None = None, sparse: bool | None = None):
+                 layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True):
         self.model, self.hardware, self.T, self.page_size = model, hardware, T, page_size
         self.act_bytes = dtypes.nbytes(compute_dtype)
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
@@ -144,6 +149,7 @@ class CostModel:
         self.ffn = ffn_costs(model, covered, self.act_bytes)
         h = hardware
         self.flops, self.att_flops = h.matmul_tflops.value * 1e12, h.attention_flops
+        self.decode_att_flops = h.decode_attention_flops  # a pure decode step runs the decode kernel
         self.weight_bw, self.kv_bw = h.weight_read_gbps.value * GB, h.kv_read_gbps.value * GB
         self.bw = {Primitive.ALL_GATHER: h.all_gather_gbps.value * GB,
                    Primitive.ALL_TO_ALL: h.all_to_all_gbps.value * GB, "all_reduce": h.all_reduce_gbps.value * GB}
@@ -152,6 +158,10 @@ class CostModel:
         self.host = np.array([h.layer_overhead_s(l) for l in LAYOUTS])  # h_ℓ (zeros without calibration)
         self.host_list = self.host.tolist()
         self.host_overlap = h.host_overlap_fraction  # η_h
+        # pure decode steps replayed from captured graphs: their own t0 and time per layer
+        self.replays = bool(decode_graphs and h.replays_graphs)
+        self.graph_overhead = h.graph_step_overhead_us.value * 1e-6 if self.replays else self.overhead
+        self.graph_host = np.array([h.graph_layer_overhead_s(l) for l in LAYOUTS])
         self.transfer_law = (None if h.switch_transfer is None else  # Eq 13-14's references
                              TransferLaw(h.switch_transfer, model, T, page_size, covered))
         self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
@@ -164,7 +174,7 @@ class CostModel:
         layers = None if deployment.layers is None else range(deployment.layers)
         return cls(deployment.model, deployment.hardware, deployment.T, page_size=deployment.page_size,
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
-                   sparse=deployment.sparse_attention)
+                   sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off")
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -175,18 +185,20 @@ class CostModel:
         q = x.query_rows
         decode_rows = float(len(q) if x.decode else np.count_nonzero(q == 1))
         rows = float(len(q) if x.decode else q.sum())
+        replayed = self.replays and decode_rows == rows
+        overhead = self.graph_overhead if replayed else self.overhead
         sums = np.zeros((7, len(LAYOUTS)))  # proj, att, latency, comm, exposed, host, total
         layer_s, scratch, costliest = {}, None, np.full(len(LAYOUTS), -1.0)
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
-            t_att, a_cb = self._attention(kc, ld)
+            t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops)
             hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows)
             comm = hideable + carried
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
             t_lat = collectives * self.latency
             t_dev = t_proj + t_att + t_lat + exposed
-            t_host = np.maximum(0.0, self.host - self.host_overlap * t_dev)
+            t_host = self.graph_host if replayed else np.maximum(0.0, self.host - self.host_overlap * t_dev)
             layer_s[kc.kind] = t_layer = t_dev + t_host
             sums += kc.layers * np.stack([t_proj, t_att, t_lat, comm, exposed, t_host, t_layer])
             costlier = kc.layers * t_layer > costliest  # report the bounds of the costliest kind
@@ -198,7 +210,7 @@ class CostModel:
         memory = (self.weights_bytes[:, None] + ld.reserved_pages * (self.page_size * self.kv_bytes_token)
                   + ld.state_requests * self.state_bytes_request + scratch)
         proj, att, lat, comm, exposed, host, total = sums
-        return Estimates(total + self.overhead + ffn, self.overhead, proj, att, lat, comm, exposed, host, ffn,
+        return Estimates(total + overhead + ffn, overhead, proj, att, lat, comm, exposed, host, ffn,
                          layer_s, proj_cb, att_cb, memory, scratch)
 
     def step_time(self, layout: Layout, x: BatchArrays) -> StepTime:
@@ -219,13 +231,15 @@ class CostModel:
         read = np.where(rows.max(axis=1) > 0, (self.frac * kc.weight_bytes + kc.replicated_bytes) / self.weight_bw, 0.0)
         return np.maximum(compute, read), compute >= read
 
-    def _attention(self, kc: KindCosts, ld: RankLoads) -> tuple[np.ndarray, np.ndarray]:
-        """Busiest rank's attention compute and read time per layout (each may peak on a
-        different rank; Eq 10 takes the larger)."""
+    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float) -> tuple[np.ndarray, np.ndarray]:
+        """Busiest rank's attention compute (at ``att_flops``: the decode kernel's rate in a pure
+        decode step, the prefill kernel's otherwise, since a mixed step's pairs are mostly its
+        chunks') and read time per layout (each may peak on a different rank; Eq 10 takes the
+        larger)."""
         if kc.kind is LayerKind.MLA:
             scored = ld.pairs.copy()
             scored[TP] *= self.T  # the indexer is replicated: every TP rank scores every pair
-            compute = (ld.sparse_pairs * (kc.flops_pair / self.att_flops)).max(axis=1)
+            compute = (ld.sparse_pairs * (kc.flops_pair / att_flops)).max(axis=1)
             if kc.flops_index_pair:
                 compute = compute + (scored * (kc.flops_index_pair / self.flops)).max(axis=1)
                 read_rows = ld.sparse_pairs.copy()

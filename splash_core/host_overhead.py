@@ -64,7 +64,7 @@ def device_layer_time(cost: CostModel, x: BatchArrays, layout: Layout) -> float:
     kinds = {kc.kind for kc in cost.kinds}
     if len(kinds) != 1:
         raise ValueError(f"host overheads are fitted on a model of one layer kind (got {sorted(k.value for k in kinds)})")
-    if cost.host_list != [0.0] * len(LAYOUTS):
+    if cost.host_list != [0.0] * len(LAYOUTS) or cost.replays:
         raise ValueError("device_layer_time needs a cost model without host overheads "
                          "(HardwareProfile.without_host_overheads)")
     (kind,) = kinds
@@ -72,18 +72,64 @@ def device_layer_time(cost: CostModel, x: BatchArrays, layout: Layout) -> float:
 
 
 def layer_point(cost: CostModel, layout: Layout, layers: int, batch: int, context: int, seconds: float,
-                t0_s: float) -> LayerPoint:
-    """One timed decode step of ``layers`` layers reduced to one layer, beside Eq 10's device time."""
-    x = uniform_batch(batch, context, cost.T)
+                t0_s: float, rows: int = 1) -> LayerPoint:
+    """One timed step of ``layers`` layers (``rows`` query rows per request: 1 in decode) reduced
+    to one layer, beside Eq 10's device time."""
+    x = uniform_batch(batch, context, cost.T, query_rows=rows)
     shared = cost.evaluate(x).ffn_s
     return LayerPoint(layout, context, (seconds - t0_s - shared) / layers, device_layer_time(cost, x, layout))
 
 
 def layer_points(cost: CostModel, samples: Iterable, t0_s: float) -> list[LayerPoint]:
-    """Per timed sample with layers > 0 (objects with layout, layers, batch, context, seconds,
-    decode steps): its per-layer time beside Eq 10's device time from ``cost``."""
-    return [layer_point(cost, Layout(s.layout), s.layers, s.batch, s.context, s.seconds, t0_s)
-            for s in samples if s.layers]
+    """Per timed sample with layers > 0 (objects with layout, layers, batch, context, seconds and
+    optionally rows): its per-layer time beside Eq 10's device time from ``cost``."""
+    return [layer_point(cost, Layout(s.layout), s.layers, s.batch, s.context, s.seconds, t0_s,
+                        getattr(s, "rows", 1)) for s in samples if s.layers]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayPoint:
+    """One timed decode step replayed from captured graphs, less Eq 10's device time of its
+    layers and shared blocks: ``residual_s`` = t − t_ffn − L·t_dev, seconds."""
+
+    layout: Layout
+    layers: int
+    residual_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayFit:
+    """Replayed decode steps' t0 and time per layer beyond Eq 10 (seconds), with caveats."""
+
+    step_s: float
+    layer_s: dict[Layout, float]
+    notes: tuple[str, ...] = ()
+
+
+def fit_replayed(points: Sequence[ReplayPoint]) -> ReplayFit:
+    """t0 and g_ℓ of residual = t0 + L·g_ℓ by least squares over ``points`` (a replayed graph
+    spends no host time per layer, so what Eq 10 leaves out adds: no overlap term). Needs two
+    layer counts of one layout (else t0 and g_ℓ are one number); both are kept >= 0."""
+    by_layout = {l: [p for p in points if p.layout is l] for l in LAYOUTS}
+    missing = [str(l) for l, mine in by_layout.items() if not mine]
+    if missing:
+        raise ValueError(f"no replayed steps in layout {', '.join(missing)}: every layout needs its time per layer")
+    if not any(len({p.layers for p in mine}) > 1 for mine in by_layout.values()):
+        raise ValueError("fitting a replayed step's t0 needs two layer counts of one layout")
+    a = np.array([[1.0] + [float(p.layers) * (p.layout is l) for l in LAYOUTS] for p in points])
+    y = np.array([p.residual_s for p in points])
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    notes = []
+    if coef[0] < 0:  # the shortest steps ran faster than Eq 10 says: no negative t0
+        notes.append(f"t0 fitted below 0 ({coef[0] * 1e6:.0f} us): 0, time per layer refitted")
+        coef = np.concatenate([[0.0], [max(0.0, statistics.fmean(p.residual_s / p.layers for p in by_layout[l]))
+                                       for l in LAYOUTS]])
+    layer_s = {}
+    for layout, g in zip(LAYOUTS, coef[1:]):
+        if g < -1e-9:  # beyond rounding
+            notes.append(f"{layout}: 0 us per layer (Eq 10 alone over-predicts its replayed steps)")
+        layer_s[layout] = max(0.0, float(g))
+    return ReplayFit(float(coef[0]), layer_s, tuple(notes))
 
 
 def _sse(points: Sequence[LayerPoint], h: float, eta: float) -> float:

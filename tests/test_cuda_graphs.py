@@ -92,7 +92,8 @@ def _wide_step(ctx) -> dict:
                                    dtype=torch.bfloat16, num_layers=2, graphs=GraphConfig())
         for layer in model.paged_layers:
             layer.kv.kv.normal_()
-        batch = StepBatch.build([StepRequest(i, 0, 1000 + 300 * i, 1) for i in range(5)], 1, 64)
+        # no start on a page boundary: the eager and the replayed step write into the same held pages
+        batch = StepBatch.build([StepRequest(i, 0, 1007 + 300 * i, 1) for i in range(5)], 1, 64)
         fill_histories(model, batch, int(batch.contexts.max()))
         tokens = torch.randint(0, profile.vocab_size, (5,), device=ctx.device)
         graphs, model.graphs = model.graphs, None

@@ -189,7 +189,8 @@ def test_device_tables_write_only_what_changed():
 def test_graph_options_are_validated():
     assert GraphConfig().bucket(3) == 4 and GraphConfig().bucket(129) is None
     for bad, message in (({"buckets": [4, 2]}, "buckets: must be rising"), ({"mode": "always"}, "mode: must be one of"),
-                         ({"min_table_pages": 0}, "min_table_pages: must be > 0")):
+                         ({"min_table_pages": 0}, "min_table_pages: must be > 0"),
+                         ({"mode": False}, 'YAML reads unquoted off.*quote it')):  # `mode: off` unquoted
         with pytest.raises(schema.ProfileError, match=message):
             schema.build(GraphConfig, bad, file="x.yaml", path="graphs")
     assert load("deployment", "cpu-tiny").graphs == GraphConfig()  # auto: graphs where the backend captures

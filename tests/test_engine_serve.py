@@ -64,6 +64,27 @@ def test_an_fp8_kv_cache_matches_the_reference_in_every_direction(rank_pools):
     assert check["tokens"] == summary.output_tokens and check["decisive"] == 0
 
 
+def test_decode_graphs_are_captured_at_start_up_and_serving_captures_only_after_switches(rank_pools):
+    """Static decode buffers (what graphs replay; eagerly on CPU): every bucket up to the run's
+    concurrency is captured before the first step, with tables as wide as the longest request can
+    grow, so a fixed-layout run captures nothing more; switches capture the destination's."""
+    deployment = {**yaml.safe_load((builtin_root() / "deployments" / "cpu-tiny.yaml").read_text()),
+                  "graphs": {"mode": "static"}}
+    fixed, switching = rank_pools(2).run(_two_runs, deployment)[0]
+    concurrency = load("workload", "rollout-tiny").concurrency
+    started = fixed.load["graphs"]
+    buckets = [c["bucket"] for c in started["start_up"]]
+    assert buckets == [b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < concurrency] + [buckets[-1]]
+    assert buckets[-1] >= concurrency and started["while_serving"]["captures"] == 0
+    assert fixed.check["passed"] and switching.check["passed"]
+    assert switching.load["graphs"]["while_serving"]["captures"] > 0  # the destination layouts' graphs
+
+
+def _two_runs(ctx, deployment):
+    return (serve(ctx, Job(deployment, "rollout-tiny", policy="TP")),
+            serve(ctx, Job(deployment, "rollout-tiny", policy=ScriptedPolicy((TP, DP, CP), every=4))))
+
+
 def test_a_request_no_layout_can_hold_is_rejected_and_the_others_finish(rank_pools, tmp_path):
     workload = tmp_path / "one-too-long.yaml"
     workload.write_text("kind: workload\nseed: 3\nrollout: {requests: 6, prompt_tokens: [10, 30], "

@@ -18,7 +18,7 @@ from splash_core.profiles.model import ModelProfile
 from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.step_timing import release_cached_memory, time_layout
+from splash_core.runtime.step_timing import release_cached_memory, time_layout, timing_graphs
 from splash_core.runtime.weights import RoundedWeights, SeededWeights, tensor_shapes
 
 from .kernels import kernels_for
@@ -146,13 +146,16 @@ def layers_that_fit(profile: ModelProfile, T: int, batch: int, context: int, pag
 
 def measure_layout(ctx, spec: dict) -> list[dict]:
     """Time one decode step and one prefill chunk per context in ``spec['layout']`` (only the
-    phases in ``spec['phases']`` where given); rank-local wall times (device synchronised), one
-    list of samples per rank."""
+    phases in ``spec['phases']`` where given), with the backend's fused ops and decode graphs as
+    ``spec['graphs']`` says (:func:`~splash_core.runtime.step_timing.timing_graphs`; off where
+    absent); rank-local wall times (device synchronised), one list of samples per rank."""
     torch.set_float32_matmul_precision(spec["matmul_precision"])
     dtype = dtypes.torch_dtype(spec["dtype"])
+    graphs, graph_ops = timing_graphs(ctx, spec.get("graphs", "off"))
     return time_layout(ctx, profile=load("model", spec["model"]), layout=Layout(spec["layout"]),
                        layers=spec["layers"], batch=spec["batch"], contexts=spec["contexts"],
                        page_size=spec["page_size"], dtype=dtype, kernels=kernels_for(ctx, dtype, spec["kernels"]),
                        seed=spec["seed"], reps=spec["reps"], warmup=spec["warmup"],
                        prefill_chunk=spec["prefill_chunk"], phases=spec.get("phases", ("decode", "prefill")),
-                       deadline=spec["deadline"])
+                       deadline=spec["deadline"], fused=ctx.backend.fused_kernels(ctx.device, dtype),
+                       graphs=graphs, graph_ops=graph_ops)

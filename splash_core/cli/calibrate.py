@@ -1,10 +1,13 @@
 """``splash calibrate``: measure θ on this machine and write a hardware profile.
 
-Besides the microbenchmarks (matmul, weight and KV reads, collectives), calibration times
-the runtime itself unless ``--no-runtime``: decode steps of a few layers of a model in every
-layout (:mod:`splash_core.calibrate_runtime`), which give the cost model's host term — t0
-(``step_overhead_us``), the host time per layer of each layout (``layer_overhead_us``) and how
-much of it hides behind device work (``host_overlap``)."""
+Besides the microbenchmarks (matmul, weight and KV reads, prefill attention, collectives),
+calibration times the runtime itself unless ``--no-runtime``: decode steps and prefill chunks of
+a few layers of a model in every layout (:mod:`splash_core.calibrate_runtime`), which give the
+cost model's host term — t0 (``step_overhead_us``), the host time per layer of each layout on
+eagerly run steps (``layer_overhead_us``) and how much of it hides behind device work
+(``host_overlap``) — and, where decode steps replay captured graphs (``--graphs``, as the
+runtime serves them), the replayed steps' own t0 and time per layer
+(``graph_step_overhead_us``, ``graph_layer_overhead_us``)."""
 
 from __future__ import annotations
 
@@ -22,12 +25,13 @@ from .main import UsageError
 from .output import print_json, table
 
 DTYPES = ("bf16", "fp16", "fp32")
-UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "host_overlap": "fraction"}
+UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "attention_tflops": "TFLOP/s",
+         "decode_attention_tflops": "TFLOP/s", "host_overlap": "fraction"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure θ (matmul, memory and collective rates, runtime host overheads) "
-                                         "into a hardware profile")
+    p = sub.add_parser("calibrate", help="measure θ (matmul, attention, memory and collective rates, the runtime's "
+                                         "host overheads and replayed steps) into a hardware profile")
     p.add_argument("--backend", default="auto", help="backend to calibrate (default: auto)")
     p.add_argument("--out", required=True, help="hardware profile YAML to write (a new file unless --force)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists (e.g. a committed measured profile)")
@@ -40,6 +44,9 @@ def add_parser(sub) -> None:
                    help="compute dtype (default: bf16 on accelerators, fp32 on the host)")
     p.add_argument("--runtime", action=argparse.BooleanOptionalAction, default=True,
                    help="time runtime decode steps per layout and fit the host overheads (default: on)")
+    p.add_argument("--graphs", choices=calibrate_runtime.GRAPH_MODES, default="auto",
+                   help="decode steps replay captured graphs: auto (where the backend captures them, as the runtime "
+                        "serves), on (the backend must), off (eager, as before issue 22); prefill runs eagerly")
     p.add_argument("--model", default=None,
                    help="model profile the runtime timing builds (default: deepseek-v3 on accelerators, tiny-mla on the host)")
     p.add_argument("--layers", type=at_least(1), default=None,
@@ -53,17 +60,20 @@ def _command(args, ranks: int, dtype: str, spec) -> str:
     parts = ["splash calibrate", f"--backend {args.backend}", f"--ranks {ranks}", f"--dtype {dtype}"]
     parts += ["--quick"] if args.quick else []
     parts += [f"--base {args.base}"] if args.base else []
-    parts += [f"--model {spec.model} --layers {spec.layers}"] if spec else ["--no-runtime"]
+    parts += [f"--model {spec.model} --layers {spec.layers} --graphs {spec.graphs}"] if spec else ["--no-runtime"]
     return " ".join(parts + [f"--out {args.out}"])
 
 
 def _runtime_spec(args, accelerator: bool):
     if not args.runtime:
-        if args.model or args.layers is not None:
-            raise UsageError("--model and --layers choose what the runtime timing builds; drop --no-runtime")
+        if args.model or args.layers is not None or args.graphs != "auto":
+            raise UsageError("--model, --layers and --graphs choose what the runtime timing builds; drop --no-runtime")
         return None
+    if args.graphs == "on" and not accelerator:
+        raise UsageError(f"--graphs on: backend {args.backend} runs on the host, which captures no graphs; "
+                         f"use --graphs auto or off")
     try:
-        return calibrate_runtime.RuntimeSpec.choose(accelerator, args.quick, args.model, args.layers)
+        return calibrate_runtime.RuntimeSpec.choose(accelerator, args.quick, args.model, args.layers, args.graphs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -113,8 +123,10 @@ def run(args) -> int:
         return 0
     rows = [(key, q.value, _unit(key), q.label, q.ref) for key, q in profile.quantities().items()]
     print(table(rows, ["key", "value", "unit", "source", "what"], align="lrlll"))
+    decode = sorted({s.path for s in profile.step_samples if s.phase == "decode" and s.layers})
+    how = f" (decode steps: {', '.join(decode)})" if decode else ""
     print(f"\n{len(profile.collective_samples)} collective samples, {len(profile.step_samples)} runtime step "
-          f"samples; wrote {args.out}")
+          f"samples{how}; wrote {args.out}")
     return 0
 
 

@@ -12,6 +12,7 @@ context first, so it runs under torchrun and inside a
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import warnings
 from typing import Callable
@@ -89,9 +90,12 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     served, concurrency, requests = _requests(job, deployment)
     capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages)
     policy = make_policy(job.policy, deployment, job.precopy_steps if job.switch_mode == "auto" else 0)
-    group = build(ctx, deployment, capacity, policy)
+    group = build(ctx, deployment, capacity, policy, max_rows_per_owner=concurrency,
+                  max_context=max(r.reserved_tokens for r in requests))
     lead = ctx.rank == 0
     controller = hooks = None
+    if lead and job.progress and "graphs" in group.load_report:  # what start-up captured, before the first step
+        print(group.load_report["graphs"]["line"], file=sys.stderr, flush=True)
     if lead:
         controller = Controller(requests, policy, capacity, concurrency=concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
@@ -105,6 +109,12 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         if hooks is not None:
             hooks.close()
     elapsed = time.perf_counter() - start
+    graphs = group.model.graphs
+    if graphs is not None:  # captures after start-up: bucket or width changes and switches
+        started = group.load_report["graphs"]
+        later = graphs.captures[len(started["start_up"]):]
+        started["while_serving"] = {"captures": len(later), "seconds": float(sum(c["seconds"] for c in later)),
+                                    "why": sorted({c["why"] for c in later})}
     everyone = ctx.collectives.all_gather_object((reports, group.load_report))
     if not lead:
         return None

@@ -78,9 +78,13 @@ class Group:
     load_report: dict
 
 
-def build(ctx, deployment: DeploymentProfile, capacity, policy) -> Group:
-    """Load the deployment's model on this rank with ``capacity.pages`` KV pages per layer, and
-    the switch executor when the policy may run more than one layout."""
+def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_owner: int | None = None,
+          max_context: int | None = None) -> Group:
+    """Load the deployment's model on this rank with ``capacity.pages`` KV pages per layer, the
+    switch executor when the policy may run more than one layout, and, where the model replays
+    decode graphs, capture the initial layout's graph of every bucket up to
+    ``max_rows_per_owner`` with tables ``max_context`` tokens wide (the load report's
+    ``graphs``), so steady-state decode steps never capture."""
     if ctx.world_size != deployment.T:
         raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
                           f"the group has {ctx.world_size} ranks")
@@ -95,6 +99,9 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy) -> Group:
         executor = SwitchExecutor(model, ctx, budget_bytes=deployment.memory_budget_bytes - deployment.common_bytes,
                                   reserve_bytes=deployment.reserve_bytes, transfer=deployment.transfer)
         _ = executor.io  # create the side communicator now (a collective), not in the first switch's timed step
+    if model.graphs is not None:
+        made = model.graphs.capture_all(max_rows_per_owner, max_context)
+        load_report["graphs"] = {**model.graphs.summary(), "line": model.graphs.describe(), "start_up": made}
     return Group(model, executor, load_report)
 
 

@@ -127,6 +127,8 @@ def render(s: RunSummary) -> str:
              f"prefill chunk {s.prefill_chunk} rows per owner rank"]
     if s.load:
         lines.append(load_line(s.load))
+        if s.load.get("graphs"):
+            lines.append(s.load["graphs"]["line"])
     lines.append("")
     rows = [("requests served", f"{s.served} of {s.requests}" + (f" ({len(s.rejected)} rejected)" if s.rejected else "")),
             ("tokens", f"{s.prompt_tokens:,} prompt + {s.output_tokens:,} generated"),

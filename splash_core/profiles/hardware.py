@@ -11,6 +11,7 @@ from .quantity import Quantity
 from .schema import Problem, ProfileError, field, non_negative, one_of, positive
 
 GIB = 1 << 30
+STEP_PATHS = ("eager", "replay", "static")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,15 +26,21 @@ class CollectiveSample:
 
 @dataclasses.dataclass(frozen=True)
 class StepSample:
-    """One timed runtime decode step behind the fitted host overheads (measured profiles only):
+    """One timed runtime step behind the fitted host overheads (measured profiles only):
     ``layers`` layers computing in ``layout`` (0 layers: embedding and LM head alone, which
     gives t0), ``batch`` requests of ``context`` tokens, the slowest rank's median."""
 
     layout: Layout = field("layout the layers computed in")
     layers: int = field("layers of the timed model", checks=[non_negative])
-    batch: int = field("requests, one query row each", checks=[positive])
-    context: int = field("history tokens per request, this step's row included", checks=[positive])
+    batch: int = field("requests", checks=[positive])
+    context: int = field("history tokens per request, this step's rows included", checks=[positive])
     seconds: float = field("median step time", checks=[positive])
+    phase: str = field("decode (one query row per request) or prefill (a chunk of rows per request)",
+                       default="decode", checks=[one_of("decode", "prefill")])
+    rows: int = field("query rows per request (1 in decode)", default=1, checks=[positive])
+    path: str = field("how the step ran: eager, replay (of its captured graph) or static (the graph path's "
+                      "buffers run eagerly: the backend captures nothing)", default="eager",
+                      checks=[one_of(*STEP_PATHS)])
 
 
 def _no_overheads():
@@ -112,6 +119,9 @@ class HardwareProfile:
     attention_tflops: Quantity | None = field(
         "rate attention kernels reach on prefill rows (query-key products), TFLOP/s; absent = matmul_tflops",
         default=None)
+    decode_attention_tflops: Quantity | None = field(
+        "rate attention kernels reach on decode rows (one query row per request, every head of a rank "
+        "against one latent), TFLOP/s; absent = attention_tflops", default=None)
     layer_overhead_us: dict[Layout, Quantity] = field(
         "host time h per layer of each layout that Eq 10's stages leave out, µs; with it a layer costs "
         "its Eq 10 time plus [h − host_overlap × that time]+ (every layout, or none: absent = Eq 10 as printed)",
@@ -121,6 +131,16 @@ class HardwareProfile:
         "η_h in [0, 1]: fraction of a layer's Eq 10 time the host overhead hides behind (0: the two add, "
         "1: the layer takes the longer of the two); absent = 0. Only with layer_overhead_us",
         default=None,
+    )
+    graph_step_overhead_us: Quantity | None = field(
+        "t0 of a decode step replayed from captured graphs (inputs refreshed, replay, logits), µs; "
+        "only with graph_layer_overhead_us", default=None)
+    graph_layer_overhead_us: dict[Layout, Quantity] = field(
+        "time per layer a decode step replayed from captured graphs takes beyond Eq 10's stages (the gaps "
+        "between its kernels: it adds to the device time), µs; pure decode steps of a runtime that replays "
+        "graphs are charged it and graph_step_overhead_us instead of layer_overhead_us and t0 (every "
+        "layout, or none: absent = decode steps are charged as every other step)",
+        default_factory=_no_overheads,
     )
     collective_samples: tuple[CollectiveSample, ...] = field(
         "calibrated collective times across message sizes (measured profiles only)", default=()
@@ -142,6 +162,13 @@ class HardwareProfile:
             missing = ", ".join(str(l) for l in LAYOUTS if l not in given)
             yield Problem("layer_overhead_us", f"give every layout or none (missing {missing}): a layout "
                                                "without its overhead would look cheaper than it runs")
+        graph = set(self.graph_layer_overhead_us)
+        if graph and graph != set(LAYOUTS):
+            missing = ", ".join(str(l) for l in LAYOUTS if l not in graph)
+            yield Problem("graph_layer_overhead_us", f"give every layout or none (missing {missing})")
+        if (self.graph_step_overhead_us is None) != (not graph):
+            yield Problem("graph_step_overhead_us", "give it together with graph_layer_overhead_us (a replayed "
+                                                    "step's t0 and its time per layer are fitted together)")
         if self.host_overlap is not None:
             if not given:
                 yield Problem("host_overlap", "only meaningful with layer_overhead_us")
@@ -154,6 +181,11 @@ class HardwareProfile:
         return (self.attention_tflops or self.matmul_tflops).value * 1e12
 
     @property
+    def decode_attention_flops(self) -> float:
+        """FLOP/s of attention kernels on decode rows (attention_flops when not given)."""
+        return self.decode_attention_tflops.value * 1e12 if self.decode_attention_tflops else self.attention_flops
+
+    @property
     def memory_bytes(self) -> float:
         return self.memory_gib.value * GIB
 
@@ -163,32 +195,53 @@ class HardwareProfile:
         return 0.0 if q is None else q.value * 1e-6
 
     @property
+    def replays_graphs(self) -> bool:
+        """Whether this θ holds the time of decode steps replayed from captured graphs."""
+        return bool(self.graph_layer_overhead_us)
+
+    def graph_layer_overhead_s(self, layout: Layout) -> float:
+        """Replayed decode steps' time per layer beyond Eq 10 of ``layout``, seconds (0 without)."""
+        q = self.graph_layer_overhead_us.get(layout)
+        return 0.0 if q is None else q.value * 1e-6
+
+    @property
     def host_overlap_fraction(self) -> float:
         """η_h (0 when absent)."""
         return 0.0 if self.host_overlap is None else self.host_overlap.value
 
     def without_host_overheads(self) -> "HardwareProfile":
         """This θ with Eq 10's device stages alone (what a fit of the overheads compares against)."""
-        return dataclasses.replace(self, layer_overhead_us=_no_overheads(), host_overlap=None, step_samples=())
+        return dataclasses.replace(self, layer_overhead_us=_no_overheads(), host_overlap=None, step_samples=(),
+                                   graph_layer_overhead_us=_no_overheads(), graph_step_overhead_us=None)
 
     def with_host_overheads(self, layer_overhead_us: Mapping[Layout | str, float], host_overlap: float,
-                            **provenance: str) -> "HardwareProfile":
-        """This θ with another host term (µs per layer by layout, η_h), every number carrying
+                            graph_layer_overhead_us: Mapping[Layout | str, float] | None = None,
+                            graph_step_overhead_us: float | None = None, **provenance: str) -> "HardwareProfile":
+        """This θ with another host term (µs per layer by layout, η_h; and, where given, the
+        replayed decode steps' µs per layer and t0, else this θ's), every number carrying
         ``provenance`` (source, ref, date, machine, command), validated as a loaded profile is."""
         where = f"<{self.name} with host overheads>"
 
         def quantity(path: str, value: float) -> Quantity:
             return Quantity.from_yaml_value({"value": float(value), **provenance}, file=where, path=path)
 
-        overheads = {}
-        for layout, value in layer_overhead_us.items():
-            try:
-                key = Layout.parse(layout)
-            except ValueError as exc:
-                raise ProfileError(where, f"layer_overhead_us.{layout}", str(exc)) from None
-            overheads[key] = quantity(f"layer_overhead_us.{key}", value)
-        profile = dataclasses.replace(self, layer_overhead_us=types.MappingProxyType(overheads),
-                                      host_overlap=quantity("host_overlap", host_overlap), step_samples=())
+        def per_layout(key: str, values: Mapping[Layout | str, float]):
+            out = {}
+            for layout, value in values.items():
+                try:
+                    parsed = Layout.parse(layout)
+                except ValueError as exc:
+                    raise ProfileError(where, f"{key}.{layout}", str(exc)) from None
+                out[parsed] = quantity(f"{key}.{parsed}", value)
+            return types.MappingProxyType(out)
+
+        graph = {}
+        if graph_layer_overhead_us is not None:
+            graph["graph_layer_overhead_us"] = per_layout("graph_layer_overhead_us", graph_layer_overhead_us)
+        if graph_step_overhead_us is not None:
+            graph["graph_step_overhead_us"] = quantity("graph_step_overhead_us", graph_step_overhead_us)
+        profile = dataclasses.replace(self, layer_overhead_us=per_layout("layer_overhead_us", layer_overhead_us),
+                                      host_overlap=quantity("host_overlap", host_overlap), step_samples=(), **graph)
         for problem in profile.problems():
             raise ProfileError(where, problem.path, problem.reason, problem.got)
         return profile
@@ -201,7 +254,7 @@ class HardwareProfile:
             value = getattr(self, f.name)
             if isinstance(value, Quantity):
                 out[f.name] = value
-            elif f.name == "layer_overhead_us":
+            elif f.name in ("layer_overhead_us", "graph_layer_overhead_us"):
                 out.update({f"{f.name}.{layout}": value[layout] for layout in LAYOUTS if layout in value})
             elif isinstance(value, TransferReference):
                 for key in ("weights_ms", "kv_ms"):

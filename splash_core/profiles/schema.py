@@ -177,6 +177,9 @@ def convert(tp: Any, value: Any, *, file: str, path: str) -> Any:
             raise ProfileError(file, path, "expected a number", value)
         return float(value)
     if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads unquoted off/on/no/yes as booleans
+            raise ProfileError(file, path, "expected a string; YAML reads unquoted off, on, no and yes as "
+                               "true/false, so quote it (e.g. \"off\")", value)
         if not isinstance(value, str):
             raise ProfileError(file, path, "expected a string", value)
         return value

@@ -35,7 +35,9 @@ def render(result: Result, ctx: Context) -> list[str]:
         best = min(times, key=times.get)
         cells = [(bold(ms(times[l])) if l == best else ms(times[l])) if l in times else MISSING for l in LAYOUTS]
         rows.append([PHASES[phase], f"{context:,}", str(batch), str(n_rows), *cells, best])
-    lines += ["Step time in ms; the fastest layout in bold.", ""]
+    paths = sorted({p.get("path", "eager") for p in points if p["phase"] == "decode"})
+    how = f" Decode steps ran: {', '.join(paths)} (replay: from captured graphs); prefill eagerly." if paths else ""
+    lines += [f"Step time in ms; the fastest layout in bold.{how}", ""]
     lines += table(["phase", "context", "B", "rows", *LAYOUTS, "fastest"], rows, "lrrrrrrrl") + [""]
     if summary["skipped"]:
         lines += [f"Skipped (time budget): {', '.join(summary['skipped'])}.", ""]
@@ -45,14 +47,19 @@ def render(result: Result, ctx: Context) -> list[str]:
 def _plot(result: Result, ctx: Context) -> str:
     points = result["summary"]["points"]
     phases = [ph for ph in PHASES if any(p["phase"] == ph for p in points)]
+    batches = sorted({p["batch"] for p in points})
+    styles = dict(zip(batches, ("-", "--", ":", "-.") * len(batches)))  # one line per (layout, batch)
     fig, axes = figures.figure(1, len(phases), width=2.9, height=2.1)
     for ax, phase in zip(axes[0], phases):
         for layout in LAYOUTS:
-            pts = sorted((p["context"], p["median_ms"]) for p in points
-                         if p["phase"] == phase and p["layout"] == layout)
-            if pts:
-                ax.plot([c for c, _ in pts], [t for _, t in pts], marker=figures.LAYOUT_MARKERS[layout], markersize=3,
-                        linewidth=1, color=figures.LAYOUT_COLORS[layout], label=figures.LAYOUT_NAMES[layout])
+            for batch in batches:
+                pts = sorted((p["context"], p["median_ms"]) for p in points
+                             if p["phase"] == phase and p["layout"] == layout and p["batch"] == batch)
+                if pts:
+                    label = figures.LAYOUT_NAMES[layout] + (f", B = {batch}" if len(batches) > 1 else "")
+                    ax.plot([c for c, _ in pts], [t for _, t in pts], marker=figures.LAYOUT_MARKERS[layout],
+                            markersize=3, linewidth=1, linestyle=styles[batch], color=figures.LAYOUT_COLORS[layout],
+                            label=label)
         contexts = sorted({p["context"] for p in points if p["phase"] == phase})
         ax.set_xscale("log", base=2)
         ax.set_xticks(contexts, [tokens(c) for c in contexts])

@@ -112,9 +112,12 @@ class DecodeGraphs:
         """Entries a table row needs for ``batch``: its longest context's pages, held whole (TP, DP,
         DOP) or every T-th (CP) by the layers' layouts; computed from the batch alone, so every
         rank widens its tables at the same step."""
-        pages = int(ownership.pages_for(int(batch.contexts.max()), batch.page_size))
+        return self._width(int(batch.contexts.max()))
+
+    def _width(self, context: int) -> int:
+        pages = int(ownership.pages_for(context, self.model.page_size))
         split = all(layer.layout.ownership is Ownership.POSITIONS for layer in self.model.paged_layers)
-        return -(-pages // batch.T) if split else pages
+        return -(-pages // self.model.T) if split else pages
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -156,13 +159,18 @@ class DecodeGraphs:
                 self._stale.discard(key)
         return graph
 
-    def capture_all(self, max_rows_per_owner: int | None = None) -> list[dict]:
-        """Capture the current layouts' graph of every bucket (up to ``max_rows_per_owner``) now,
-        at start-up, with padding rows only: they write the sink pages and read no key. The
-        tables keep their width until a batch needs more (then each bucket is captured again),
-        so set ``min_table_pages`` to the longest context's pages for captures that last.
-        Collective: every rank. Returns the records of the captures it made."""
+    def capture_all(self, max_rows_per_owner: int | None = None, max_context: int | None = None) -> list[dict]:
+        """Capture the current layouts' graph of every bucket (up to the one that holds
+        ``max_rows_per_owner``) now, at start-up, with padding rows only: they write the sink
+        pages and read no key. The tables are first widened to ``max_context`` tokens (if given:
+        the longest history any request can reach), since they keep their width until a batch
+        needs more, and then each bucket is captured again. Collective: every rank. Returns the
+        records of the captures it made."""
         before = len(self.captures)
+        if max_context is not None:
+            self.tables.prepare([], self._width(max_context))
+        if max_rows_per_owner is not None:
+            max_rows_per_owner = self.config.bucket(max_rows_per_owner) or self.config.buckets[-1]
         for per_owner in self.config.buckets:
             if max_rows_per_owner is None or per_owner <= max_rows_per_owner:
                 self._graph(per_owner)

@@ -7,14 +7,16 @@ and is module-level, so it pickles into :class:`~splash_core.runtime.spawn.RankP
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
 import torch
 
 from .. import ownership
-from ..interfaces import MLAKernels
+from ..interfaces import FusedKernels, GraphOps, MLAKernels
 from ..layouts import Layout
+from ..profiles.graphs import GraphConfig
 from ..profiles.model import ModelProfile
 from .kv_pool import held_pages
 from .model import Model
@@ -48,22 +50,61 @@ def release_cached_memory(ctx) -> None:
         module.empty_cache()
 
 
+GRAPH_MODES = ("auto", "on", "off")
+
+
+def timing_graphs(ctx, mode: str) -> tuple[GraphConfig | None, GraphOps | None]:
+    """What :func:`time_layout` replays decode steps with under ``mode``: ``auto`` the backend's
+    graph ops where it captures (else none: eager), ``on`` the same but an error where it cannot,
+    ``off`` none."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)} (got {mode!r})")
+    ops = None if mode == "off" else ctx.backend.graph_ops(ctx.device)
+    if mode == "on" and ops is None:
+        raise ValueError(f"graphs on: backend {ctx.backend.name} captures no graphs on {ctx.device}; "
+                         f"use auto or off")
+    return (None if ops is None else GraphConfig(mode="static")), ops
+
+
+def step_path(model: Model, step: StepBatch) -> str:
+    """How ``model`` ran ``step``: ``replay`` (a captured graph), ``static`` (the graph path's
+    persistent buffers, run eagerly: the backend captures nothing) or ``eager``."""
+    graphs = model.graphs
+    bucket = None if graphs is None else graphs.bucket(step)
+    if bucket is None:
+        return "eager"
+    if graphs.ops is None:
+        return "static"
+    key = (tuple(layer.layout for layer in model.layers), bucket)
+    return "replay" if key in graphs.graphs else "eager"  # a failed capture runs eagerly
+
+
 def time_layout(ctx, *, profile: ModelProfile, layout: Layout, layers: int, batch: int, contexts,
                 page_size: int, dtype: torch.dtype, kernels: MLAKernels, seed: int = 0, reps: int = 5,
                 warmup: int = 2, prefill_chunk: int = 1, phases=("decode", "prefill"),
-                deadline: float = float("inf")) -> list[dict]:
+                deadline: float = float("inf"), fused: FusedKernels | None = None,
+                graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None) -> list[dict]:
     """Rank-local wall times (device synchronised) of one decode step and one ``prefill_chunk``-row
     prefill chunk per context in ``contexts`` (only ``phases``), ``reps`` after ``warmup``, for a
     model of ``layers`` layers in ``layout`` holding ``batch`` requests (owners round robin) of
     unit-scale synthetic histories. One dict per (context, phase): ``step_ms`` (this rank's
-    samples) or ``skipped`` once rank 0 passed ``deadline``."""
+    samples) and ``path`` (how the step ran: ``replay`` of a captured graph, ``static`` buffers
+    run eagerly, or ``eager``), or ``skipped`` once rank 0 passed ``deadline``.
+
+    ``fused``: the small ops (None: the torch reference); ``graphs`` and ``graph_ops``: decode
+    steps as the model's :class:`~splash_core.runtime.decode_graphs.DecodeGraphs` run them
+    (None: eagerly). A decode step's first warm-up run captures its graph (so ``warmup`` >= 1
+    keeps captures out of the timed runs); prefill always runs eagerly."""
+    if graphs is not None and warmup < 1:
+        raise ValueError("timing decode graphs needs warmup >= 1 (the first run captures)")
     T = ctx.world_size
     owners = [i % T for i in range(batch)]
     biggest = ownership.Batch.balanced(batch, max(contexts), T)
     pages = int(ownership.kv_pages_per_rank(layout, biggest, T, page_size).max())
     model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives, kernels=kernels,
                   profile=profile, source=SeededWeights(seed), layouts=layout, pages_per_layer=pages,
-                  page_size=page_size, dtype=dtype, num_layers=layers)
+                  page_size=page_size, dtype=dtype, num_layers=layers, fused=fused, graphs=graphs,
+                  graph_ops=graph_ops, streams=ctx.streams)
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(seed)
     for layer in model.paged_layers:  # synthetic history: unit-scale latents, as RMSNorm leaves them
@@ -88,7 +129,9 @@ def time_layout(ctx, *, profile: ModelProfile, layout: Layout, layers: int, batc
                 if rep >= warmup:
                     times.append((time.perf_counter() - t0) * 1e3)
             samples.append({"layout": str(layout), "phase": phase, "context": context, "batch": batch,
-                            "rows": step.num_rows, "layers": len(model.layers), "step_ms": times})
+                            "rows": step.num_rows, "layers": len(model.layers), "step_ms": times,
+                            "path": step_path(model, step)})
     del model
+    gc.collect()  # a model's decode graphs and tables hold each other (and its KV pool): free them before the next
     release_cached_memory(ctx)
     return samples

@@ -126,7 +126,8 @@ class Frontend:
         kind, body = message
         if kind == "ready":
             self.layout = body["layout"]
-            self.info.update(kv_pages=body["kv_pages"], policy=body["policy"])
+            self.info.update(kv_pages=body["kv_pages"], policy=body["policy"],
+                             graphs=body.get("load", {}).get("graphs", {}).get("line", ""))
             self.metrics.set_layout(self.layout)
             if self.state == "loading":
                 self.state = "ready"

@@ -138,6 +138,8 @@ def _announce(frontend: Frontend, config: ServerConfig) -> None:
     print(f"splash serve: ready on http://{config.host}:{config.port} serving {frontend.served.model!r} "
           f"(deployment {info['deployment']}, T = {info['T']}, {info['backend']}, policy {info['policy']}, "
           f"layout {frontend.layout}, {info['kv_pages']:,} KV pages per layer and rank)", file=sys.stderr, flush=True)
+    if info.get("graphs"):
+        print(f"splash serve: {info['graphs']}", file=sys.stderr, flush=True)
 
 
 def _stop_http(server, http: threading.Thread, frontend: Frontend) -> None:
