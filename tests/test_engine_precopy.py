@@ -10,12 +10,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+import yaml
 
 from splash_core.cli.main import main
 from splash_core.engine import Job, serve
 from splash_core.engine.policy import ScriptedPolicy
 from splash_core.layouts import Layout
 from splash_core.profiles import load
+from splash_core.profiles.loader import builtin_root
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 ALL_DIRECTIONS = (TP, DP, TP, CP, TP, DOP, DP, CP, DP, DOP, CP, DOP, TP)
@@ -34,6 +36,19 @@ def test_forced_precopy_switches_through_every_direction_lose_no_request(rank_po
     assert all(s.step % 4 == 2 for s in done), [s.step for s in done]
     specs = load("workload", "rollout-tiny").requests()
     assert summary.served == len(specs) and summary.output_tokens == sum(s.max_new_tokens for s in specs)
+    assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+
+
+def test_precopy_beside_static_decode_steps(rank_pools):
+    """With ``graphs: {mode: static}`` every decode step runs from the persistent buffers and the
+    device block tables (what a GPU replays as a graph): the copies, held under ids of their own,
+    never enter those tables, and as they join their requests at the handoff the tables follow."""
+    deployment = yaml.safe_load((builtin_root() / "deployments" / "cpu-tiny.yaml").read_text())
+    deployment["graphs"] = {"mode": "static"}
+    job = Job(deployment, "rollout-tiny", policy=ScriptedPolicy(ALL_DIRECTIONS, every=4), switch_mode="precopy",
+              precopy_steps=2)
+    summary = rank_pools(2).run(serve, job)[0]
+    assert len({(s.src, s.dst) for s in summary.switches if not s.refused}) == 12
     assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
 
 
