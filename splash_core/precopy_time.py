@@ -11,9 +11,12 @@ A one-step switch exposes Eq 7 on its whole manifest. A pre-copy of k steps cost
   bandwidth and copy engines it shares), ``k · ([c/k − t_src]+ + α · min(c/k, t_src))``;
 - the k steps run in the source layout instead of the faster destination: ``k · [t_src − t_dst]+``.
 
-α is a calibratable value of the deployment (``scheduler.precopy_interference``); it has not
-been measured on a GPU yet, so its default is a placeholder, and on CPU (gloo threads beside the
-step) it says little about a device. The prefix copy time ``c`` is the one-step manifest's
+α is a calibratable value of the deployment (``scheduler.precopy_interference``). Its default,
+0.75, is what one H200 lost to a layer's page copies (pack/unpack kernels) beside each layer of a
+128K prefill step (``bench/results/h200/copy_interference.json`` through
+:func:`interference_from_probe`: 0.75 by kernels, 0.74-0.79 by memcpy, 0.83-0.84 by pulls);
+beside a decode step it has not been measured yet, and on CPU (gloo threads beside the step) it
+says little about a device. The prefix copy time ``c`` is the one-step manifest's
 transfer time less the handoff's, layer by layer (what the pre-copy takes off the handoff).
 Everything here is pure: manifests in, seconds out.
 """
@@ -21,6 +24,7 @@ Everything here is pure: manifests in, seconds out.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import numpy as np
 
@@ -117,3 +121,13 @@ def plan_transition(x, src, dst, cost_model, estimates, max_steps: int, interfer
                          plan_switch(src, dst, later, model, T, page, layers=layers, copied=copied))
     return choose_transition(one_step, candidates, cost_model, estimates.step_time(dst),
                              estimates.step_time(src).total_s, interference)
+
+
+def interference_from_probe(rows, layers: int, variant: str = "kernels") -> float:
+    """α from ``bench/copy_interference.py``'s summary rows, whose step computes each of its
+    ``layers`` layers beside one layer's copies of the ``variant`` kind (overlapping all of them):
+    the step's slowdown over the copies' own time, the median over the sizes probed."""
+    mine = [r for r in rows if r["variant"] == variant and r["copy_alone_ms"] > 0]
+    if not mine:
+        raise ValueError(f"no {variant!r} rows with a copy time in the probe's results")
+    return float(statistics.median(max(r["slowdown_ms"], 0.0) / (layers * r["copy_alone_ms"]) for r in mine))

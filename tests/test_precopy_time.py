@@ -8,7 +8,8 @@ import pytest
 
 from splash_core.costmodel import BatchArrays, CostModel
 from splash_core.layouts import Layout
-from splash_core.precopy_time import ONE_STEP, PRECOPY, candidate_steps, plan_transition, precopy_cost
+from splash_core.precopy_time import (ONE_STEP, PRECOPY, candidate_steps, interference_from_probe, plan_transition,
+                                      precopy_cost)
 from splash_core.profiles import load
 from splash_core.switch_time import SwitchCost
 
@@ -72,3 +73,15 @@ def test_nothing_to_precopy_switches_in_one_step(decode_batch):
         best, costs = plan_transition(x, TP, DP, cost, est, 4, alpha)
         assert best.kind == ONE_STEP
         assert all(c.exposed_s == pytest.approx(costs[0].exposed_s) and c.background_s == 0.0 for c in costs[1:])
+
+
+def test_interference_from_the_copy_probe():
+    """The step's slowdown over the copies it overlapped (8 layers, each beside one layer's copies)."""
+    rows = [{"variant": "kernels", "slowdown_ms": 4.0, "copy_alone_ms": 1.0},
+            {"variant": "kernels", "slowdown_ms": 6.0, "copy_alone_ms": 1.0},
+            {"variant": "memcpy", "slowdown_ms": 1.0, "copy_alone_ms": 1.0}]
+    assert interference_from_probe(rows, 8) == pytest.approx(0.625)
+    assert interference_from_probe(rows, 8, "memcpy") == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="no 'pull' rows"):
+        interference_from_probe(rows, 8, "pull")
+    assert load("deployment", "cpu-tiny").scheduler.precopy_interference == 0.75

@@ -39,8 +39,9 @@ class SchedulerConfig:
     )
     precopy_interference: float = field(
         "α: fraction of a pre-copy's background copy time that the step it runs beside loses to it "
-        "(splash_core.precopy_time); not yet measured on a GPU: the default is a placeholder until calibrated",
-        default=0.25,
+        "(splash_core.precopy_time); the default is what page copies cost a 128K prefill step on one H200 "
+        "(bench/results/h200/copy_interference.json); beside decode steps not measured yet",
+        default=0.75,
         checks=[unit_interval],
     )
 
