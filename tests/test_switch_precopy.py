@@ -31,7 +31,7 @@ from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, accounting_problems,
 
 START, STEPS = 4, 2
 HANDOFF = START + STEPS
-OWNERS = {2: [1, 0, 1, 0], 3: [0, 2, 2, 1]}
+OWNERS = {2: [1, 0, 1, 0], 3: [0, 2, 2, 1], 4: [3, 0, 3, 1]}  # at T = 4 rank 2 owns nothing
 
 
 def _requests(T: int) -> list[Req]:
@@ -143,9 +143,10 @@ def test_precopy_through_transfer_buffers_t2(rank_pools, references):
     _check(results, references[2], 2, "T=2 transfer buffers")
 
 
-def test_precopy_all_directions_t3(rank_pools, references):
-    results = rank_pools(3).run(_precopy_runs, DIRECTIONS, TransferConfig(chunk_bytes=3000))
-    _check(results, references[3], 3, "T=3")
+@pytest.mark.parametrize("T, transfer", [(3, TransferConfig(chunk_bytes=3000)), (4, PULLS)], ids=["T3-chunks", "T4-pulls"])
+def test_precopy_all_directions_t3_t4(rank_pools, references, T, transfer):
+    results = rank_pools(T).run(_precopy_runs, DIRECTIONS, transfer)
+    _check(results, references[T], T, f"T={T}")
 
 
 def test_adopt_hands_pages_over_without_copying_or_refuses_changing_nothing():
