@@ -18,7 +18,11 @@ nothing is hidden. A pre-copy to ``dst`` started at step s instead:
    nothing). The copies land in pages held under an id of the pre-copy's own (``-1 - id``), so
    the source layout never sees them, and they count as held: before copying, every rank agrees
    (one host all-reduce) that the pages, the transit buffers and the step's new pages fit its
-   pools and the Eq 5 budget; where they do not, the step copies nothing (paused).
+   pools and the Eq 5 budget; where they do not, the step copies nothing (paused), and where the
+   step's new pages no longer fit beside the copies held, the pre-copy is cancelled before the
+   step. A step's copies all start before it computes and land after it; over side collectives
+   with reused transfer buffers (copy engines) each lands before the next starts, all queued on
+   the side stream.
 3. The handoff is an ordinary switching step (:meth:`SwitchExecutor.step` with
    ``precopy=``): its manifests count the copied prefixes as held by their destination holders
    (:func:`~splash_core.manifest.plan_switch`'s ``copied``), so only the dirty tails, the
