@@ -2,7 +2,8 @@
 
 Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, d_c + d_r]``
 (channels ``[0, d_c)`` the latent, ``[d_c, d_c + d_r)`` the rotary key, exactly the layout
-:class:`~splash_core.interfaces.MLAKernels` reads), an optional indexer-key tensor
+:class:`~splash_core.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
+``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.runtime.kv_format`), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
 for switches), and the block tables and free pages of those pages
@@ -32,6 +33,7 @@ from .. import ownership
 from ..layouts import Layout, Ownership, State
 from ..reference.fused import write_rows
 from .block_tables import BlockTables, PageKeys, PoolFullError
+from .kv_format import ScaledFP8
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
 
@@ -51,13 +53,24 @@ def held_pages(layout: Layout, request_id: int, owner: int, pages, rank: int, T:
 
 @dataclasses.dataclass(frozen=True)
 class PageFormat:
-    """What one page of one layer stores."""
+    """What one page of one layer stores. :meth:`scaled_fp8` builds the scaled-fp8 format."""
 
     page_size: int
-    kv_width: int  # d_c + d_r
-    kv_dtype: torch.dtype
+    kv_width: int  # d_c + d_r (scaled fp8: bytes per token)
+    kv_dtype: torch.dtype  # scaled fp8: uint8
     indexer_width: int = 0  # 0: no indexer keys
     indexer_dtype: torch.dtype = torch.float32
+    scaled: ScaledFP8 | None = None  # the scaled-fp8 layout of a token's entry; None: an element format
+
+    def __post_init__(self):
+        if self.scaled is not None and (self.kv_dtype != torch.uint8 or self.kv_width != self.scaled.token_bytes):
+            raise ValueError(f"a scaled-fp8 page stores {self.scaled.token_bytes} bytes per token as uint8 "
+                             f"(got width {self.kv_width}, {self.kv_dtype})")
+
+    @classmethod
+    def scaled_fp8(cls, page_size: int, layout: ScaledFP8, indexer_width: int = 0,
+                   indexer_dtype: torch.dtype = torch.float32) -> "PageFormat":
+        return cls(page_size, layout.token_bytes, torch.uint8, indexer_width, indexer_dtype, layout)
 
     @property
     def kv_page_bytes(self) -> int:
@@ -191,7 +204,7 @@ class LayerKV(BlockTables):
         """Store per-token entries kv [n, W] (and indexer keys [n, I]) at flat ``slots`` [n]
         (kv None: only the indexer keys, the entries having been written already)."""
         if kv is not None:
-            write_rows(self.kv, slots, kv)
+            write_rows(self.kv, slots, kv, self.format.scaled)
         if self.indexer is not None and indexer is not None:
             write_rows(self.indexer, slots, indexer)
 
