@@ -1,5 +1,5 @@
 """The scaled-fp8 KV cache (DeepSeek-V3.2's format: e4m3 latent, float32 scales per group of
-latent channels, bf16 rotary key) in the runtime: accuracy against the float32 cache, every
+latent channels, bf16 rotary key; the indexer key in fp8 with one scale) in the runtime: accuracy against the float32 cache, every
 layout and every switch direction on it, and its bytes in capacity (Eq 1) and transfers (Eq 2).
 
 Accuracy. e4m3 keeps 3 mantissa bits, so a stored latent element is off by at most its unit
@@ -21,7 +21,7 @@ import torch
 
 from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
-from splash_core.profiles.model import KVCacheFormat
+from splash_core.profiles.model import KVCacheFormat, LayerKind
 from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.kv_format import ScaledFP8, scaled_layout
 from splash_core.runtime.kv_pool import KVPool, PageFormat
@@ -34,7 +34,9 @@ from switch_scenarios import PAGE, PULLS, SEED, accounting_problems, planned_byt
 
 U = 2.0 ** -4  # e4m3's unit roundoff: 3 mantissa bits
 TINY = load("model", "tiny-mla")
-FP8 = dataclasses.replace(TINY, name="tiny-mla-fp8kv", kv_cache=KVCacheFormat("fp8", "bf16", scale_bytes=16))
+# the latent's 32 channels in 4 groups of 8; the 16-wide indexer key in fp8 with one scale (as V3.2's)
+FP8 = dataclasses.replace(TINY, name="tiny-mla-fp8kv", kv_cache=KVCacheFormat("fp8", "bf16", scale_bytes=16),
+                          indexer=dataclasses.replace(TINY.indexer, dtype="fp8", scale_bytes=4))
 PROMPTS = [Prompt(0, 1, tuple(range(3, 40))), Prompt(1, 0, (5, 6, 7)), Prompt(2, 1, tuple(range(100, 121)))]
 RUN = dict(T=2, page_size=PAGE, chunk=16, new_tokens=12)
 
@@ -48,7 +50,8 @@ def _forced(ctx, layouts, forced):
     out = {}
     for layout in layouts:
         model = _fp8_model(ctx, layout)
-        assert model.pool.format.kv_dtype == torch.uint8 and model.pool.format.kv_width == 32 + 4 * 4 + 2 * 8
+        fmt = model.pool.format
+        assert (fmt.kv_dtype, fmt.kv_width, fmt.indexer_dtype, fmt.indexer_width) == (torch.uint8, 64, torch.uint8, 20)
         out[layout] = generate(model.step, PROMPTS, release=model.release, forced=forced, **RUN)
     return out
 
@@ -75,13 +78,14 @@ SWITCH_AT = 4  # every request is in decode by then, request 0 with three pages 
 
 
 def _pages(model) -> dict:
-    """Every page this rank holds: (layer, request, logical page) -> its bytes [PAGE, 64]."""
+    """Every page this rank holds: (layer, request, logical page) -> its KV and indexer bytes
+    [PAGE, 64 + 20]."""
     out = {}
     for layer in model.layers:
         for rid in layer.kv.requests:
             logical, physical = layer.kv.pages_of(rid)
             for lp, pp in zip(logical.tolist(), physical.tolist()):
-                out[(layer.index, rid, lp)] = layer.kv.kv[pp].numpy().copy()
+                out[(layer.index, rid, lp)] = torch.cat([layer.kv.kv[pp], layer.kv.indexer[pp]], dim=1).numpy()
     return out
 
 
@@ -154,7 +158,7 @@ def test_every_switch_direction_moves_fp8_pages_intact(rank_pools, pulls):
             assert not res["problems"], f"{label} rank {rank}: {res['problems'][:2]}"
         assert r["info"]["layouts"] == [dst.value] * TINY.num_layers, label
         assert r["info"]["moved"] == r["info"]["planned"], label
-        assert r["info"]["moved"] % (PAGE * 64) == 0, label  # whole pages of 64-byte entries
+        assert r["info"]["moved"] % (PAGE * 64) == 0, label  # whole pages of 64-byte entries (Eq 2's KV)
         moved += r["info"]["moved"]
         assert _history_moved_intact(per_rank, label) > 0, label
         _check_close(r["gen"], ref, label)
@@ -180,10 +184,15 @@ def test_the_pool_stores_what_the_profile_declares():
     """DeepSeek-V3.2's profile declares 512 fp8 + 16 scale + 64 x 2 rotary bytes: 656 a token and
     layer, FlashMLA's layout, and the pool's page is exactly that, so Eq 1's k and Eq 2's bytes
     (both from the profile) are the pool's; the tiny fp8 model likewise at 64 bytes."""
+    from splash_core.runtime.kv_format import indexer_layout
+    from splash_core.runtime.model import _indexer_format
+
     for model in (load("model", "deepseek-v3.2"), FP8):
-        layout = scaled_layout(model)
-        fmt = PageFormat.scaled_fp8(64, layout)
+        fmt = PageFormat.scaled_fp8(64, scaled_layout(model), **_indexer_format(model))
         assert fmt.kv_page_bytes == 64 * model.kv_bytes_per_token_layer
+        assert fmt.indexer_page_bytes == 64 * model.indexer_bytes_per_token_layer
+        assert fmt.page_bytes * model.count(LayerKind.MLA) == 64 * model.kv_bytes_per_token  # Eq 1's k
+    assert indexer_layout(load("model", "deepseek-v3.2")) == ScaledFP8(128, 0, 1)  # 128 fp8 + one scale
     assert scaled_layout(load("model", "deepseek-v3.2")) == ScaledFP8(512, 64, 4)
     assert ScaledFP8(512, 64, 4).token_bytes == 656
     budget = 2 ** 30

@@ -79,8 +79,24 @@ def scaled_layout(model) -> ScaledFP8 | None:
     return ScaledFP8(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, kv.scale_bytes // SCALE_BYTES)
 
 
+def indexer_layout(model) -> ScaledFP8 | None:
+    """The scaled-fp8 layout of ``model``'s indexer keys (one key, no rotary part), or None where
+    they carry no scales."""
+    idx = model.indexer
+    if idx is None or not idx.scale_bytes:
+        return None
+    return ScaledFP8(idx.head_dim, 0, idx.scale_bytes // SCALE_BYTES)
+
+
 def kv_format_problem(model) -> str | None:
-    """Why the runtime cannot store ``model``'s MLA cache (``model.kv_cache``), or None."""
+    """Why the runtime cannot store ``model``'s MLA cache (``model.kv_cache``) and indexer keys, or None."""
+    idx = model.indexer
+    if idx is not None and idx.scale_bytes:
+        layout = indexer_layout(model)
+        problem = layout.problem() if idx.dtype == "fp8" and idx.scale_bytes % SCALE_BYTES == 0 else (
+            f"scaled indexer keys are fp8 with float32 scales ({SCALE_BYTES} bytes each)")
+        if problem:
+            return (f"indexer of model {model.name!r} ({idx.dtype}, {idx.scale_bytes} scale bytes): {problem}")
     kv = model.kv_cache
     if kv.scale_bytes:
         if (kv.latent_dtype, kv.rope_dtype) != ("fp8", "bf16") or kv.scale_bytes % SCALE_BYTES:

@@ -4,7 +4,8 @@ Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, 
 (channels ``[0, d_c)`` the latent, ``[d_c, d_c + d_r)`` the rotary key, exactly the layout
 :class:`~splash_core.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
 ``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.runtime.kv_format`), an optional indexer-key tensor
-``[num_pages, page_size, indexer_dim]`` indexed by the same physical pages (so indexer keys move
+``[num_pages, page_size, indexer_dim]`` (an fp8 key with scales: uint8, the same scaled layout
+without a rotary part) indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
 for switches), and the block tables and free pages of those pages
 (:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
@@ -61,16 +62,20 @@ class PageFormat:
     indexer_width: int = 0  # 0: no indexer keys
     indexer_dtype: torch.dtype = torch.float32
     scaled: ScaledFP8 | None = None  # the scaled-fp8 layout of a token's entry; None: an element format
+    indexer_scaled: ScaledFP8 | None = None  # likewise for the indexer key (no rotary part)
 
     def __post_init__(self):
-        if self.scaled is not None and (self.kv_dtype != torch.uint8 or self.kv_width != self.scaled.token_bytes):
-            raise ValueError(f"a scaled-fp8 page stores {self.scaled.token_bytes} bytes per token as uint8 "
-                             f"(got width {self.kv_width}, {self.kv_dtype})")
+        for what, layout, width, dtype in (("page", self.scaled, self.kv_width, self.kv_dtype),
+                                           ("indexer page", self.indexer_scaled, self.indexer_width,
+                                            self.indexer_dtype)):
+            if layout is not None and (dtype != torch.uint8 or width != layout.token_bytes):
+                raise ValueError(f"a scaled-fp8 {what} stores {layout.token_bytes} bytes per token as uint8 "
+                                 f"(got width {width}, {dtype})")
 
     @classmethod
     def scaled_fp8(cls, page_size: int, layout: ScaledFP8, indexer_width: int = 0,
-                   indexer_dtype: torch.dtype = torch.float32) -> "PageFormat":
-        return cls(page_size, layout.token_bytes, torch.uint8, indexer_width, indexer_dtype, layout)
+                   indexer_dtype: torch.dtype = torch.float32, indexer_scaled: ScaledFP8 | None = None) -> "PageFormat":
+        return cls(page_size, layout.token_bytes, torch.uint8, indexer_width, indexer_dtype, layout, indexer_scaled)
 
     @property
     def kv_page_bytes(self) -> int:
@@ -206,7 +211,7 @@ class LayerKV(BlockTables):
         if kv is not None:
             write_rows(self.kv, slots, kv, self.format.scaled)
         if self.indexer is not None and indexer is not None:
-            write_rows(self.indexer, slots, indexer)
+            write_rows(self.indexer, slots, indexer, self.format.indexer_scaled)
 
     def block_table(self, request_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Kernel block table and page index [R, P] int32 (device) for ``request_ids`` in order:

@@ -46,7 +46,7 @@ from .decode_graphs import DecodeGraphs, DecodeOutputs
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
 from .feed_forward import DenseMLP, MoE, load_feed_forward
-from .kv_format import SCALE_BYTES, ScaledFP8, kv_format_problem
+from .kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights
 from .mla_layer import MLALayer
@@ -101,7 +101,7 @@ class Model:
         def get(name, **cut):
             return source.get(name, shapes[name], **cut, **kw)
 
-        indexer = ((profile.indexer.head_dim, _indexer_dtype(profile)) if profile.indexer else (0, torch.float32))
+        indexer = _indexer_format(profile)
         if kv_scales and mla_layers:
             if kv_dtype not in (None, torch.float8_e4m3fn):
                 raise ValueError(f"a scaled KV cache stores an fp8 latent (got kv_dtype {kv_dtype})")
@@ -109,9 +109,9 @@ class Model:
             problem = layout.problem()
             if problem:
                 raise ValueError(f"model {profile.name!r}: {kv_scales} KV scales per token: {problem}")
-            fmt = PageFormat.scaled_fp8(page_size, layout, *indexer)
+            fmt = PageFormat.scaled_fp8(page_size, layout, **indexer)
         else:
-            fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype, *indexer)
+            fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype, **indexer)
         self.pool = KVPool(mla_layers, pages_per_layer, fmt, device, memory=peer_memory)
         self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
         kda_math = KDAMath(profile) if kda_layers else None
@@ -363,8 +363,16 @@ class Model:
         return out
 
 
-def _indexer_dtype(profile: ModelProfile) -> torch.dtype:
-    return torch_dtype(profile.indexer.dtype)
+def _indexer_format(profile: ModelProfile) -> dict:
+    """The indexer keys' fields of the page format: the profile's element format, or with scales
+    the scaled-fp8 layout of one head_dim key (so the pool stores the bytes Eq 1 counts)."""
+    idx = profile.indexer
+    if idx is None:
+        return dict(indexer_width=0, indexer_dtype=torch.float32)
+    layout = indexer_layout(profile)
+    if layout is None:
+        return dict(indexer_width=idx.head_dim, indexer_dtype=torch_dtype(idx.dtype))
+    return dict(indexer_width=layout.token_bytes, indexer_dtype=torch.uint8, indexer_scaled=layout)
 
 
 def _recurrent_format(profile: ModelProfile) -> RecurrentFormat:
