@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode
+# serve graphs decode fp8
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -79,6 +79,13 @@ for s in "${sections[@]}"; do
                 --splash-ranks 1 -k 'fused or graph_ops'" ;;
     # a decode step eager vs replayed from its graph, B = 1/16/64 at 8K/32K/128K, beside its roofline (one GPU)
     decode) section decode 330 python3 bench/decode_step.py --out "$RES/decode" --budget-s "${DECODE_BUDGET:-240}" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode)"; exit 2 ;;
+    # FP8 KV (one GPU): the Triton kernels and FlashMLA's fp8 decode on the scaled cache against the
+    # reference, the conformance suite's fp8 cases, splash run end to end, then the peer kernels in bf16 and fp8
+    fp8) section fp8 560 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_fp8_kv.py;
+           python3 -m pytest -q -p no:cacheprovider --pyargs splash_core.testing --splash-backend hopper \
+             --splash-ranks 1 -k 'fp8';
+           splash run --deployment h200-tiny-fp8kv --json | tail -c 600;
+           python3 bench/peer_kernels.py --out $RES/fp8 ${PEER_ARGS:---quick}" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode fp8)"; exit 2 ;;
   esac
 done

@@ -131,7 +131,7 @@ def latent(kv, weight, cos, sin, eps):
 
 def latent_write(kv, weight, cos, sin, eps, cache, slots) -> None:
     """:func:`splash_core.reference.fused.latent_write` in one kernel: RoPE fused with the cache write."""
-    if cache.dtype == torch.uint8 and kv.shape[1] <= MAX_BLOCK:
+    if cache.dtype == torch.uint8 and kv.shape[1] <= MAX_BLOCK and cache.is_contiguous():
         d_c = weight.numel()
         layout = ScaledFP8.of_width(cache.shape[-1], d_c, kv.shape[1] - d_c)
         return fp8_cache.latent_write_scaled(kv, weight, cos, sin, eps, cache, slots, layout, _block)
