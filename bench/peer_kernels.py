@@ -23,7 +23,8 @@ rotary key; KV bytes counted at 656): ``splash`` reads it in its Triton kernels,
 through its fp8 (sparse) decode where it serves the head count (64 and 128), ``sglang`` has no
 such format. Each kernel first runs a small case against the torch reference (``correct``,
 per format); a wrong one is timed but flagged. Extend is not compared here (FlashMLA's prefill
-is not absorbed MLA). The provider table comes from the bf16 points. ``--write-providers PATH`` writes the hopper
+is not absorbed MLA). The provider table's ``decode`` comes from the bf16 points, its
+``decode_fp8`` from the fp8 ones. ``--write-providers PATH`` writes the hopper
 backend's provider table (``tuned/providers.json``): per head count, the fewest KV tokens of a
 call from which FlashMLA was faster at every measured point
 (:func:`splash_backend_hopper.providers.thresholds`); ``--providers-from FILE`` derives it from
@@ -235,12 +236,15 @@ def run(args) -> dict:
                "providers": thresholds([s for s in samples if s["kv"] == "bf16"])}
     if "fp8" in described:
         summary["kernels_fp8"] = described["fp8"]
+        summary["providers_fp8"] = thresholds([s for s in samples if s["kv"] == "fp8"])
     return {"samples": samples, "summary": summary}
 
 
-def write_providers(path: str, decode: dict, command: str, machine: str) -> None:
+def write_providers(path: str, decode: dict, command: str, machine: str, decode_fp8: dict | None = None) -> None:
     table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine,
              "command": command, "decode": decode}
+    if decode_fp8:
+        table["decode_fp8"] = decode_fp8
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     print("wrote", path)
 
@@ -252,8 +256,10 @@ def main(argv=None) -> int:
         from splash_core.results import read_result
 
         earlier = read_result(args.providers_from)
-        write_providers(args.write_providers, thresholds([s for s in earlier["samples"] if s.get("kv", "bf16") == "bf16"]),
-                        f"{command} (from {earlier['command']}, git {earlier['git_commit']})", earlier["machine"])
+        by_kv = {kv: thresholds([s for s in earlier["samples"] if s.get("kv", "bf16") == kv]) for kv in ("bf16", "fp8")}
+        write_providers(args.write_providers, by_kv["bf16"],
+                        f"{command} (from {earlier['command']}, git {earlier['git_commit']})", earlier["machine"],
+                        by_kv["fp8"])
         return 0
     data = run(args)
     result = make_result(benchmark="peer_kernels", platform="cpu" if args.smoke else args.platform,
@@ -264,7 +270,8 @@ def main(argv=None) -> int:
                                "same point and format")
     print("wrote", write_result(result, args.out))
     if args.write_providers and data["summary"]["providers"]:
-        write_providers(args.write_providers, data["summary"]["providers"], command, machine_description())
+        write_providers(args.write_providers, data["summary"]["providers"], command, machine_description(),
+                        data["summary"].get("providers_fp8"))
     return 0
 
 

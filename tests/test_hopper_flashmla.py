@@ -182,3 +182,13 @@ def test_visible_slots_list_exactly_the_written_slots():
     assert slots[0, :PAGE].tolist() == list(range(3 * PAGE, 4 * PAGE))  # page 0: every slot
     assert slots[0, PAGE: PAGE + 10].tolist() == list(range(7 * PAGE, 7 * PAGE + 10))  # page 2: 10 slots written
     assert (slots[0, PAGE + 10:] == -1).all() and (slots[1] == -1).all()
+
+
+def test_fp8_calls_go_by_their_own_measured_table():
+    """The bf16 table says nothing of FlashMLA's fp8 decode: without a ``decode_fp8`` table every
+    fp8 call stays on Triton; with one, it decides."""
+    bf16_only = {"decode": {128: 1 << 10}}
+    assert providers.decode_provider(128, 1 << 20, bf16_only) == "flashmla"
+    assert providers.decode_provider(128, 1 << 20, bf16_only, kv="fp8") == "triton"
+    both = {**bf16_only, "decode_fp8": {64: 1 << 18, 128: None}}
+    assert [providers.decode_provider(h, 1 << 20, both, kv="fp8") for h in (64, 128)] == ["flashmla", "triton"]

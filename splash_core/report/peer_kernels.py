@@ -41,13 +41,13 @@ def render(result: Result, ctx: Context) -> list[str]:
         rows.append(row)
     lines += table(["KV", "heads", "B", "context", *names, "splash / flashmla"], rows,
                    "lrrr" + "r" * (len(names) + 1)) + [""]
-    picks = s.get("providers") or {}
-    if picks:
-        lines += ["Decode provider per head count (FlashMLA from the fewest KV tokens, batch x context, at which it "
-                  "was faster at every measured point; Triton below): " + "; ".join(
-                      f"{h} heads: " + ("Triton everywhere" if p["flashmla_from_kv_tokens"] is None else
-                                        f"FlashMLA from {tokens(p['flashmla_from_kv_tokens'])} tokens")
-                      for h, p in sorted(picks.items(), key=lambda kv: int(kv[0]))) + ".", ""]
+    for which, picks in (("", s.get("providers") or {}), (" on the fp8 cache", s.get("providers_fp8") or {})):
+        if picks:
+            lines += [f"Decode provider per head count{which} (FlashMLA from the fewest KV tokens, batch x context, "
+                      "at which it was faster at every measured point; Triton below): " + "; ".join(
+                          f"{h} heads: " + ("Triton everywhere" if p["flashmla_from_kv_tokens"] is None else
+                                            f"FlashMLA from {tokens(p['flashmla_from_kv_tokens'])} tokens")
+                          for h, p in sorted(picks.items(), key=lambda kv: int(kv[0]))) + ".", ""]
     if len(names) > 1:
         lines += [f"![decode TFLOP/s by kernel]({_plot(result, ctx, names)})", ""]
     return lines
