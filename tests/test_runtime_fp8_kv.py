@@ -1,6 +1,7 @@
 """The scaled-fp8 KV cache (DeepSeek-V3.2's format: e4m3 latent, float32 scales per group of
-latent channels, bf16 rotary key; the indexer key in fp8 with one scale) in the runtime: accuracy against the float32 cache, every
-layout and every switch direction on it, and its bytes in capacity (Eq 1) and transfers (Eq 2).
+latent channels, bf16 rotary key; the indexer key in fp8 with one scale) in the runtime:
+accuracy against the float32 and the bf16 cache, every layout and every switch direction on
+it, and its bytes in capacity (Eq 1) and transfers (Eq 2).
 
 Accuracy. e4m3 keeps 3 mantissa bits, so a stored latent element is off by at most its unit
 roundoff u = 2**-4 of its magnitude (relative to its group's largest one, below e4m3's normal
@@ -8,7 +9,8 @@ range); the rotary key in bf16 is off by at most 2**-9. The tolerance the test a
 is that same relative error of each row's scale, ``u * max |logit|``, and a greedy token may
 differ from the float32 reference's only where the reference's top two logits lie within twice
 that (each may move by the tolerance). Teacher forcing feeds both runs the reference's tokens,
-so every step compares the same history.
+so every step compares the same history. Against a bf16 cache (itself off by 2**-9) the
+tolerance is ``(u + 2**-9) * max |logit|``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def _forced(ctx, layouts, forced):
         fmt = model.pool.format
         assert (fmt.kv_dtype, fmt.kv_width, fmt.indexer_dtype, fmt.indexer_width) == (torch.uint8, 64, torch.uint8, 20)
         out[layout] = generate(model.step, PROMPTS, release=model.release, forced=forced, **RUN)
+    bf16 = Model.from_context(ctx, TINY, SeededWeights(SEED), Layout.TP, pages_per_layer=24, page_size=PAGE,
+                              kv_dtype=torch.bfloat16)
+    out["bf16"] = generate(bf16.step, PROMPTS, release=bf16.release, forced=forced, **RUN)
     return out
 
 
@@ -60,10 +65,12 @@ def test_fp8_logits_stay_within_e4m3_roundoff_of_the_float32_cache(rank_pools):
     ref_model = ReferenceModel(TINY, SeededWeights(SEED))
     ref = generate(ref_model.step, PROMPTS, release=ref_model.release, **RUN)
     runs = rank_pools(2).run(_forced, list(Layout), ref.tokens)[0]
+    bf16 = runs.pop("bf16")
     for layout, got in runs.items():
         _check_close(got, ref, str(layout))
         worst = max(float(np.abs(a - b).max()) for (_, a), (_, b) in zip(got.steps, ref.steps))
         assert worst > 0, f"{layout}: the logits equal float32's: the pages are not fp8"
+    _check_close(runs[Layout.TP], bf16, "TP against the bf16 cache", U + 2.0 ** -9)
 
 
 def _logits_of(gen, rid: int, k: int) -> np.ndarray:
@@ -165,17 +172,19 @@ def test_every_switch_direction_moves_fp8_pages_intact(rank_pools, pulls):
     assert moved > 0
 
 
-def _check_close(got, ref, label):
+def _check_close(got, ref, label, tol=U):
+    """Logits within ``tol`` of each row's scale; a greedy token differs from the reference's only
+    where the reference's top two logits lie within twice that."""
     for k, ((ids, logits), (ref_ids, want)) in enumerate(zip(got.steps, ref.steps)):
         assert ids == ref_ids
         err = np.abs(logits - want).max(axis=1)
-        assert np.all(err <= U * np.abs(want).max(axis=1)), f"{label} step {k}: logit error {err}"
+        assert np.all(err <= tol * np.abs(want).max(axis=1)), f"{label} step {k}: logit error {err}"
     for rid, tokens in got.tokens.items():
         for k, (mine, theirs) in enumerate(zip(tokens, ref.tokens[rid])):
             if mine != theirs:
                 row = _logits_of(ref, rid, k)
                 top2 = np.sort(row)[-2:]
-                assert top2[1] - top2[0] <= 2 * U * np.abs(row).max(), f"{label} request {rid} token {k}"
+                assert top2[1] - top2[0] <= 2 * tol * np.abs(row).max(), f"{label} request {rid} token {k}"
 
 
 # ---- capacity and transfer bytes follow the stored format --------------------------------
