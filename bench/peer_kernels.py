@@ -17,9 +17,14 @@ the copy bandwidth and bf16 matmul rate measured in the same run. Kernels:
 - ``sglang``: ``sglang.kernels.ops.attention.decode_attention.decode_attention_fwd`` (MLA
   mode, pages of 64), from the installed ``sglang`` package, if importable.
 
-Each kernel first runs a small case against the torch reference (``correct``); a wrong one is
-timed but flagged. FP8 KV and extend are not compared here (no FP8 cache in SPLASH yet;
-FlashMLA's prefill is not absorbed MLA). ``--write-providers PATH`` writes the hopper
+With ``--kv fp8`` (or ``both``, the default) the same points run again on the cache stored in
+DeepSeek-V3.2's scaled fp8 format (656 bytes a token: e4m3 latent, 4 float32 scales, bf16
+rotary key; KV bytes counted at 656): ``splash`` reads it in its Triton kernels, ``flashmla``
+through its fp8 (sparse) decode where it serves the head count (64 and 128), ``sglang`` has no
+such format. Each kernel first runs a small case against the torch reference (``correct``,
+per format); a wrong one is timed but flagged. Extend is not compared here (FlashMLA's prefill
+is not absorbed MLA). The provider table's ``decode`` comes from the bf16 points, its
+``decode_fp8`` from the fp8 ones. ``--write-providers PATH`` writes the hopper
 backend's provider table (``tuned/providers.json``): per head count, the fewest KV tokens of a
 call from which FlashMLA was faster at every measured point
 (:func:`splash_backend_hopper.providers.thresholds`); ``--providers-from FILE`` derives it from
@@ -43,9 +48,13 @@ import gpu_timing as gt  # noqa: E402
 from splash_backend_hopper.providers import thresholds  # noqa: E402
 from splash_core.reference import mla as ref_mla  # noqa: E402
 from splash_core.results import machine_description, make_result, write_result  # noqa: E402
-from splash_core.testing.mla_inputs import decode_case, tolerance  # noqa: E402
+from splash_core.reference.fp8_cache import quantize  # noqa: E402
+from splash_core.runtime.kv_format import ScaledFP8  # noqa: E402
+from splash_core.testing.mla_inputs import decode_case, scaled_fp8_case, tolerance  # noqa: E402
 
 BATCHES, HEADS, CONTEXTS = (1, 16, 64), (16, 64, 128), (4096, 32768, 131072)
+FP8 = ScaledFP8(512, 64, 4)  # DeepSeek-V3.2's cache entry, FlashMLA's layout: 656 bytes
+FP8_HEADS = (64, 128)  # the head counts FlashMLA's fp8 decode is built for
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,6 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--providers-from", default=None, help="an earlier peer_kernels.json to derive the table from")
     p.add_argument("--quick", action="store_true", help="batch 16 only")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU with the torch reference as 'splash'")
+    p.add_argument("--kv", choices=("bf16", "fp8", "both"), default="both", help="cache formats to run (default both)")
     return p.parse_args(argv)
 
 
@@ -130,10 +140,13 @@ def prepared(fn):
     return lambda *call: (lambda: fn(*call))
 
 
-def check(prepare, device) -> dict:
+def check(prepare, device, kv: str = "bf16") -> dict:
     """The kernel on a small decode case against the torch reference (outputs; lse where given):
-    CP-like holdings (pages missing from a request) and a request that sees no key included."""
-    case = decode_case(device, torch.bfloat16, heads=16, page=gt.PAGE)
+    CP-like holdings (pages missing from a request) and a request that sees no key included
+    (fp8: 64 heads, where FlashMLA's fp8 decode serves)."""
+    case = decode_case(device, torch.bfloat16, heads=16 if kv == "bf16" else 64, page=gt.PAGE)
+    if kv == "fp8":
+        case = scaled_fp8_case(case, FP8.groups)
     out, lse = prepare(*case)()
     ref_out, ref_lse = ref_mla.attention(*case)
     atol, rtol = tolerance(torch.bfloat16)
@@ -164,41 +177,74 @@ def time_ms(thunk, device) -> float:
     return gt.ms(thunk)
 
 
-def run(args) -> dict:
-    device = torch.device("cpu" if args.smoke else "cuda")
-    kernels = {}
+def kernels_for(kv: str, device) -> dict:
+    """{name: {fn: prepare or None, what, correct/skipped ...}} of the kernels that read ``kv`` caches."""
     splash, flash = splash_decode(device), flashmla_decode()
-    for name, (fn, what) in (("splash", (prepared(splash[0]), splash[1])),
-                             ("flashmla", (flash[0] and prepared(flash[0]), flash[1])), ("sglang", sglang_decode())):
+    peers = [("splash", (prepared(splash[0]), splash[1])), ("flashmla", (flash[0] and prepared(flash[0]), flash[1]))]
+    peers.append(("sglang", sglang_decode() if kv == "bf16" else (None, "no scaled-fp8 MLA cache in SGLang's Triton decode")))
+    kernels = {}
+    for name, (fn, what) in peers:
         try:
-            verdict = check(fn, device) if fn is not None else {"skipped": what}
+            verdict = check(fn, device, kv) if fn is not None else {"skipped": what}
         except Exception as exc:  # noqa: BLE001 - a peer that fails to run is a result too
             fn, verdict = None, {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         kernels[name] = {"fn": fn, "what": what, **verdict}
-        print(f"{name}: {what} {kernels[name].get('correct', '')}", flush=True)
+        print(f"{kv} {name}: {what} {kernels[name].get('correct', '')}", flush=True)
+    return kernels
+
+
+def fp8_cache(cache: torch.Tensor, chunk_pages: int = 4096) -> torch.Tensor:
+    """``cache`` [pages, page, 576] stored in the scaled-fp8 format [pages, page, 656] (uint8), in chunks."""
+    out = torch.empty(*cache.shape[:2], FP8.token_bytes, dtype=torch.uint8, device=cache.device)
+    for first in range(0, cache.shape[0], chunk_pages):
+        part = cache[first: first + chunk_pages]
+        out[first: first + chunk_pages] = quantize(part.reshape(-1, part.shape[-1]), FP8).view(*part.shape[:2], -1)
+    return out
+
+
+def run(args) -> dict:
+    device = torch.device("cpu" if args.smoke else "cuda")
+    formats = ("bf16", "fp8") if args.kv == "both" else (args.kv,)
+    kernels = {kv: kernels_for(kv, device) for kv in formats}
     rates = {} if args.smoke else {"copy_gbps": gt.copy_gbps(device), "matmul_tflops": gt.matmul_tflops(device)}
     todo = points(args)
     pool = gt.PagedPool(device, max(b for b, _, _ in todo), max(c for _, _, c in todo))
     samples = []
-    for batch, heads, context in todo:
-        call = pool.decode_args(batch, context, heads)
-        kv_bytes = batch * context * gt.WIDTH * 2
-        flops = batch * heads * context * 2 * (gt.WIDTH + gt.D_C)
-        times = {n: time_ms(k["fn"](*call), device) for n, k in kernels.items() if k["fn"] is not None}
-        for name, t in times.items():
-            samples.append({"kernel": name, "batch": batch, "heads": heads, "context": context, "ms": t,
-                            "kv_gbps": kv_bytes / (t / 1e3) / gt.GB, "tflops": flops / (t / 1e3) / 1e12,
-                            "vs_flashmla": t / times["flashmla"] if "flashmla" in times else None})
-        print(f"B={batch:3d} heads={heads:3d} {context // 1024:4d}K  " +
-              "  ".join(f"{n} {t:.3f} ms" for n, t in times.items()), flush=True)
-    summary = {"kernels": {n: {k: v for k, v in info.items() if k != "fn"} for n, info in kernels.items()},
-               "rates": rates, "providers": thresholds(samples)}
+    for kv in formats:
+        cache = pool.cache if kv == "bf16" else fp8_cache(pool.cache)
+        token_bytes = gt.WIDTH * 2 if kv == "bf16" else FP8.token_bytes
+        for batch, heads, context in todo:
+            call = list(pool.decode_args(batch, context, heads))
+            call[1] = cache
+            kv_bytes = batch * context * token_bytes
+            flops = batch * heads * context * 2 * (gt.WIDTH + gt.D_C)
+            times = {}
+            for name, k in kernels[kv].items():
+                if k["fn"] is None or (name == "flashmla" and kv == "fp8" and heads not in FP8_HEADS):
+                    continue  # FlashMLA's fp8 decode is built for 64 and 128 heads only
+                times[name] = time_ms(k["fn"](*call), device)
+            for name, t in times.items():
+                samples.append({"kernel": name, "kv": kv, "batch": batch, "heads": heads, "context": context, "ms": t,
+                                "kv_gbps": kv_bytes / (t / 1e3) / gt.GB, "tflops": flops / (t / 1e3) / 1e12,
+                                "vs_flashmla": t / times["flashmla"] if "flashmla" in times else None})
+            print(f"{kv} B={batch:3d} heads={heads:3d} {context // 1024:4d}K  " +
+                  "  ".join(f"{n} {t:.3f} ms" for n, t in times.items()), flush=True)
+        del cache
+    described = {kv: {n: {k: v for k, v in info.items() if k != "fn"} for n, info in ks.items()}
+                 for kv, ks in kernels.items()}
+    summary = {"kernels": described.get("bf16", {}), "rates": rates,
+               "providers": thresholds([s for s in samples if s["kv"] == "bf16"])}
+    if "fp8" in described:
+        summary["kernels_fp8"] = described["fp8"]
+        summary["providers_fp8"] = thresholds([s for s in samples if s["kv"] == "fp8"])
     return {"samples": samples, "summary": summary}
 
 
-def write_providers(path: str, decode: dict, command: str, machine: str) -> None:
+def write_providers(path: str, decode: dict, command: str, machine: str, decode_fp8: dict | None = None) -> None:
     table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine,
              "command": command, "decode": decode}
+    if decode_fp8:
+        table["decode_fp8"] = decode_fp8
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     print("wrote", path)
 
@@ -210,18 +256,22 @@ def main(argv=None) -> int:
         from splash_core.results import read_result
 
         earlier = read_result(args.providers_from)
-        write_providers(args.write_providers, thresholds(earlier["samples"]),
-                        f"{command} (from {earlier['command']}, git {earlier['git_commit']})", earlier["machine"])
+        by_kv = {kv: thresholds([s for s in earlier["samples"] if s.get("kv", "bf16") == kv]) for kv in ("bf16", "fp8")}
+        write_providers(args.write_providers, by_kv["bf16"],
+                        f"{command} (from {earlier['command']}, git {earlier['git_commit']})", earlier["machine"],
+                        by_kv["fp8"])
         return 0
     data = run(args)
     result = make_result(benchmark="peer_kernels", platform="cpu" if args.smoke else args.platform,
                          backend="reference" if args.smoke else "hopper", model="deepseek-v3", T=1, dtype="bf16",
                          samples=data["samples"], summary=data["summary"], command=command,
-                         notes="decode only (one query row per request); KV bytes counted once per point; "
-                               "vs_flashmla = this kernel's time / FlashMLA's at the same point")
+                         notes="decode only (one query row per request); KV bytes counted once per point (bf16: "
+                               "1152 a token, fp8: 656); vs_flashmla = this kernel's time / FlashMLA's at the "
+                               "same point and format")
     print("wrote", write_result(result, args.out))
     if args.write_providers and data["summary"]["providers"]:
-        write_providers(args.write_providers, data["summary"]["providers"], command, machine_description())
+        write_providers(args.write_providers, data["summary"]["providers"], command, machine_description(),
+                        data["summary"].get("providers_fp8"))
     return 0
 
 

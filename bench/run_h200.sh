@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta
+# serve graphs decode theta fp8
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -84,6 +84,13 @@ for s in "${sections[@]}"; do
     # bench/costmodel_check.py --measured theta/h200/runtime_step-t1.json predicts
     theta) section theta 420 python3 bench/runtime_step.py --T 1 --batches 1,16,64 --reps 5 --warmup 2 --budget-s 200 \
              --calibrate --skip-equivalence --name runtime_step-t1 --out "$RES/theta" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta)"; exit 2 ;;
+    # FP8 KV (one GPU): the Triton kernels and FlashMLA's fp8 decode on the scaled cache against the
+    # reference, the conformance suite's fp8 cases, splash run end to end, then the peer kernels in bf16 and fp8
+    fp8) section fp8 560 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_fp8_kv.py;
+           python3 -m pytest -q -p no:cacheprovider --pyargs splash_core.testing --splash-backend hopper \
+             --splash-ranks 1 -k 'fp8';
+           splash run --deployment h200-tiny-fp8kv --json | tail -c 600;
+           python3 bench/peer_kernels.py --out $RES/fp8 ${PEER_ARGS:---quick}" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8)"; exit 2 ;;
   esac
 done

@@ -182,7 +182,11 @@ class MLAKernels:
     """Absorbed-MLA attention over a paged latent cache, plus merge and page packing.
 
     Cache of one layer: ``kv_cache`` [num_pages, page_size, d_c + d_r]; channels [0, d_c) are
-    the latent (also the value), [d_c, d_c + d_r) the rotary key.
+    the latent (also the value), [d_c, d_c + d_r) the rotary key. A uint8 cache
+    [num_pages, page_size, token_bytes] holds the scaled-fp8 format instead
+    (:mod:`splash_core.runtime.kv_format`: per token the e4m3 latent, float32 scales of its
+    channel groups, the bf16 rotary key; :func:`splash_core.reference.fp8_cache.dequantize` reads
+    it back): keys are the dequantized values.
 
     ``decode`` and ``extend`` share one signature::
 
@@ -232,7 +236,9 @@ class FusedKernels:
       ``cos``/``sin`` [n, d_r] float32).
     - ``latent_write(kv, weight, cos, sin, eps, cache, slots) -> None``: ``latent`` written
       straight into the cache [pages, page_size, d_c + d_r] at flat slots ``slots`` [n]
-      int64 (page * page_size + offset), in the cache's format: RoPE fused with the cache write.
+      int64 (page * page_size + offset), in the cache's format: RoPE fused with the cache write
+      (a uint8 cache: quantized into the scaled-fp8 format, as
+      :func:`splash_core.reference.fp8_cache.quantize` does).
     - ``silu_mul(gate_up) -> [n, w]``: ``silu(gate_up[:, :w]) * gate_up[:, w:]``.
     """
 

@@ -420,9 +420,10 @@ SHAPES: dict[str, Shape] = {
     ),
     "peer_kernels": Shape(
         doc="MLA decode of SPLASH's kernel, FlashMLA and SGLang's Triton decode on identical caches (one GPU)",
-        summary={"kernels": "object", "rates": "object", "providers": "object"},
+        summary={"kernels": "object", "rates": "object", "providers": "object", "kernels_fp8": "object?",
+                 "providers_fp8": "object?"},
         sample={"kernel": "text", "batch": "positive", "heads": "positive", "context": "positive", "ms": "nonneg",
-                "kv_gbps": "nonneg", "tflops": "nonneg"},
+                "kv_gbps": "nonneg", "tflops": "nonneg", "kv": "text?"},
         sources=frozenset({"measured"}),
     ),
     "served_bench": Shape(

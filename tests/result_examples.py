@@ -212,9 +212,15 @@ def device_examples() -> dict[str, tuple[dict, list]]:
                          "sglang": {"what": "sglang", "skipped": "ImportError: no sglang"}},
              "rates": {"copy_gbps": 4200.0, "matmul_tflops": 780.0},
              "providers": {"128": {"flashmla_from_kv_tokens": 524288, "points": 1,
-                                   "flashmla_faster_at": [[16, 32768]]}}},
+                                   "flashmla_faster_at": [[16, 32768]]}},
+             "providers_fp8": {"128": {"flashmla_from_kv_tokens": 524288, "points": 1,
+                                       "flashmla_faster_at": [[16, 32768]]}},
+             "kernels_fp8": {"splash": {"what": "triton:h200", "correct": True, "max_abs_err": 0.004},
+                             "flashmla": {"what": "sgl-flash-mla 1.0.0", "correct": True, "max_abs_err": 0.004}}},
             [{"kernel": k, "batch": 16, "heads": 128, "context": 32768, "ms": t, "kv_gbps": 1e3 / t,
-              "tflops": 200.0 / t, "vs_flashmla": t / 0.23} for k, t in (("splash", 0.67), ("flashmla", 0.23))]),
+              "tflops": 200.0 / t, "vs_flashmla": t / 0.23} for k, t in (("splash", 0.67), ("flashmla", 0.23))]
+            + [{"kernel": k, "kv": "fp8", "batch": 16, "heads": 128, "context": 32768, "ms": t, "kv_gbps": 6e2 / t,
+                "tflops": 200.0 / t, "vs_flashmla": t / 0.2} for k, t in (("splash", 0.6), ("flashmla", 0.2))]),
     }
 
 

@@ -46,6 +46,22 @@ def test_the_default_job_matches_the_reference():
     assert "tokens [" not in done.stderr  # no progress bar under --json
 
 
+def test_an_fp8_kv_job_switches_through_every_layout_and_matches_the_reference():
+    """Deployment cpu-tiny-fp8kv: the KV cache in DeepSeek-V3.2's scaled fp8 format (64 bytes a
+    token and layer on the tiny model), forced through all four layouts. Switches move whole
+    pages of that format; the reference rounds its history the same way and the check allows
+    near-ties within e4m3's unit roundoff (1/16)."""
+    script = "script:TP,CP,DOP,DP,CP,TP,DOP,TP,DP,DOP,CP,DP,TP:4"
+    done = splash("run", "--deployment", "cpu-tiny-fp8kv", "--policy", script, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    specs = load("workload", "rollout-tiny").requests()
+    assert out["served"] == len(specs) and set(out["layout_steps"]) == {"TP", "CP", "DOP", "DP"}
+    assert out["check"]["passed"] and not out["check"]["exact"] and out["check"]["tolerance"] == 2 ** -4
+    kv = [switch["bytes"]["kv"] for switch in out["switches"]]
+    assert any(kv) and all(b % (16 * 64) == 0 for b in kv)  # whole 16-token pages of 64-byte entries
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workload", "no-such-workload"], "no workload profile named 'no-such-workload'"),
     (["--deployment", "no-such.yaml"], "deployment profile no-such.yaml: the file does not exist"),

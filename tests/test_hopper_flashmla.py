@@ -111,3 +111,84 @@ def test_thresholds_start_where_flashmla_wins_every_larger_point():
     got = providers.thresholds(samples)["64"]
     assert got["flashmla_from_kv_tokens"] == 16 * 32768 and got["points"] == 5
     assert got["flashmla_faster_at"] == [[16, 4096], [16, 32768], [64, 131072]]
+
+
+def _fp8_stand_in(calls: list):
+    """FlashMLA's fp8 decode as documented: sparse attention over ``indices`` (flat cache slots,
+    -1 skipped) of a cache of 656-byte V3.2 entries (e4m3 latent x 4 float32 scales, bf16 rotary)."""
+    from splash_core.reference.fp8_cache import dequantize
+    from splash_core.runtime.kv_format import ScaledFP8
+
+    module = types.ModuleType("flash_mla")
+    module.get_mla_metadata = lambda: (object(), None)
+
+    def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, *, softmax_scale, causal,
+                               is_fp8_kvcache, indices, use_legacy, kv_format):
+        assert (use_legacy, is_fp8_kvcache, kv_format, causal) == (True, True, "V32", False)
+        assert block_table is None and cache_seqlens is None and k_cache.dtype == torch.float8_e4m3fn
+        calls.append(indices.clone())
+        b, _, h, _ = q.shape
+        keys_all = dequantize(k_cache.view(torch.uint8).reshape(-1, 656), ScaledFP8(512, 64, 4))
+        out = torch.zeros(b, 1, h, head_dim_v, dtype=q.dtype)
+        lse = torch.full((b, h, 1), float("-inf"))
+        for i in range(b):
+            slots = indices[i, 0][indices[i, 0] >= 0].long()
+            if slots.numel() == 0:
+                continue
+            keys = keys_all[slots]
+            scores = q[i, 0].float() @ keys.t() * softmax_scale
+            lse[i, :, 0] = torch.logsumexp(scores, -1)
+            out[i, 0] = (torch.softmax(scores, -1) @ keys[:, :head_dim_v]).to(q.dtype)
+        return out, lse
+
+    module.flash_mla_with_kvcache = flash_mla_with_kvcache
+    return module
+
+
+def test_fp8_adapter_gives_flashmla_the_visible_slots_as_sparse_indices(monkeypatch):
+    """A scaled-fp8 cache (uint8, 656 bytes a token) at 64 and 128 heads goes to FlashMLA's fp8
+    decode with every row's visible slots (CP holdings, a hole, a row seeing nothing) and gives the
+    reference's attention; 16 heads (not built in FlashMLA's fp8 decode) go to the fallback."""
+    from splash_core.testing.mla_inputs import scaled_fp8_case
+
+    calls, fallback_calls = [], []
+    monkeypatch.setitem(sys.modules, "flash_mla", _fp8_stand_in(calls))
+
+    def fallback(*args):
+        fallback_calls.append(args)
+        return ref_mla.attention(*args)
+
+    decode = flashmla.decode(fallback)
+    for heads in (64, 128):
+        case = scaled_fp8_case(decode_case("cpu", torch.bfloat16, heads=heads, page=PAGE), 4)
+        case[2][0, 1] = -1  # a hole among request 0's pages
+        out, lse = decode(*case)
+        ref_out, ref_lse = ref_mla.attention(*case)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) and torch.isneginf(lse).any()
+        seen = ~torch.isneginf(ref_lse)
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
+    assert len(calls) == 2 and not fallback_calls
+    decode(*scaled_fp8_case(decode_case("cpu", torch.bfloat16, heads=16, page=PAGE), 4))
+    assert len(fallback_calls) == 1 and len(calls) == 2
+
+
+def test_visible_slots_list_exactly_the_written_slots():
+    table = torch.tensor([[3, 7, -1], [5, -1, -1]], dtype=torch.int32)
+    index = torch.tensor([[0, 2, 0], [4, 0, 0]], dtype=torch.int32)
+    pos = torch.tensor([2 * PAGE + 9, 4 * PAGE - 1], dtype=torch.int32)
+    slots = flashmla.visible_slots(table, index, pos, PAGE)
+    assert slots.shape == (2, 3 * PAGE) and slots.dtype == torch.int32
+    assert slots[0, :PAGE].tolist() == list(range(3 * PAGE, 4 * PAGE))  # page 0: every slot
+    assert slots[0, PAGE: PAGE + 10].tolist() == list(range(7 * PAGE, 7 * PAGE + 10))  # page 2: 10 slots written
+    assert (slots[0, PAGE + 10:] == -1).all() and (slots[1] == -1).all()
+
+
+def test_fp8_calls_go_by_their_own_measured_table():
+    """The bf16 table says nothing of FlashMLA's fp8 decode: without a ``decode_fp8`` table every
+    fp8 call stays on Triton; with one, it decides."""
+    bf16_only = {"decode": {128: 1 << 10}}
+    assert providers.decode_provider(128, 1 << 20, bf16_only) == "flashmla"
+    assert providers.decode_provider(128, 1 << 20, bf16_only, kv="fp8") == "triton"
+    both = {**bf16_only, "decode_fp8": {64: 1 << 18, 128: None}}
+    assert [providers.decode_provider(h, 1 << 20, both, kv="fp8") for h in (64, 128)] == ["flashmla", "triton"]

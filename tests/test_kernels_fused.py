@@ -7,12 +7,22 @@ from __future__ import annotations
 import kernel_interpreter  # noqa: F401  (must precede the kernels' import)
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from splash_core.kernels import fused
+from splash_core.kernels.fp8_cache import _e4m3_codes
 from splash_core.reference import fused as ref
 from splash_core.runtime.rotary import Rotary
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+@triton.jit
+def _codes_kernel(X, Out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    tl.store(Out + i, _e4m3_codes(tl.load(X + i, mask=ok, other=0.0)).to(tl.uint8), mask=ok)
 
 
 def _gen(seed=0):
@@ -72,3 +82,44 @@ def test_latent_write_fills_exactly_its_slots(dtype):
 def test_silu_mul_matches_the_reference(dtype, width):
     gate_up = torch.randn(3, 2 * width, generator=_gen(2)).to(dtype)
     torch.testing.assert_close(fused.silu_mul(gate_up), ref.silu_mul(gate_up), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("d_c, d_r, groups", [(32, 16, 4), (512, 64, 4), (32, 8, 1)])
+def test_latent_write_quantizes_into_a_scaled_fp8_cache(dtype, d_c, d_r, groups):
+    """A uint8 cache gets the reference's bytes exactly (power-of-two scales leave only the e4m3
+    and bf16 roundings, both to nearest even), rows of very different magnitudes and an all-zero
+    row included; read back, each latent is within e4m3's unit roundoff (2**-4) of its row's
+    largest magnitude, and nothing outside the slots is written."""
+    from splash_core.reference.fp8_cache import dequantize
+    from splash_core.runtime.kv_format import ScaledFP8
+
+    layout = ScaledFP8(d_c, d_r, groups)
+    kv, w, rot = _latent_case(dtype, d_c=d_c, d_r=d_r)
+    kv = (kv.float() * torch.tensor([1, 10, 1e-2, 100, 1e-3, 0])[:, None]).to(dtype)
+    slots = torch.tensor([5, 0, 17, 9, 30, 31])
+    caches = [torch.zeros(4, 8, layout.token_bytes, dtype=torch.uint8) for _ in range(2)]
+    fused.latent_write(kv, w, rot.cos, rot.sin, 1e-6, caches[0], slots)
+    ref.latent_write(kv, w, rot.cos, rot.sin, 1e-6, caches[1], slots)
+    assert torch.equal(caches[0], caches[1])
+    entries = ref.latent(kv, w, rot.cos, rot.sin, 1e-6).float()
+    back = dequantize(caches[0].view(32, -1)[slots], layout)
+    err = (back - entries)[:, :d_c].abs().amax(dim=1)
+    assert torch.all(err <= entries[:, :d_c].abs().amax(dim=1) / 16)
+    torch.testing.assert_close(back[:, d_c:], entries[:, d_c:].bfloat16().float(), rtol=0, atol=0)
+    untouched = torch.ones(32, dtype=torch.bool)
+    untouched[slots] = False
+    assert not caches[0].view(32, -1)[untouched].any()
+
+
+def test_e4m3_rounding_in_integers_equals_torchs_cast():
+    """Every e4m3 value, the midpoints between neighbours (ties go to even), points just beside
+    them, -0 and a dense grid: the kernel's integer rounding gives torch's codes."""
+    values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    values = values[~values.isnan()].sort().values
+    mids = (values[:-1] + values[1:]) / 2
+    x = torch.cat([values, mids, torch.nextafter(mids, values[1:]), torch.nextafter(mids, values[:-1]),
+                   torch.tensor([-0.0]), torch.linspace(-448, 448, 4001)])
+    out = torch.empty(x.numel(), dtype=torch.uint8)
+    _codes_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    assert torch.equal(out, x.to(torch.float8_e4m3fn).view(torch.uint8))

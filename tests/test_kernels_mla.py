@@ -15,7 +15,7 @@ import torch
 from splash_core.kernels import AttentionTile, MLAKernelConfig, TileRule, triton_mla_kernels
 from splash_core.kernels.attention import plan
 from splash_core.reference import mla as ref
-from splash_core.testing.mla_inputs import decode_case, extend_case, tolerance
+from splash_core.testing.mla_inputs import decode_case, extend_case, scaled_fp8_case, tolerance
 
 CPU = torch.device("cpu")
 
@@ -121,6 +121,31 @@ def test_fp8_cache_widens_to_the_query_dtype():
     q, cache, *rest = decode_case(CPU, torch.float16, heads=4, dims=(64, 16))
     case = (q, cache.to(torch.float8_e4m3fn), *rest)
     _check(triton_mla_kernels().decode(*case), ref.attention(*case), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dims, groups, tile, page", [
+    ((512, 64), 4, AttentionTile(rows=1, heads=16, keys=16, value_split=2), 16),  # DeepSeek's 656 bytes
+    ((64, 16), 1, AttentionTile(rows=4, heads=4, keys=32, stages=2), 8),  # tiles spanning pages, row blocks
+    ((32, 16), 4, AttentionTile(rows=1, heads=16, keys=16, stages=3), 32),
+])
+def test_scaled_fp8_cache_is_dequantized_inside_the_kernels(dtype, dims, groups, tile, page):
+    """A uint8 scaled-fp8 cache (e4m3 latent x per-group float32 scales, bf16 rotary key): both
+    entry points, unsplit and split, give the reference's attention over the dequantized keys."""
+    for processors in (1, 64):
+        config = MLAKernelConfig(name="t", decode=tile, extend=tile, processors=processors, max_splits=3,
+                                 min_keys_per_split=8)
+        kernels = triton_mla_kernels(config)
+        for entry, make in (("decode", decode_case), ("extend", extend_case)):
+            case = scaled_fp8_case(make(CPU, dtype, heads=3, dims=dims, page=page, seed=processors), groups)
+            assert case[1].dtype == torch.uint8 and case[1].shape[2] == dims[0] + 4 * groups + 2 * dims[1]
+            _check(getattr(kernels, entry)(*case), ref.attention(*case), dtype)
+
+
+def test_scaled_fp8_cache_of_an_impossible_width_is_refused():
+    q, cache, *rest = scaled_fp8_case(decode_case(CPU, torch.float16, heads=2, dims=(32, 16)), 2)
+    with pytest.raises(ValueError, match="scales do not split the 32 latent channels"):
+        triton_mla_kernels().decode(q, cache[..., :-12], *rest)  # 3 scales' bytes and 2 rotary bytes short
 
 
 def test_empty_inputs_and_bad_shapes():

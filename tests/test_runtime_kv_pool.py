@@ -89,6 +89,31 @@ def test_pool_sizing_and_release():
         pool[5]
 
 
+def test_a_scaled_fp8_pool_quantizes_on_write_and_moves_bytes():
+    """Scaled-fp8 pages (uint8, 64 bytes a token for d_c 32, 4 scales, d_r 8): a write stores
+    the quantized entries, pack/unpack move them byte for byte, and the sizes are the format's."""
+    from splash_core.reference.fp8_cache import dequantize, quantize
+    from splash_core.runtime.kv_format import ScaledFP8
+
+    layout = ScaledFP8(32, 8, 4)
+    fmt = PageFormat.scaled_fp8(4, layout, indexer_width=3)
+    assert (fmt.kv_dtype, fmt.kv_width, fmt.kv_page_bytes) == (torch.uint8, 64, 4 * 64)
+    with pytest.raises(ValueError, match="stores 64 bytes per token as uint8"):
+        PageFormat(4, 40, torch.uint8, scaled=layout)
+    src, dst = LayerKV(0, 6, fmt, "cpu"), LayerKV(0, 6, fmt, "cpu")
+    src.alloc(7, [0, 1])
+    entries = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * torch.logspace(-3, 2, 6)[:, None]
+    slots = torch.as_tensor(src.slots((7,), np.zeros(6, dtype=np.int64), np.arange(6)))
+    src.write(slots, entries, torch.ones(6, 3))
+    stored = src.kv.view(-1, 64)[slots]
+    assert torch.equal(stored, quantize(entries, layout))
+    assert torch.allclose(dequantize(stored, layout), entries, rtol=2 ** -4, atol=0)
+    logical, kv, idx = src.pack(KERNELS, 7)
+    dst.unpack(KERNELS, 7, logical, kv, idx)
+    assert torch.equal(dst.kv[torch.as_tensor(dst.pages_of(7)[1])], src.kv[torch.as_tensor(src.pages_of(7)[1])])
+    assert src.nbytes() == {"kv": 2 * 4 * 64, "indexer": 2 * 4 * 3 * 4}
+
+
 def test_held_pages_follow_ownership_rules():
     pages = np.arange(7)
     T = 3

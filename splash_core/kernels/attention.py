@@ -19,6 +19,11 @@ the key load counts as indirect and runs at most one iteration ahead.
 
 Integer offsets into the cache and the outputs are 64-bit: B = 64 requests of 128K tokens
 hold more than 2**31 cache elements.
+
+A uint8 cache holds the scaled-fp8 format (:mod:`splash_core.runtime.kv_format`): a key tile's
+e4m3 latent codes are multiplied by their group's float32 scale and the bf16 rotary key read
+as it is, both converted to the query's format right after the load, so the rest of the kernel
+is the same for every format.
 """
 
 from __future__ import annotations
@@ -29,12 +34,41 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime.kv_format import ScaledFP8
 from .config import AttentionTile, MLAKernelConfig, block
 from .merge import merge_into
 
 LOG2E = tl.constexpr(1.4426950408889634)
 _TABLE_CHUNK = 1024  # block-table entries scanned per step when sizing a request
 _PLAN_CACHE = 4096  # call shapes whose (tile, splits) are kept
+
+
+@triton.jit
+def _scaled_latent(kv_base, cols, mask, V_DIM: tl.constexpr, GROUPS: tl.constexpr):
+    """Latent channels ``cols`` of scaled-fp8 keys (byte pointers ``kv_base`` [keys, 1]) in float32."""
+    codes = tl.load((kv_base + cols[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=mask, other=0.0)
+    scales = tl.load((kv_base + V_DIM).to(tl.pointer_type(tl.float32)) + (cols // (V_DIM // GROUPS))[None, :],
+                     mask=mask, other=0.0)
+    return codes.to(tl.float32) * scales
+
+
+@triton.jit
+def _latent_keys(kv_base, cols, mask, V_DIM: tl.constexpr, SCALE_GROUPS: tl.constexpr, dtype: tl.constexpr):
+    if SCALE_GROUPS:
+        keys = _scaled_latent(kv_base, cols, mask, V_DIM, SCALE_GROUPS).to(dtype)
+    else:  # a narrower cache (fp8) computes in q's dtype
+        keys = tl.load(kv_base + cols[None, :], mask=mask, other=0.0).to(dtype)
+    return keys
+
+
+@triton.jit
+def _rope_keys(kv_base, dr, mask, V_DIM: tl.constexpr, SCALE_GROUPS: tl.constexpr, dtype: tl.constexpr):
+    if SCALE_GROUPS:
+        rope = (kv_base + V_DIM + 4 * SCALE_GROUPS).to(tl.pointer_type(tl.bfloat16))
+        keys = tl.load(rope + dr[None, :], mask=mask, other=0.0).to(dtype)
+    else:
+        keys = tl.load(kv_base + V_DIM + dr[None, :], mask=mask, other=0.0).to(dtype)
+    return keys
 
 
 # Sizes that change from call to call (batch shape, table width, split count) are not
@@ -50,7 +84,7 @@ def _attention_kernel(
     BLOCK_VP: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     ROWS: tl.constexpr, HEADS: tl.constexpr, KEYS: tl.constexpr, VALUE_SPLIT: tl.constexpr,
     TABLE_CHUNK: tl.constexpr, ROW_BLOCKS: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
-    FINAL: tl.constexpr, PRECISION: tl.constexpr,
+    FINAL: tl.constexpr, PRECISION: tl.constexpr, SCALE_GROUPS: tl.constexpr,
 ):
     # Axis 0: row programs x head blocks x value parts, parts fastest, so the programs that
     # read the same keys run side by side and share them through the L2 cache.
@@ -130,15 +164,14 @@ def _attention_kernel(
             key_pos = tl.load(PageIndex + req * s_pi + slot, mask=in_range, other=0) * PAGE_SIZE + offset
             key_ok = in_range & (page >= 0)
             kv_base = KV + page.to(tl.int64)[:, None] * s_kp + offset.to(tl.int64)[:, None] * s_kt
-        # A narrower cache (fp8) computes in q's dtype.
-        k_own = tl.load(kv_base + own[None, :], mask=key_ok[:, None] & (own < V_DIM)[None, :],
-                        other=0.0).to(Q.dtype.element_ty)
-        k_rope = tl.load(kv_base + V_DIM + dr[None, :], mask=key_ok[:, None] & (dr < ROPE_DIM)[None, :],
-                         other=0.0).to(Q.dtype.element_ty)
+        k_own = _latent_keys(kv_base, own, key_ok[:, None] & (own < V_DIM)[None, :], V_DIM, SCALE_GROUPS,
+                             Q.dtype.element_ty)
+        k_rope = _rope_keys(kv_base, dr, key_ok[:, None] & (dr < ROPE_DIM)[None, :], V_DIM, SCALE_GROUPS,
+                            Q.dtype.element_ty)
         s = tl.dot(q_own, tl.trans(k_own), input_precision=PRECISION)
         if VALUE_SPLIT == 2:
-            k_other = tl.load(kv_base + other[None, :], mask=key_ok[:, None] & (other < V_DIM)[None, :],
-                              other=0.0).to(Q.dtype.element_ty)
+            k_other = _latent_keys(kv_base, other, key_ok[:, None] & (other < V_DIM)[None, :], V_DIM, SCALE_GROUPS,
+                                   Q.dtype.element_ty)
             s += tl.dot(q_other, tl.trans(k_other), input_precision=PRECISION)
         s += tl.dot(q_rope, tl.trans(k_rope), input_precision=PRECISION)
         visible = key_ok[None, :] & (key_pos[None, :] <= pos[:, None])
@@ -240,12 +273,14 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
                     config: MLAKernelConfig, entry: str, plans: dict):
     """``(out [N, H, v_dim] in q's dtype, lse [N, H] float32)``, the MLAKernels contract, with
     the tile ``config`` gives ``entry`` ("decode" or "extend") for this head count."""
-    if q.dim() != 3 or kv_cache.dim() != 3 or q.shape[2] != kv_cache.shape[2]:
+    scaled = kv_cache.dtype == torch.uint8
+    if q.dim() != 3 or kv_cache.dim() != 3 or (q.shape[2] != kv_cache.shape[2] and not scaled):
         raise ValueError(f"q [N, H, W] and kv_cache [pages, page_size, W] must share W "
                          f"(got {tuple(q.shape)} and {tuple(kv_cache.shape)})")
     width = q.shape[2]
     if not 0 < v_dim < width:
         raise ValueError(f"v_dim must be in (0, {width}) (got {v_dim})")
+    groups = ScaledFP8.of_width(kv_cache.shape[2], v_dim, width - v_dim).groups if scaled else 0
     if kv_cache.stride(2) != 1:
         raise ValueError("kv_cache needs a unit channel stride")
     block_table = _index(block_table, "block_table", 2)
@@ -286,7 +321,7 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
         BLOCK_VP=block(v_dim) // tile.value_split, BLOCK_ROPE=block(width - v_dim),
         ROWS=tile.rows, HEADS=tile.heads, KEYS=tile.keys, VALUE_SPLIT=tile.value_split,
         TABLE_CHUNK=_TABLE_CHUNK, ROW_BLOCKS=tile.rows > 1, TILE_IN_PAGE=page_size % tile.keys == 0,
-        FINAL=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else None,
+        FINAL=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else None, SCALE_GROUPS=groups,
         num_warps=tile.warps, num_stages=tile.stages, **dict(config.launch_options),
     )
     if splits > 1:

@@ -8,7 +8,8 @@ reference (:mod:`splash_core.reference.fused`) rounds.
   normalised and rotated, where torch slices, norms, rotates, concatenates, casts and copies;
 - SiLU·mul of the row-stacked gate/up projection.
 
-Caches in a 1-byte format (fp8) and rows wider than ``MAX_BLOCK`` go to the reference.
+Scaled-fp8 caches (uint8) get the quantizing write of :mod:`.fp8_cache`; unscaled fp8 caches
+and rows wider than ``MAX_BLOCK`` go to the reference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import triton.language as tl
 
 from ..interfaces import FusedKernels
 from ..reference import fused as reference
+from ..runtime.kv_format import ScaledFP8
+from . import fp8_cache
 
 MAX_BLOCK = 1 << 15  # channels one program holds
 
@@ -128,6 +131,10 @@ def latent(kv, weight, cos, sin, eps):
 
 def latent_write(kv, weight, cos, sin, eps, cache, slots) -> None:
     """:func:`splash_core.reference.fused.latent_write` in one kernel: RoPE fused with the cache write."""
+    if cache.dtype == torch.uint8 and kv.shape[1] <= MAX_BLOCK and cache.is_contiguous():
+        d_c = weight.numel()
+        layout = ScaledFP8.of_width(cache.shape[-1], d_c, kv.shape[1] - d_c)
+        return fp8_cache.latent_write_scaled(kv, weight, cos, sin, eps, cache, slots, layout, _block)
     if cache.element_size() == 1 or kv.shape[1] > MAX_BLOCK or not cache.is_contiguous():
         return reference.latent_write(kv, weight, cos, sin, eps, cache, slots)
     if kv.shape[0]:

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from ..interfaces import FusedKernels
+from ..runtime.kv_format import ScaledFP8
 from ..runtime.mla import rms_norm
 from ..runtime.rotary import Rotary
+from .fp8_cache import cache_layout, quantize
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -27,19 +29,23 @@ def latent(kv, weight, cos, sin, eps):
     return torch.cat([rms_norm(kv[:, :d_c], weight, eps), Rotary(cos, sin)(kv[:, d_c:])], dim=-1)
 
 
-def write_rows(cache, slots, entries) -> None:
+def write_rows(cache, slots, entries, scaled: ScaledFP8 | None = None) -> None:
     """Store ``entries`` [n, W] at flat ``slots`` of ``cache`` [pages, page_size, W] in its format
-    (1-byte formats through a byte view, so the indexed copy works on every device)."""
+    (1-byte formats through a byte view, so the indexed copy works on every device); with
+    ``scaled``, ``cache`` is a uint8 scaled-fp8 cache and ``entries`` are quantized into it."""
     width = cache.shape[-1]
-    if cache.element_size() == 1 and cache.dtype != torch.uint8:
+    if scaled is not None:
+        cache.view(-1, width).index_copy_(0, slots, quantize(entries, scaled))
+    elif cache.element_size() == 1 and cache.dtype != torch.uint8:
         cache.view(torch.uint8).view(-1, width).index_copy_(0, slots, entries.to(cache.dtype).view(torch.uint8))
     else:
         cache.view(-1, width).index_copy_(0, slots, entries.to(cache.dtype))
 
 
 def latent_write(kv, weight, cos, sin, eps, cache, slots) -> None:
-    """:func:`latent` written into ``cache`` at ``slots``."""
-    write_rows(cache, slots, latent(kv, weight, cos, sin, eps))
+    """:func:`latent` written into ``cache`` at ``slots`` (a uint8 cache: quantized to scaled fp8)."""
+    d_c = weight.numel()
+    write_rows(cache, slots, latent(kv, weight, cos, sin, eps), cache_layout(cache, d_c, kv.shape[1] - d_c))
 
 
 def silu_mul(gate_up):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .fp8_cache import cache_layout, dequantize
+
 
 def _request_keys(kv_cache, block_table_row, page_index_row):
     """Keys of one request held here and their absolute positions."""
@@ -21,8 +23,10 @@ def _request_keys(kv_cache, block_table_row, page_index_row):
 
 
 def attention(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
-    """Absorbed MLA attention over paged latent keys; returns (out [N, H, v_dim], lse [N, H])."""
-    n, heads, _ = q.shape
+    """Absorbed MLA attention over paged latent keys; returns (out [N, H, v_dim], lse [N, H]).
+    A uint8 cache holds scaled-fp8 entries, read back as their float32 values."""
+    n, heads, width = q.shape
+    scaled = cache_layout(kv_cache, v_dim, width - v_dim)
     out = torch.zeros(n, heads, v_dim, dtype=torch.float32, device=q.device)
     lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=q.device)
     row_req = row_req.long()
@@ -31,7 +35,7 @@ def attention(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_d
         keys, positions = _request_keys(kv_cache, block_table[r], page_index[r])
         if keys.shape[0] == 0:
             continue
-        keys = keys.float()
+        keys = keys.float() if scaled is None else dequantize(keys, scaled)
         scores = torch.einsum("nhw,mw->nhm", q[rows].float(), keys) * scale
         visible = positions[None, :] <= row_pos[rows].long()[:, None]  # [n, m]
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))

@@ -2,8 +2,10 @@
 
 Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, d_c + d_r]``
 (channels ``[0, d_c)`` the latent, ``[d_c, d_c + d_r)`` the rotary key, exactly the layout
-:class:`~splash_core.interfaces.MLAKernels` reads), an optional indexer-key tensor
-``[num_pages, page_size, indexer_dim]`` indexed by the same physical pages (so indexer keys move
+:class:`~splash_core.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
+``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.runtime.kv_format`), an optional indexer-key tensor
+``[num_pages, page_size, indexer_dim]`` (an fp8 key with scales: uint8, the same scaled layout
+without a rotary part) indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
 for switches), and the block tables and free pages of those pages
 (:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
@@ -32,6 +34,7 @@ from .. import ownership
 from ..layouts import Layout, Ownership, State
 from ..reference.fused import write_rows
 from .block_tables import BlockTables, PageKeys, PoolFullError
+from .kv_format import ScaledFP8
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
 
@@ -51,13 +54,28 @@ def held_pages(layout: Layout, request_id: int, owner: int, pages, rank: int, T:
 
 @dataclasses.dataclass(frozen=True)
 class PageFormat:
-    """What one page of one layer stores."""
+    """What one page of one layer stores. :meth:`scaled_fp8` builds the scaled-fp8 format."""
 
     page_size: int
-    kv_width: int  # d_c + d_r
-    kv_dtype: torch.dtype
+    kv_width: int  # d_c + d_r (scaled fp8: bytes per token)
+    kv_dtype: torch.dtype  # scaled fp8: uint8
     indexer_width: int = 0  # 0: no indexer keys
     indexer_dtype: torch.dtype = torch.float32
+    scaled: ScaledFP8 | None = None  # the scaled-fp8 layout of a token's entry; None: an element format
+    indexer_scaled: ScaledFP8 | None = None  # likewise for the indexer key (no rotary part)
+
+    def __post_init__(self):
+        for what, layout, width, dtype in (("page", self.scaled, self.kv_width, self.kv_dtype),
+                                           ("indexer page", self.indexer_scaled, self.indexer_width,
+                                            self.indexer_dtype)):
+            if layout is not None and (dtype != torch.uint8 or width != layout.token_bytes):
+                raise ValueError(f"a scaled-fp8 {what} stores {layout.token_bytes} bytes per token as uint8 "
+                                 f"(got width {width}, {dtype})")
+
+    @classmethod
+    def scaled_fp8(cls, page_size: int, layout: ScaledFP8, indexer_width: int = 0,
+                   indexer_dtype: torch.dtype = torch.float32, indexer_scaled: ScaledFP8 | None = None) -> "PageFormat":
+        return cls(page_size, layout.token_bytes, torch.uint8, indexer_width, indexer_dtype, layout, indexer_scaled)
 
     @property
     def kv_page_bytes(self) -> int:
@@ -191,9 +209,9 @@ class LayerKV(BlockTables):
         """Store per-token entries kv [n, W] (and indexer keys [n, I]) at flat ``slots`` [n]
         (kv None: only the indexer keys, the entries having been written already)."""
         if kv is not None:
-            write_rows(self.kv, slots, kv)
+            write_rows(self.kv, slots, kv, self.format.scaled)
         if self.indexer is not None and indexer is not None:
-            write_rows(self.indexer, slots, indexer)
+            write_rows(self.indexer, slots, indexer, self.format.indexer_scaled)
 
     def block_table(self, request_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Kernel block table and page index [R, P] int32 (device) for ``request_ids`` in order:

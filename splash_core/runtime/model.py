@@ -46,6 +46,7 @@ from .decode_graphs import DecodeGraphs, DecodeOutputs
 from .kda import KDAMath, KDAWeights
 from .kda_layer import KDALayer
 from .feed_forward import DenseMLP, MoE, load_feed_forward
+from .kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
 from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
 from .mla import MLAMath, MLAWeights
 from .mla_layer import MLALayer
@@ -61,12 +62,15 @@ class Model:
 
     def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
                  profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
-                 pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None,
+                 pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None, kv_scales: int = 0,
                  num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None,
                  host_collectives: Collectives | None = None, fused: FusedKernels | None = None,
                  graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None,
                  streams: StreamOps | None = None):
-        """``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
+        """``kv_dtype``: the element format the KV pool stores (None: ``dtype``); ``kv_scales`` > 0:
+        the pool stores the scaled-fp8 format instead (:mod:`~splash_core.runtime.kv_format`), an
+        fp8 latent with that many float32 scales per token and a bf16 rotary key.
+        ``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
         from, so switches pull pages rank to rank (None: pages move by collectives).
         ``host_collectives``: collectives on host memory for what the ranks agree on before a step
         (whether every pool has room, :meth:`reserve`), so that never waits for the device
@@ -97,9 +101,17 @@ class Model:
         def get(name, **cut):
             return source.get(name, shapes[name], **cut, **kw)
 
-        fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype,
-                         profile.indexer.head_dim if profile.indexer else 0,
-                         _indexer_dtype(profile) if profile.indexer else torch.float32)
+        indexer = _indexer_format(profile)
+        if kv_scales and mla_layers:
+            if kv_dtype not in (None, torch.float8_e4m3fn):
+                raise ValueError(f"a scaled KV cache stores an fp8 latent (got kv_dtype {kv_dtype})")
+            layout = ScaledFP8(self.math.d_c, self.math.d_r, kv_scales)
+            problem = layout.problem()
+            if problem:
+                raise ValueError(f"model {profile.name!r}: {kv_scales} KV scales per token: {problem}")
+            fmt = PageFormat.scaled_fp8(page_size, layout, **indexer)
+        else:
+            fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype, **indexer)
         self.pool = KVPool(mla_layers, pages_per_layer, fmt, device, memory=peer_memory)
         self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
         kda_math = KDAMath(profile) if kda_layers else None
@@ -132,7 +144,8 @@ class Model:
 
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
-                     page_size: int, dtype=torch.float32, kv_dtype=None, num_layers: int | None = None,
+                     page_size: int, dtype=torch.float32, kv_dtype=None, kv_scales: int = 0,
+                     num_layers: int | None = None,
                      transfer: TransferConfig = TransferConfig(), graphs: GraphConfig | None = None) -> "Model":
         """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
         for a model with KDA layers, KDA) kernels and fused ops, the KV pool in its peer memory
@@ -143,7 +156,7 @@ class Model:
         return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
                    kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
                    layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
-                   kv_dtype=kv_dtype, num_layers=num_layers, kda_kernels=kda,
+                   kv_dtype=kv_dtype, kv_scales=kv_scales, num_layers=num_layers, kda_kernels=kda,
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
                    host_collectives=ctx.host_collectives(), fused=ctx.backend.fused_kernels(ctx.device, dtype),
                    graphs=graphs, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs is not None else None,
@@ -155,18 +168,19 @@ class Model:
         """Build from a deployment profile: its model, page size, compute format, layer count,
         weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
         ``source`` is given), initial layout (unless ``layouts`` is given), transfer options and
-        decode graphs; the KV pool stores the model's cache format (latent and rotary key must
-        share one format)."""
+        decode graphs; the KV pool stores the model's cache format (one the runtime can store:
+        :func:`~splash_core.runtime.kv_format.kv_format_problem`)."""
         kv = deployment.model.kv_cache
-        if kv.latent_dtype != kv.rope_dtype or kv.scale_bytes:
-            raise ValueError(f"model {deployment.model.name!r}: the runtime stores latent and rotary key in one "
-                             f"format without scales (got {kv.latent_dtype}/{kv.rope_dtype}, {kv.scale_bytes} scale bytes)")
+        problem = kv_format_problem(deployment.model)
+        if problem:
+            raise ValueError(f"model {deployment.model.name!r}: model.kv_cache: {problem}")
         if ctx.world_size != deployment.T:
             raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
         return cls.from_context(ctx, deployment.model, source or weight_source(deployment.model, deployment.seed),
                                 deployment.initial_layout if layouts is None else layouts,
                                 pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                                 dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
+                                kv_scales=kv.scale_bytes // SCALE_BYTES,
                                 num_layers=deployment.layers, transfer=deployment.transfer, graphs=deployment.graphs)
 
     # ---- one step -------------------------------------------------------------------------
@@ -349,8 +363,16 @@ class Model:
         return out
 
 
-def _indexer_dtype(profile: ModelProfile) -> torch.dtype:
-    return torch_dtype(profile.indexer.dtype)
+def _indexer_format(profile: ModelProfile) -> dict:
+    """The indexer keys' fields of the page format: the profile's element format, or with scales
+    the scaled-fp8 layout of one head_dim key (so the pool stores the bytes Eq 1 counts)."""
+    idx = profile.indexer
+    if idx is None:
+        return dict(indexer_width=0, indexer_dtype=torch.float32)
+    layout = indexer_layout(profile)
+    if layout is None:
+        return dict(indexer_width=idx.head_dim, indexer_dtype=torch_dtype(idx.dtype))
+    return dict(indexer_width=layout.token_bytes, indexer_dtype=torch.uint8, indexer_scaled=layout)
 
 
 def _recurrent_format(profile: ModelProfile) -> RecurrentFormat:

@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ..profiles.model import LayerKind, ModelProfile
+from ..reference.fp8_cache import round_trip
 from .experts import route
+from .kv_format import scaled_layout
 from .mla import rms_norm
 from .rotary import rope, softmax_scale
 from .step_batch import StepBatch
@@ -31,8 +33,10 @@ class ReferenceModel:
     def __init__(self, profile: ModelProfile, source: WeightSource, device="cpu", dtype=torch.float32,
                  num_layers: int | None = None, kv_dtype: torch.dtype | None = None):
         """``kv_dtype``: the format the runtime's KV pool stores (None: ``dtype``); each new latent
-        and rotary key is rounded to it, as a write into the pool rounds it."""
+        and rotary key is rounded to it, as a write into the pool rounds it: through the
+        scaled-fp8 format where the profile's cache has scales (``kv_dtype`` is then its latent's)."""
         self.profile, self.dtype, self.kv_dtype = profile, dtype, kv_dtype
+        self.scaled = scaled_layout(profile) if kv_dtype is not None else None
         count = profile.num_layers if num_layers is None else num_layers
         self.kinds = profile.layer_kinds[:count]
         shapes = tensor_shapes(profile, count)
@@ -99,7 +103,9 @@ class ReferenceModel:
         kv = x @ w[f"{a}.kv_a_proj_with_mqa.weight"].t()
         c_new = rms_norm(kv[:, :dc], w[f"{a}.kv_a_layernorm.weight"], eps)
         k_rope_new = rope(kv[:, dc:], pos, theta, scaling)
-        if self.kv_dtype is not None:
+        if self.scaled is not None:
+            c_new, k_rope_new = round_trip(torch.cat([c_new, k_rope_new], dim=1), self.scaled).split([dc, dr], dim=1)
+        elif self.kv_dtype is not None:
             c_new, k_rope_new = (t.to(self.kv_dtype).to(t.dtype) for t in (c_new, k_rope_new))
         c_old, k_old = self.cache[layer].get(request, (c_new[:0], k_rope_new[:0]))
         if c_old.shape[0] != start:

@@ -68,3 +68,18 @@ def extend_case(device, dtype, *, heads: int = 16, dims=MLA_DIMS, page: int = 16
     pos = torch.tensor([p for _, p in rows], dtype=torch.int32, device=device)
     q = _queries(len(rows), heads, d_c + d_r, device, dtype, seed)
     return q, cache, table, index, req, pos, (d_c + d_r) ** -0.5, d_c
+
+
+def scaled_fp8_case(case, groups: int):
+    """``case`` (from :func:`decode_case` or :func:`extend_case`) with its cache stored in the
+    scaled-fp8 format of ``groups`` scales per token (a uint8 cache): the kernels must read back
+    what the reference dequantizes."""
+    from ..reference.fp8_cache import quantize
+    from ..runtime.kv_format import ScaledFP8
+
+    q, cache, *rest = case
+    v_dim = rest[-1]
+    layout = ScaledFP8(v_dim, cache.shape[2] - v_dim, groups)
+    pages, page = cache.shape[:2]
+    stored = quantize(cache.reshape(pages * page, -1).float(), layout).view(pages, page, layout.token_bytes)
+    return (q, stored, *rest)

@@ -52,6 +52,28 @@ def test_latent_write_matches_reference(fused, conformance_device, conformance_d
     assert got.view(64, -1).abs().sum(1).nonzero().view(-1).tolist() == sorted(slots.tolist())
 
 
+def test_latent_write_quantizes_into_a_scaled_fp8_cache(fused, conformance_device, conformance_dtype):
+    """Into a uint8 scaled-fp8 cache (656 bytes a token): read back, each latent is at most one
+    e4m3 step (1/8 of its row's largest magnitude) from the reference's, the rotary key within
+    bf16 rounding, and only the slots are written."""
+    from splash_core.reference.fp8_cache import dequantize
+    from splash_core.runtime.kv_format import ScaledFP8
+
+    layout = ScaledFP8(512, 64, 4)
+    kw = dict(device=conformance_device, dtype=conformance_dtype)
+    kv, w = _randn(5, 576, seed=4, **kw), 1 + 0.1 * _randn(512, seed=5, **kw)
+    rot = Rotary.at(torch.tensor([0, 5, 17, 4096, 70000], device=conformance_device), 64, 10000.0)
+    slots = torch.tensor([3, 40, 0, 17, 63], device=conformance_device)
+    got, want = (torch.zeros(4, 16, layout.token_bytes, dtype=torch.uint8, device=conformance_device) for _ in range(2))
+    fused.latent_write(kv, w, rot.cos, rot.sin, 1e-6, got, slots)
+    ref.latent_write(kv, w, rot.cos, rot.sin, 1e-6, want, slots)
+    a, b = (dequantize(c.view(64, -1)[slots], layout) for c in (got, want))
+    scale = b[:, :512].abs().amax(dim=1, keepdim=True)
+    assert torch.all((a - b)[:, :512].abs() <= scale / 8), "latent_write fp8: latent"
+    torch.testing.assert_close(a[:, 512:], b[:, 512:], atol=1e-6, rtol=2 ** -6)
+    assert got.view(64, -1).sum(1).nonzero().view(-1).tolist() == sorted(slots.tolist())
+
+
 def test_silu_mul_matches_reference(fused, conformance_device, conformance_dtype):
     gate_up = _randn(6, 2 * 2048, seed=6, device=conformance_device, dtype=conformance_dtype)
     _close(fused.silu_mul(gate_up), ref.silu_mul(gate_up), conformance_dtype, "silu_mul")

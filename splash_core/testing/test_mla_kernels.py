@@ -1,5 +1,6 @@
 """The backend's MLA kernels match the torch reference (:mod:`splash_core.reference.mla`)
-within a tolerance set by the compute dtype, at MLA's real channel dims (d_c 512, d_r 64)."""
+within a tolerance set by the compute dtype, at MLA's real channel dims (d_c 512, d_r 64), on
+element caches and on DeepSeek-V3.2's scaled-fp8 cache (uint8, 656 bytes a token)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from splash_core.reference import mla as ref
 
-from .mla_inputs import decode_case, extend_case, tolerance
+from .mla_inputs import decode_case, extend_case, scaled_fp8_case, tolerance
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,13 @@ def test_decode_matches_reference(kernels, conformance_device, conformance_dtype
 def test_extend_matches_reference(kernels, conformance_device, conformance_dtype):
     case = extend_case(conformance_device, conformance_dtype)
     _assert_matches(kernels.extend(*case), ref.attention(*case), conformance_dtype, "extend")
+
+
+@pytest.mark.parametrize("entry", ["decode", "extend"])
+def test_scaled_fp8_cache_matches_reference(kernels, conformance_device, conformance_dtype, entry):
+    make = decode_case if entry == "decode" else extend_case
+    case = scaled_fp8_case(make(conformance_device, conformance_dtype), groups=4)
+    _assert_matches(getattr(kernels, entry)(*case), ref.attention(*case), conformance_dtype, f"fp8 {entry}")
 
 
 def test_merge_matches_reference(kernels, conformance_device, conformance_dtype):

@@ -10,6 +10,12 @@ Attention is a sum over keys, so the pages' positions need not be consecutive.
 
 FlashMLA serves bf16 caches of 64-token pages with 576-wide keys (512 latent + 64 rotary) and
 one query row per request; any other call goes to the fallback (the Triton kernel).
+
+Scaled-fp8 caches (uint8 pages of 656-byte entries: DeepSeek-V3.2's format, which is FlashMLA's
+own) go to FlashMLA's fp8 decode, which FlashMLA offers only as sparse attention: each row gets
+as its "top-k" the flat cache slot (page * 64 + offset) of every key it sees, -1 for the rest
+(:func:`visible_slots`), so it attends to exactly the keys the dense call would. That kernel
+is built for 64 and 128 query heads; other head counts go to the fallback.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import torch
 
 PAGE = 64
 KEY_WIDTH, VALUE_WIDTH = 576, 512
+FP8_TOKEN_BYTES = 656  # 512 e4m3 + 4 float32 scales + 64 bf16
+FP8_HEADS = (64, 128)
 
 
 def missing_reason() -> str | None:
@@ -36,6 +44,23 @@ def serves(q, kv_cache, v_dim: int) -> bool:
             and q.shape[1] <= 128)
 
 
+def serves_fp8(q, kv_cache, v_dim: int) -> bool:
+    """Whether FlashMLA's fp8 (sparse) decode can take this call on a scaled-fp8 cache."""
+    return (q.dtype == torch.bfloat16 and kv_cache.dtype == torch.uint8 and kv_cache.shape[1] == PAGE
+            and kv_cache.shape[2] == FP8_TOKEN_BYTES and q.shape[-1] == KEY_WIDTH and v_dim == VALUE_WIDTH
+            and q.shape[1] in FP8_HEADS)
+
+
+def visible_slots(block_table, page_index, row_pos, page_size: int) -> torch.Tensor:
+    """Per row, the flat cache slot of each listed key it sees, -1 for the others (``int32``
+    [N, P * page_size]): FlashMLA's sparse ``indices`` for a dense call."""
+    offsets = torch.arange(page_size, device=block_table.device)
+    seen = (row_pos[:, None].long() + 1 - page_index.long() * page_size).clamp(0, page_size)  # [N, P]
+    visible = (offsets < seen[..., None]) & (block_table >= 0)[..., None]
+    slots = block_table.long()[..., None] * page_size + offsets
+    return torch.where(visible, slots, -1).reshape(block_table.shape[0], -1).to(torch.int32)
+
+
 def visible_keys(block_table, page_index, row_pos, page_size: int) -> torch.Tensor:
     """Per row, how many of its listed keys it sees (``int32``), as FlashMLA's ``cache_seqlens``."""
     seen = (row_pos[:, None].long() + 1 - page_index.long() * page_size).clamp(0, page_size)
@@ -47,6 +72,8 @@ def decode(fallback):
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
     def run(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
+        if serves_fp8(q, kv_cache, v_dim):
+            return fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
         if not serves(q, kv_cache, v_dim):
             return fallback(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
         req = row_req.long()
@@ -57,6 +84,17 @@ def decode(fallback):
             get_mla_metadata()[0], softmax_scale=scale, causal=False, use_legacy=True)
         out, lse = out[:, 0], lse[:, :, 0].float()
         empty = (seqlens == 0)[:, None]  # no visible key: out 0 and lse -inf, as the contract says
+        return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
+
+    def fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
+        req = row_req.long()
+        slots = visible_slots(block_table[req], page_index[req], row_pos, kv_cache.shape[1])
+        out, lse = flash_mla_with_kvcache(
+            q.unsqueeze(1).contiguous(), kv_cache.view(torch.float8_e4m3fn).unsqueeze(2), None, None, v_dim,
+            get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+            indices=slots.unsqueeze(1).contiguous(), use_legacy=True, kv_format="V32")
+        out, lse = out[:, 0], lse[:, :, 0].float()
+        empty = (slots < 0).all(dim=1)[:, None]
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
 
     return run

@@ -50,7 +50,9 @@ def splash_mla_kernels(device, dtype):
 
     config, _ = tuned.load()
     kernels = triton_mla_kernels(config.with_processors(detect.processors(device)))
-    if flashmla.missing_reason() or all(t is None for t in providers.load().get("decode", {}).values()):
+    table = providers.load()
+    measured = [t for key in providers.TABLES.values() for t in table.get(key, {}).values()]
+    if flashmla.missing_reason() or all(t is None for t in measured):
         return kernels
     return dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
                                name=f"{kernels.name}+flashmla")
@@ -62,7 +64,9 @@ def by_heads(flashmla_decode, triton_decode):
     a captured decode step's table has a row for every request slot, not only the batch's."""
     def decode(q, kv_cache, block_table, *args):
         kv_tokens = q.shape[0] * block_table.shape[1] * kv_cache.shape[1]
-        chosen = flashmla_decode if providers.decode_provider(q.shape[1], kv_tokens) == "flashmla" else triton_decode
+        kv = "bf16" if kv_cache.dtype.is_floating_point else "fp8"  # uint8: the scaled-fp8 format
+        chosen = (flashmla_decode if providers.decode_provider(q.shape[1], kv_tokens, kv=kv) == "flashmla"
+                  else triton_decode)
         return chosen(q, kv_cache, block_table, *args)
 
     return decode

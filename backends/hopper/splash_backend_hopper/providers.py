@@ -6,7 +6,9 @@ which FlashMLA was faster at every measured point (``flashmla_from_kv_tokens``; 
 was faster somewhere at every size). FlashMLA's dense decode costs about 0.25 ms a call however
 small (it plans its splits on every call), so small calls stay on Triton. Heads between measured
 counts take the row of the nearest measured count below (above, for fewer heads than any
-measured); with no measurement, or without the FlashMLA wheel, Triton serves every call.
+measured); with no measurement, or without the FlashMLA wheel, Triton serves every call. Calls
+on a scaled-fp8 cache go by their own table (``decode_fp8``, from the benchmark's fp8 points):
+FlashMLA's fp8 decode is another kernel, so the bf16 measurement says nothing about it.
 """
 
 from __future__ import annotations
@@ -18,26 +20,33 @@ from pathlib import Path
 PROVIDERS = Path(__file__).with_name("tuned") / "providers.json"
 
 
+TABLES = {"bf16": "decode", "fp8": "decode_fp8"}  # cache format -> its table's key
+
+
+def _thresholds(rows: dict) -> dict:
+    return {int(h): (None if row.get("flashmla_from_kv_tokens") is None else int(row["flashmla_from_kv_tokens"]))
+            for h, row in rows.items()}
+
+
 @functools.lru_cache(maxsize=None)
 def load(path: str | Path = PROVIDERS) -> dict:
-    """``{"decode": {heads: FlashMLA's threshold in KV tokens or None}, ...provenance}``; {} where
-    nothing was measured. Errors name the file."""
+    """``{"decode": {heads: FlashMLA's threshold in KV tokens or None}, "decode_fp8": {...} (if
+    measured), ...provenance}``; {} where nothing was measured. Errors name the file."""
     path = Path(path)
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text())
-        decode = {int(h): (None if row.get("flashmla_from_kv_tokens") is None else int(row["flashmla_from_kv_tokens"]))
-                  for h, row in data["decode"].items()}
+        tables = {key: _thresholds(data[key]) for key in TABLES.values() if key in data or key == "decode"}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a provider table: {exc}") from None
-    return {**data, "decode": decode}
+    return {**data, **tables}
 
 
-def decode_provider(heads: int, kv_tokens: int, table: dict | None = None) -> str:
+def decode_provider(heads: int, kv_tokens: int, table: dict | None = None, kv: str = "bf16") -> str:
     """``"flashmla"`` or ``"triton"`` for a decode call of ``heads`` heads per rank over
-    ``kv_tokens`` listed keys (batch x context)."""
-    measured = (load() if table is None else table).get("decode", {})
+    ``kv_tokens`` listed keys (batch x context) on a ``kv`` ("bf16" or "fp8") cache."""
+    measured = (load() if table is None else table).get(TABLES[kv], {})
     if not measured:
         return "triton"
     below = [h for h in measured if h <= heads]
@@ -74,4 +83,7 @@ def describe(flashmla_missing: str | None) -> str:
         return "decode: triton (FlashMLA installed, no measured provider table yet)"
     picks = ", ".join(f"{h} heads: " + ("triton" if t is None else f"flashmla from {t // 1024}K KV tokens")
                       for h, t in sorted(measured.items()))
-    return f"decode by measurement ({picks}; else triton)"
+    fp8 = load().get("decode_fp8", {})
+    fp8_picks = ("; fp8 KV: " + ", ".join(f"{h} heads: " + ("triton" if t is None else f"flashmla from {t // 1024}K")
+                                          for h, t in sorted(fp8.items()))) if fp8 else "; fp8 KV: triton (not measured)"
+    return f"decode by measurement ({picks}; else triton{fp8_picks})"

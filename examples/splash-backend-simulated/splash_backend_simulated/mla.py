@@ -7,13 +7,16 @@ pages through the block table, holes (-1) and keys after the row's position mask
 one einsum per range does the absorbed attention (queries against latent ++ rotary keys; the
 latent is also the value). So the conformance suite checks the algorithm's semantics (page
 lookup, causality, rows that see no key, the LSE it returns) before the device kernel exists.
-It favours clarity over memory: every row copies its request's pages.
+It favours clarity over memory: every row copies its request's pages. A uint8 cache holds the
+scaled-fp8 format; its pages are read back as float32 values by the core's reference
+(a device kernel dequantizes each key tile after loading it).
 """
 
 from __future__ import annotations
 
 import torch
 
+from splash_core.reference.fp8_cache import cache_layout, dequantize
 from splash_core.reference.mla import merge
 
 PAGES_PER_SPLIT = 4  # pages of history one split scores (a device kernel picks this per shape)
@@ -25,7 +28,9 @@ def decode(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
     page_size = kv_cache.shape[1]
     table = block_table[row_req.long()].long()  # [N, P] the physical pages of each row's request
     held = table >= 0
-    keys = kv_cache[table.clamp(min=0)].float()  # [N, P, page, W]; a hole reads page 0, masked below
+    keys = kv_cache[table.clamp(min=0)]  # [N, P, page, W]; a hole reads page 0, masked below
+    scaled = cache_layout(kv_cache, v_dim, q.shape[-1] - v_dim)
+    keys = keys.float() if scaled is None else dequantize(keys, scaled)
     offsets = torch.arange(page_size, device=kv_cache.device)
     positions = page_index[row_req.long()].long()[..., None] * page_size + offsets  # [N, P, page]
     visible = held[..., None] & (positions <= row_pos.long()[:, None, None])
