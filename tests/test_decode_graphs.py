@@ -67,12 +67,14 @@ class HostGraphOps:
     def __init__(self, model):
         self.model = model
         self.graphs: list[_Recorded] = []
+        self.pools: list[object] = []
 
     def new_pool(self):
-        return "pool"
+        self.pools.append(object())
+        return self.pools[-1]
 
     def capture(self, fn, pool, warmup=2):
-        assert pool == "pool"
+        assert pool is self.pools[-1]  # captures share the newest pool
         for _ in range(warmup):
             fn()
         graph = _Recorded(fn, tuple(t.clone() for t in fn()), [weakref.ref(t) for t in _read(self.model)], self.model)
@@ -249,13 +251,18 @@ class _Refusing(HostGraphOps):
 def _refused(ctx):
     model = _model(ctx, TP)
     model.graphs.ops = _Refusing(model)
+    first_pool = model.graphs.pool = model.graphs.ops.new_pool()
     with pytest.warns(UserWarning, match="bucket 2 failed, its steps run eagerly"):
         served = serve(lambda k, b, t: model.step(b, t), JOINING[:3], ctx.world_size, model.release)
-    return {"served": served, "summary": model.graphs.summary(), "captures": model.graphs.captures}
+    return {"served": served, "summary": model.graphs.summary(), "captures": model.graphs.captures,
+            "fresh_pool": model.graphs.pool is not first_pool}
 
 
 def test_a_bucket_that_cannot_be_captured_runs_eagerly(rank_pools):
     res = rank_pools(1).run(_refused)[0]
     assert_matches(res["served"], reference(JOINING[:3]), "refused")
-    assert res["summary"]["failed"] == ["RuntimeError: operation not permitted when stream is capturing"]
+    [why] = res["summary"]["failed"]  # the cause's first line, and where it was raised
+    assert why.startswith("RuntimeError: operation not permitted when stream is capturing at ") and \
+        why.endswith(f"test_decode_graphs.py:{_Refusing.capture.__code__.co_firstlineno + 3}"), why
+    assert res["fresh_pool"]  # a failed capture may leave its pool recording
     assert {c["bucket"] for c in res["captures"] if not c["why"].startswith("failed")} >= {1, 4}

@@ -205,6 +205,8 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0_with_no_rank_left(s
         events = (line for line in r.iter_lines() if line.startswith(b"data: "))
         first = next(events)
         server.proc.send_signal(signal.SIGTERM)
+        # the signal is handled between the server's events: wait until it says it drains
+        wait_for(lambda: "splash serve: stopping" in server.log, what="the server to start draining")
         late = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
         rest = list(events)
     assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]

@@ -46,10 +46,19 @@ _PLAN_CACHE = 4096  # call shapes whose (tile, splits) are kept
 @triton.jit
 def _scaled_latent(kv_base, cols, mask, V_DIM: tl.constexpr, GROUPS: tl.constexpr):
     """Latent channels ``cols`` of scaled-fp8 keys (byte pointers ``kv_base`` [keys, 1]) in float32."""
-    codes = tl.load((kv_base + cols[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=mask, other=0.0)
-    scales = tl.load((kv_base + V_DIM).to(tl.pointer_type(tl.float32)) + (cols // (V_DIM // GROUPS))[None, :],
-                     mask=mask, other=0.0)
-    return codes.to(tl.float32) * scales
+    codes = tl.load((kv_base + cols[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=mask, other=0.0).to(tl.float32)
+    scale_base = (kv_base + V_DIM).to(tl.pointer_type(tl.float32))
+    GROUP: tl.constexpr = V_DIM // GROUPS
+    KEYS: tl.constexpr = codes.shape[0]
+    WIDTH: tl.constexpr = codes.shape[1]
+    if WIDTH % GROUP == 0:  # one scale per (key, group) loaded, not one per channel: 1/GROUP the bytes
+        NG: tl.constexpr = WIDTH // GROUP
+        group = tl.max(tl.reshape(cols // GROUP, (NG, GROUP)), axis=1)
+        group_ok = tl.max(tl.reshape(mask.to(tl.int32), (KEYS, NG, GROUP)), axis=2) > 0
+        scales = tl.load(scale_base + group[None, :], mask=group_ok, other=0.0)
+        return tl.reshape(tl.reshape(codes, (KEYS, NG, GROUP)) * scales[:, :, None], (KEYS, WIDTH))
+    else:
+        return codes * tl.load(scale_base + (cols // GROUP)[None, :], mask=mask, other=0.0)
 
 
 @triton.jit

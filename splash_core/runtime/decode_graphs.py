@@ -30,6 +30,7 @@ are kept in :attr:`DecodeGraphs.captures` (for Eq 7's switch cost and Eq 6's scr
 from __future__ import annotations
 
 import dataclasses
+import traceback
 import warnings
 import weakref
 from typing import Any
@@ -203,7 +204,12 @@ class DecodeGraphs:
             try:
                 graph.captured = self.ops.capture(step, self.pool, warmup=self.config.warmup)
             except Exception as exc:  # noqa: BLE001 - the same on every rank: this bucket runs eagerly
-                why = self.failed[key] = f"{type(exc).__name__}: {exc}"
+                first = exc.__context__ or exc  # what broke the capture, where ending it raised again
+                frame = traceback.extract_tb(first.__traceback__)[-1:] if first.__traceback__ else []
+                where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+                why = self.failed[key] = f"{type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}{where}"
+                # a capture that failed may leave its pool recording: later captures take a fresh one
+                self.pool = self.ops.new_pool()
                 warnings.warn(f"rank {m.rank}: capturing the decode graph of {record['layouts']} bucket {per_owner} "
                               f"failed, its steps run eagerly: {why}")
                 self.captures.append({**record, "seconds": 0.0, "bytes": 0, "why": f"failed: {why}"})

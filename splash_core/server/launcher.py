@@ -166,9 +166,9 @@ class _Stopper:
         if self.signals > 1:
             raise KeyboardInterrupt  # unwinds the pool, which terminates the ranks
         n = self.frontend.in_flight
+        self.frontend.drain()  # first: once the line is out, new requests are refused
         print(f"splash serve: stopping: no new requests; {n} in flight get {self.grace_s:g} s to finish",
               file=sys.stderr, flush=True)
-        self.frontend.drain()
         self.timer = threading.Timer(self.grace_s, self.frontend.abort_all)
         self.timer.daemon = True
         self.timer.start()
