@@ -12,11 +12,11 @@ A one-step switch exposes Eq 7 on its whole manifest. A pre-copy of k steps cost
 - the k steps run in the source layout instead of the faster destination: ``k · [t_src − t_dst]+``.
 
 α is a calibratable value of the deployment (``scheduler.precopy_interference``). Its default,
-0.75, is what one H200 lost to a layer's page copies (pack/unpack kernels) beside each layer of a
-128K prefill step (``bench/results/h200/copy_interference.json`` through
-:func:`interference_from_probe`: 0.75 by kernels, 0.74-0.79 by memcpy, 0.83-0.84 by pulls);
-beside a decode step it has not been measured yet, and on CPU (gloo threads beside the step) it
-says little about a device. The prefix copy time ``c`` is the one-step manifest's
+0.48, is what one H200 lost to a layer's page copies (pack/unpack kernels, 16 and 64 MiB) beside
+each layer of a B = 16, 128K decode step, where pre-copies run
+(``bench/results/h200/copy_interference-decode.json`` through :func:`interference_from_probe`);
+beside a 128K prefill step the same probe gives 0.75 (``copy_interference.json``: 0.74-0.79 by
+memcpy, 0.83-0.84 by pulls). On CPU (gloo threads beside the step) it says little about a device. The prefix copy time ``c`` is the one-step manifest's
 transfer time less the handoff's, layer by layer (what the pre-copy takes off the handoff).
 Everything here is pure: manifests in, seconds out.
 """

@@ -39,9 +39,10 @@ class SchedulerConfig:
     )
     precopy_interference: float = field(
         "α: fraction of a pre-copy's background copy time that the step it runs beside loses to it "
-        "(splash_core.precopy_time); the default is what page copies cost a 128K prefill step on one H200 "
-        "(bench/results/h200/copy_interference.json); beside decode steps not measured yet",
-        default=0.75,
+        "(splash_core.precopy_time); the default is what page copies cost the decode steps pre-copies run "
+        "beside on one H200 (B = 16, 128K: bench/results/h200/copy_interference-decode.json; 0.75 beside a "
+        "128K prefill step)",
+        default=0.48,
         checks=[unit_interval],
     )
 
