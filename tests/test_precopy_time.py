@@ -84,4 +84,4 @@ def test_interference_from_the_copy_probe():
     assert interference_from_probe(rows, 8, "memcpy") == pytest.approx(0.125)
     with pytest.raises(ValueError, match="no 'pull' rows"):
         interference_from_probe(rows, 8, "pull")
-    assert load("deployment", "cpu-tiny").scheduler.precopy_interference == 0.75
+    assert load("deployment", "cpu-tiny").scheduler.precopy_interference == 0.48
