@@ -62,3 +62,15 @@ def existing_dir(text: str) -> str:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: directory does not exist")
     return text
+
+
+def add_switch_options(p: argparse.ArgumentParser) -> None:
+    """``--switch-mode`` and ``--precopy-steps``, as ``splash run`` and ``splash serve`` take them."""
+    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy", "auto"), default="splash",
+                   help="how a switch moves state: layer-pipelined (splash, default), all before the step "
+                        "(blocking), pre-copied in the background of --precopy-steps steps, then handed off "
+                        "with the tokens appended meanwhile (precopy), or either, as the scheduler finds "
+                        "cheaper (auto: Eq 7 extended to pre-copies of up to --precopy-steps steps)")
+    p.add_argument("--precopy-steps", type=at_least(1), default=4,
+                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; the most with auto; "
+                        "default 4)")

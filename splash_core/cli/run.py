@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from ..profiles import load
-from .args import at_least, positive_float
+from .args import add_switch_options, at_least, positive_float
 from .engine_job import deployment_for, run_group
 from .main import UsageError
 from .output import print_json
@@ -42,14 +42,7 @@ def add_parser(sub) -> None:
                    help="prefill rows per owner rank per step (default 8192, as splash simulate)")
     p.add_argument("--kv-pages", type=at_least(1), default=None,
                    help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
-    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy", "auto"), default="splash",
-                   help="how a switch moves state: layer-pipelined (splash, default), all before the step "
-                        "(blocking), pre-copied in the background of --precopy-steps steps, then handed off "
-                        "with the tokens appended meanwhile (precopy), or either, as the scheduler finds "
-                        "cheaper (auto: Eq 7 extended to pre-copies of up to --precopy-steps steps)")
-    p.add_argument("--precopy-steps", type=at_least(1), default=4,
-                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; the most with auto; "
-                        "default 4)")
+    add_switch_options(p)
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="collective timeout in seconds (default: the deployment's collective_timeout_s)")

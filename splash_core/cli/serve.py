@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .args import at_least, positive_float
+from .args import add_switch_options, at_least, positive_float
 from .engine_job import deployment_for
 from .main import UsageError
 
@@ -47,14 +47,7 @@ def add_parser(sub) -> None:
                    help="splash (the scheduler decides every step), a fixed layout TP|CP|DP|DOP, "
                         "or script:TP,DP,...[:STEPS] (forced switches)")
     p.add_argument("--prefill-chunk", type=at_least(1), default=8192, help="prefill rows per owner rank per step")
-    p.add_argument("--switch-mode", choices=("splash", "blocking", "precopy", "auto"), default="splash",
-                   help="how a switch moves state: layer-pipelined (splash, default), all before the step "
-                        "(blocking), pre-copied in the background of --precopy-steps steps, then handed off "
-                        "with the tokens appended meanwhile (precopy), or either, as the scheduler finds "
-                        "cheaper (auto: Eq 7 extended to pre-copies of up to --precopy-steps steps)")
-    p.add_argument("--precopy-steps", type=at_least(1), default=4,
-                   help="steps a pre-copy spans before its handoff (--switch-mode precopy; the most with auto; "
-                        "default 4)")
+    add_switch_options(p)
     p.add_argument("--grace-period", type=positive_float, default=30.0,
                    help="seconds requests in flight get to finish after SIGTERM/SIGINT (default 30)")
     p.add_argument("--timeout", type=positive_float, default=None,
