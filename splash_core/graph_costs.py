@@ -28,6 +28,7 @@ without them describes a backend that captures nothing, and nothing is charged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from typing import Iterable, Sequence
 
@@ -96,10 +97,14 @@ class GraphCosts:
         b = self.bucket(x)
         return len(self.buckets) if b is None else self.buckets.index(b) + 1
 
+    @functools.cached_property
+    def _graph_sets(self) -> np.ndarray:
+        """[layouts]: how many layouts' graphs each layout holds (its own and those sharing its weights)."""
+        return np.array([len(weight_sharing(l, self.T)) for l in LAYOUTS], dtype=np.float64)
+
     def held_bytes(self, x) -> np.ndarray:
         """[layouts]: graph memory each layout holds per rank for batch ``x`` (Eq 6's A)."""
-        sets = np.array([len(weight_sharing(l, self.T)) for l in LAYOUTS], dtype=np.float64)
-        return sets * (self.held_buckets(x) * self.graph_bytes)
+        return self._graph_sets * (self.held_buckets(x) * self.graph_bytes)
 
     def recapture_s(self, src: Layout, dst: Layout, x) -> float:
         """Eq 7's re-capture term of a switch ``src → dst`` for batch ``x``: the capture of the

@@ -198,3 +198,22 @@ def test_graph_memory_without_capture_time_is_refused(tmp_path):
                     + "\ngraph_mib_per_layer: {value: 1, source: assumed, ref: test}\n")
     with pytest.raises(ProfileError, match="graph_mib_per_layer: only with graph_capture_ms_per_layer"):
         load_file("hardware", path)
+
+
+def test_precopy_choice_charges_the_recapture_to_every_way_of_switching(deployment):
+    """The handoff lands the weights like the one-step switch: both pay the one capture."""
+    from splash_core.precopy_time import plan_transition
+
+    x = decode_batch(n=16, context=32768)
+    cost = CostModel.from_deployment(deployment)
+    best, costs = plan_transition(x, TP, DP, cost, cost.evaluate(x), 4, 0.48, layers=range(deployment.layers))
+    assert all(c.recapture_s == pytest.approx(cost.graph_costs.capture_s) for c in costs)
+    assert "re-capturing decode graphs" in best.explain()
+    _, kept = plan_transition(x, TP, DOP, cost, cost.evaluate(x), 4, 0.48, layers=range(deployment.layers))
+    assert all(c.recapture_s == 0.0 for c in kept)
+
+
+def test_simulate_prints_the_recapture(capsys):
+    assert main(["simulate", "--deployment", "h200-x2-deepseek-v3", "--workload", "rollout-h200x2"]) == 0
+    out = capsys.readouterr().out
+    assert "ms of it re-capturing decode graphs" in out and "captured on first use after switches" in out
