@@ -52,6 +52,9 @@ pure decode steps spends no host time per layer there: such a step is charged th
 replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the
 gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
 model is told decode steps replay (``decode_graphs``); prefill and mixed steps run eagerly.
+Where the profile also holds the backend's capture terms, Eq 6's A counts the graphs each
+layout holds and Eq 7 the re-capture a switch that moves weights needs
+(:mod:`~splash_core.graph_costs`).
 """
 
 from __future__ import annotations
@@ -65,8 +68,10 @@ from . import dtypes
 from .batch_loads import BatchArrays, RankLoads, rank_loads
 from .ffn_costs import ffn_costs, ffn_time
 from .layer_costs import KindCosts, kind_costs
+from .graph_costs import GraphCosts
 from .layouts import LAYOUTS, Layout, Placement, Primitive
 from .ownership import layer_indices
+from .profiles.graphs import GraphConfig
 from .profiles.hardware import HardwareProfile
 from .profiles.model import LayerKind, ModelProfile
 from .switch_time import SwitchCost, TransferLaw, exposed_switch_time, layer_transfer_times, switch_cost
@@ -136,7 +141,8 @@ class CostModel:
 
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, T: int, *, page_size: int,
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
-                 layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True):
+                 layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
+                 graph_buckets: Sequence[int] = GraphConfig().buckets):
         self.model, self.hardware, self.T, self.page_size = model, hardware, T, page_size
         self.act_bytes = dtypes.nbytes(compute_dtype)
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
@@ -162,6 +168,9 @@ class CostModel:
         self.replays = bool(decode_graphs and h.replays_graphs)
         self.graph_overhead = h.graph_step_overhead_us.value * 1e-6 if self.replays else self.overhead
         self.graph_host = np.array([h.graph_layer_overhead_s(l) for l in LAYOUTS])
+        # captured graphs: re-capture in a switch (Eq 7) and their memory in A (Eq 6), where the
+        # profile says the backend captures and decode steps replay (graphs not off)
+        self.graph_costs = GraphCosts.of(h, len(covered), graph_buckets, T) if decode_graphs else None
         self.transfer_law = (None if h.switch_transfer is None else  # Eq 13-14's references
                              TransferLaw(h.switch_transfer, model, T, page_size, covered))
         self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
@@ -174,7 +183,8 @@ class CostModel:
         layers = None if deployment.layers is None else range(deployment.layers)
         return cls(deployment.model, deployment.hardware, deployment.T, page_size=deployment.page_size,
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
-                   sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off")
+                   sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off",
+                   graph_buckets=deployment.graphs.buckets)
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -206,6 +216,8 @@ class CostModel:
             proj_cb, att_cb = np.where(costlier, p_cb, proj_cb), np.where(costlier, a_cb, att_cb)
             kind_scratch = self._scratch(kc, ld, decode_rows)
             scratch = kind_scratch if scratch is None else np.maximum(scratch, kind_scratch)
+        if self.graph_costs is not None:  # the graphs each layout holds, on every rank
+            scratch = scratch + self.graph_costs.held_bytes(x)[:, None]
         ffn = ffn_time(self.ffn, rows, self.T, self.flops, self.weight_bw, self.bw["all_reduce"], self.latency)
         memory = (self.weights_bytes[:, None] + ld.reserved_pages * (self.page_size * self.kv_bytes_token)
                   + ld.state_requests * self.state_bytes_request + scratch)

@@ -42,6 +42,10 @@ class TransitionCost:
     exposed_s: float  # Eq 7 of the switching step (the handoff's: dirty tails only)
     background_s: float  # the pre-copy steps' exposed copy time and interference
     delay_s: float  # the pre-copy steps run in the source layout instead of the destination
+    recapture_s: float = 0.0  # of exposed_s: capturing the destination's decode graph again
+
+    def _recapture(self) -> str:
+        return f", {self.recapture_s * 1e3:.3f} ms of it re-capturing decode graphs" if self.recapture_s else ""
 
     @property
     def total_s(self) -> float:
@@ -49,8 +53,8 @@ class TransitionCost:
 
     def explain(self) -> str:
         if self.kind == ONE_STEP:
-            return f"one-step switch: {self.exposed_s * 1e3:.3f} ms exposed (Eq 7)"
-        return (f"pre-copy of {self.steps} steps: handoff {self.exposed_s * 1e3:.3f} ms exposed, background "
+            return f"one-step switch: {self.exposed_s * 1e3:.3f} ms exposed (Eq 7{self._recapture()})"
+        return (f"pre-copy of {self.steps} steps: handoff {self.exposed_s * 1e3:.3f} ms exposed{self._recapture()}, background "
                 f"{self.background_s * 1e3:.3f} ms, {self.delay_s * 1e3:.3f} ms more in the source layout; "
                 f"{self.total_s * 1e3:.3f} ms in all")
 
@@ -65,22 +69,24 @@ def precopy_cost(handoff: SwitchCost, prefix_s: float, steps: int, src_step_s: f
         raise ValueError(f"the interference coefficient must be in [0, 1] (got {interference})")
     per_step = max(prefix_s, 0.0) / steps
     background = steps * (max(per_step - src_step_s, 0.0) + interference * min(per_step, src_step_s))
-    return TransitionCost(PRECOPY, steps, handoff.exposed_s, background, steps * max(src_step_s - dst_step_s, 0.0))
+    return TransitionCost(PRECOPY, steps, handoff.exposed_s, background, steps * max(src_step_s - dst_step_s, 0.0),
+                          handoff.recapture_s)
 
 
 def choose_transition(one_step_manifest, candidates: dict, cost_model, dest, src_step_s: float,
-                      interference: float) -> tuple[TransitionCost, tuple[TransitionCost, ...]]:
+                      interference: float, x=None) -> tuple[TransitionCost, tuple[TransitionCost, ...]]:
     """The cheapest way to switch (ties go to fewer steps, so to the one-step switch), and every
     candidate costed: the one-step switch of ``one_step_manifest`` and, per k of ``candidates``
     (k -> (one-step manifest, handoff manifest), both planned on the histories k steps on, the
     handoff's with the prefixes held), the pre-copy of k steps. ``dest``: the destination
-    layout's :class:`~splash_core.costmodel.StepTime`."""
-    one = switch_cost(one_step_manifest, cost_model, dest)
-    costs = [TransitionCost(ONE_STEP, 0, one.exposed_s, 0.0, 0.0)]
+    layout's :class:`~splash_core.costmodel.StepTime`. ``x``: the batch, for the re-capture of
+    decode graphs a switch that moves weights needs (the one-step switch and every handoff alike)."""
+    one = switch_cost(one_step_manifest, cost_model, dest, x)
+    costs = [TransitionCost(ONE_STEP, 0, one.exposed_s, 0.0, 0.0, one.recapture_s)]
     for k, (whole, handoff) in sorted(candidates.items()):
         prefix = float(np.maximum(layer_transfer_times(whole, cost_model)
                                   - layer_transfer_times(handoff, cost_model), 0.0).sum())
-        costs.append(precopy_cost(switch_cost(handoff, cost_model, dest), prefix, k, src_step_s, dest.total_s,
+        costs.append(precopy_cost(switch_cost(handoff, cost_model, dest, x), prefix, k, src_step_s, dest.total_s,
                                   interference))
     best = min(costs, key=lambda c: (c.total_s, c.steps))
     return best, tuple(costs)
@@ -120,7 +126,7 @@ def plan_transition(x, src, dst, cost_model, estimates, max_steps: int, interfer
         candidates[k] = (plan_switch(src, dst, later, model, T, page, layers=layers),
                          plan_switch(src, dst, later, model, T, page, layers=layers, copied=copied))
     return choose_transition(one_step, candidates, cost_model, estimates.step_time(dst),
-                             estimates.step_time(src).total_s, interference)
+                             estimates.step_time(src).total_s, interference, x)
 
 
 def interference_from_probe(rows, layers: int, variant: str = "kernels") -> float:

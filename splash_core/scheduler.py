@@ -24,8 +24,10 @@ import numpy as np
 
 from .costmodel import BatchArrays, CostModel, Estimates
 from .formatting import percent
+from .graph_costs import moves_weights
 from .layouts import LAYOUTS, Layout
 from .manifest import Manifest, plan_switch
+from .switch_time import SwitchCost, switch_cost
 
 GIB = float(1 << 30)
 STAY, SWITCH, FORCED, HOLD = "stay", "switch", "forced_switch", "hold_admission"
@@ -187,6 +189,36 @@ class Scheduler:
                         note=f"{', '.join(refused)} lead by the margin but the switch would exceed memory (Eq 5)")
         return make(action=STAY, layout=current,
                     note=f"{best} leads by only {self._lead(times, ci, best):.1%}, under the {self.margin:.0%} margin")
+
+    def switch_cost(self, decision: Decision, x: BatchArrays) -> SwitchCost | None:
+        """Eq 7 of the switch ``decision`` makes for batch ``x`` (None when it stays): the exposed
+        transfer, layer i−1 computing in the destination, plus the re-capture of decode graphs
+        where the switch moves weights (planned here when Eq 5 did not plan it)."""
+        if not decision.switch:
+            return None
+        manifest = decision.manifest or plan_switch(decision.current, decision.layout, x.to_batch(), self.cost.model,
+                                                    self.cost.T, self.cost.page_size, layers=self.layers)
+        return switch_cost(manifest, self.cost, decision.estimates.step_time(decision.layout), x)
+
+    def explain_switch_cost(self, decision: Decision, cost: SwitchCost, x: BatchArrays) -> str:
+        """Eq 7 of ``cost`` in words: the exposed transfer and the re-capture term, and why the
+        re-capture is charged or not."""
+        src, dst, graphs = decision.current, decision.layout, self.cost.graph_costs
+        head = (f"switch cost (Eq 7): {cost.exposed_s * 1e3:.3f} ms exposed = transfer "
+                f"{cost.transfer_exposed_s * 1e3:.3f} ms + re-capture {cost.recapture_s * 1e3:.3f} ms; ")
+        if graphs is None:
+            why = ("no re-capture: decode graphs are off" if self.deployment.graphs.mode == "off" else
+                   f"no re-capture: hardware profile {self.cost.hardware.name} says its backend captures no graphs")
+        elif not moves_weights(src, dst, self.cost.T):
+            why = f"no re-capture: {src} -> {dst} keeps the weights, so the graphs of both stay valid"
+        elif graphs.bucket(x) is None:
+            why = (f"no re-capture now: {src} -> {dst} moves the weights, but the batch exceeds the largest bucket "
+                   f"({graphs.buckets[-1]} rows per owner) and decodes eagerly; each bucket is captured when first used")
+        else:
+            why = (f"{src} -> {dst} moves the weights, so the first decode step captures {dst}'s graph of bucket "
+                   f"{graphs.bucket(x)} ({graphs.layers} layers x {graphs.capture_s_per_layer * 1e3:.2f} ms); "
+                   f"other buckets are captured when first used")
+        return head + why
 
     def step(self, x: BatchArrays) -> Decision:
         """Decide for this step and remember the outcome."""

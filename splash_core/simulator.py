@@ -15,9 +15,12 @@ Decode-only stretches with no arrival or completion inside are advanced ``decode
 steps at a time, costed at their mid-point context (step time is near-linear in context).
 
 Policies: every fixed layout; SPLASH, which asks the scheduler before every step (or stride)
-and adds a switch's exposed time (Eq 7, with layer i−1 computing in the destination layout)
-to that step; and the per-step oracle, which runs every step in its fastest layout that fits
-Eq 6 and switches for free (no policy that switches can do better on these batches).
+and adds a switch's exposed time (Eq 7, with layer i−1 computing in the destination layout,
+and the re-capture of the destination's decode graph where the switch moves weights) to that
+step, and a decode step of a bucket whose graph a switch dropped the capture it makes first
+(:class:`~splash_core.graph_costs.HeldGraphs`; only where the profile's backend captures);
+and the per-step oracle, which runs every step in its fastest layout that fits Eq 6 and
+switches for free (no policy that switches can do better on these batches).
 
 Throughput is the paper's total throughput: Σ (input + output tokens) / total time.
 """
@@ -31,6 +34,7 @@ import math
 import numpy as np
 
 from .costmodel import BatchArrays, CostModel, switch_cost
+from .graph_costs import HeldGraphs
 from .layouts import LAYOUTS, Layout
 from .manifest import plan_switch
 from .ownership import assign_owner
@@ -66,6 +70,7 @@ class SwitchEvent:
     blocking_s: float  # all layers' transfers back to back
     fetched_bytes: int  # received over the group, all layers and states
     reason: str
+    recapture_s: float = 0.0  # of exposed_s: capturing the destination's decode graph again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +88,8 @@ class PolicyResult:
     trace: tuple[tuple[float, str, int], ...]  # (time, layout, running requests) per step group
     shrunk_steps: int = 0  # steps that took fewer prefill rows so their activations fit Eq 6
     peak_need_bytes: float = 0.0  # the largest Eq 6 need of a step in its layout (busiest rank)
+    lazy_captures: int = 0  # decode graphs captured on first use after a switch (beyond the switches' own)
+    lazy_capture_s: float = 0.0  # their time (in total_time_s)
 
     @property
     def throughput(self) -> float:
@@ -98,7 +105,8 @@ class PolicyResult:
                 "tokens": self.tokens, "steps": self.steps, "layout_steps": self.layout_steps,
                 "switches": [dataclasses.asdict(s) for s in self.switches], "switch_time_s": self.switch_time_s,
                 "rejected": list(self.rejected), "held_steps": self.held_steps, "shrunk_steps": self.shrunk_steps,
-                "peak_need_gib": self.peak_need_bytes / (1 << 30)}
+                "peak_need_gib": self.peak_need_bytes / (1 << 30), "lazy_captures": self.lazy_captures,
+                "lazy_capture_s": self.lazy_capture_s}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +164,9 @@ class _Run:
         self.policy = str(policy) if self.splash or self.oracle else str(Layout.parse(str(policy)))
         self.layout = deployment.initial_layout if self.splash or self.oracle else Layout.parse(str(policy))
         self.scheduler = Scheduler(deployment, cost) if self.splash else None
+        # SPLASH's captured decode graphs (fixed layouts keep their start-up captures; the oracle switches free)
+        self.graphs = (HeldGraphs.at_start(cost.graph_costs, self.layout, workload.concurrency)
+                       if self.splash and cost.graph_costs is not None else None)
         self.queue = collections.deque(sorted(workload.requests(), key=lambda r: (r.arrival_s, r.id)))
         self.limit = workload.concurrency
         self.budget = deployment.memory_budget_bytes - deployment.common_bytes - deployment.reserve_bytes
@@ -178,9 +189,10 @@ class _Run:
                     self.now = max(self.now, self.queue[0].arrival_s)
                 continue
             self._step()
+        lazy = (0, 0.0) if self.graphs is None else (self.graphs.lazy, self.graphs.lazy_s)
         return PolicyResult(self.policy, self.now, self.served_tokens, self.steps,
                             {str(k): v for k, v in self.layout_steps.items()}, tuple(self.switches),
-                            tuple(self.rejected), self.held, tuple(self.trace), self.shrunk, self.peak)
+                            tuple(self.rejected), self.held, tuple(self.trace), self.shrunk, self.peak, *lazy)
 
     # ---- admission ----------------------------------------------------------------------
 
@@ -275,6 +287,8 @@ class _Run:
         if k > 1:
             est = self.cost.evaluate(self._arrays(members, rows, [(k - 1) // 2] * len(members)))
         step_s = float(est.total_s[LAYOUTS.index(self.layout)])
+        if self.graphs is not None:  # a decode step of a bucket without its graph captures it first
+            self.now += self.graphs.step(self.layout, x)
         self.now += k * step_s
         self.steps += k
         self.layout_steps[self.layout] += k
@@ -295,15 +309,18 @@ class _Run:
             self.since_switch += k
 
     def _decide(self, x: BatchArrays) -> None:
-        """Ask the scheduler; on a switch, charge its exposed time (Eq 7) and move."""
+        """Ask the scheduler; on a switch, charge its exposed time (Eq 7, with the re-capture of
+        the destination's decode graph where the switch moves weights) and move."""
         decision = self.scheduler.decide(x, self.layout, self.since_switch)
         if not decision.switch:
             return
         manifest = decision.manifest or plan_switch(self.layout, decision.layout, x.to_batch(), self.cost.model,
                                                     self.cost.T, self.cost.page_size, layers=self.scheduler.layers)
-        dest = self.cost.evaluate(x).step_time(decision.layout)
-        cost = switch_cost(manifest, self.cost, dest)
+        cost = switch_cost(manifest, self.cost, decision.estimates.step_time(decision.layout), x)
         self.switches.append(SwitchEvent(self.steps, self.now, self.layout, decision.layout, cost.exposed_s,
-                                         cost.blocking_s, int(manifest.fetched_bytes().sum()), decision.reason))
+                                         cost.blocking_s, int(manifest.fetched_bytes().sum()), decision.reason,
+                                         cost.recapture_s))
+        if self.graphs is not None:
+            self.graphs.switch(self.layout, decision.layout, x)
         self.now += cost.exposed_s
         self.layout, self.since_switch = decision.layout, 0

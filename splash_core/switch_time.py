@@ -1,7 +1,8 @@
 """Eq 7: the exposed time of a switch, from a planned manifest and the destination layout's
 per-layer time (layer i's transfer hides behind layer i−1's computation), with per-layer
 transfer times from the calibrated transfer law of Eq 13-14 where the hardware profile has
-references, else bytes / bandwidth + latency."""
+references, else bytes / bandwidth + latency; plus, where the backend captures decode graphs,
+the re-capture a switch that moves weights needs (:mod:`splash_core.graph_costs`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class SwitchCost:
     blocking_s: float  # every layer's transfer back to back (the paper's blocking mode)
     transfer_s: tuple[float, ...]  # per planned layer
     compute_s: tuple[float, ...]  # per planned layer, destination layout
+    recapture_s: float = 0.0  # capturing the destination's decode graph again (in both totals)
+
+    @property
+    def transfer_exposed_s(self) -> float:
+        """Eq 7's exposed transfer time alone."""
+        return self.exposed_s - self.recapture_s
 
 
 def state_class(state: State) -> str:
@@ -113,12 +120,18 @@ def layer_transfer_times(manifest, model) -> np.ndarray:
     return np.array([per_kind[layer.kind] for layer in manifest.layers])
 
 
-def switch_cost(manifest, model, dest) -> SwitchCost:
+def switch_cost(manifest, model, dest, x=None) -> SwitchCost:
     """Eq 7 for a planned switch, layer i−1 computing in the destination layout (``dest``: its
     :class:`~splash_core.costmodel.StepTime`, whose per-layer times include host overhead;
-    each layer's share of the shared dense/MoE blocks computes too)."""
+    each layer's share of the shared dense/MoE blocks computes too). Given the batch ``x`` (a
+    :class:`~splash_core.costmodel.BatchArrays`) and a cost model whose backend captures decode
+    graphs, a switch that moves weights also pays the capture of the destination's graph of the
+    batch's bucket (:meth:`~splash_core.graph_costs.GraphCosts.recapture_s`): it blocks the
+    first decode step after the switch."""
     transfer = layer_transfer_times(manifest, model)
     shared = dest.ffn_s / max(1, len(manifest.layers))
     compute = np.array([dest.layer_s.get(layer.kind, 0.0) + shared for layer in manifest.layers])
-    return SwitchCost(exposed_switch_time(transfer, compute), float(transfer.sum()),
-                      tuple(transfer.tolist()), tuple(compute.tolist()))
+    graphs = getattr(model, "graph_costs", None)
+    recapture = 0.0 if graphs is None or x is None else graphs.recapture_s(manifest.src, manifest.dst, x)
+    return SwitchCost(exposed_switch_time(transfer, compute) + recapture, float(transfer.sum()) + recapture,
+                      tuple(transfer.tolist()), tuple(compute.tolist()), recapture)

@@ -7,7 +7,7 @@ import math
 
 from ..costmodel import BatchArrays
 from ..formatting import percent, size
-from ..layouts import Layout
+from ..layouts import LAYOUTS, Layout
 from ..ownership import assign_owners
 from ..profiles import load
 from ..scheduler import Scheduler
@@ -89,9 +89,19 @@ def run(args) -> int:
     owners = assign_owners(reserved, deployment.T)  # least projected KV first, as admission does
     x = BatchArrays.of(contexts, owners, query_rows=rows, reserved=reserved)
     since = math.inf if args.steps_since_switch is None else args.steps_since_switch
-    decision = Scheduler(deployment).decide(x, current, since)
+    scheduler = Scheduler(deployment)
+    decision = scheduler.decide(x, current, since)
+    cost = scheduler.switch_cost(decision, x)
+    graphs = scheduler.cost.graph_costs
+    graph_bytes = None if graphs is None else graphs.held_bytes(x)
     if args.json:
         out = decision.as_dict()
+        if cost is not None:
+            out["switch_cost"] = {"exposed_s": cost.exposed_s, "transfer_exposed_s": cost.transfer_exposed_s,
+                                  "recapture_s": cost.recapture_s, "blocking_s": cost.blocking_s,
+                                  "explanation": scheduler.explain_switch_cost(decision, cost, x)}
+        for row in out["layouts"]:
+            row["graph_gib"] = 0.0 if graph_bytes is None else float(graph_bytes[LAYOUTS.index(row["layout"])]) / GIB
         out.update({"deployment": deployment.name, "requests": len(contexts), "total_context": sum(contexts),
                     "phase": args.phase or ("decode" if max(rows) == 1 else "prefill"),
                     "query_rows": int(sum(min(r, c) for r, c in zip(rows, contexts))),
@@ -114,5 +124,11 @@ def run(args) -> int:
                              "Eq 5 switch", "proj/att bound"], align="lrrrrlll"))
     print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
     print(f"decision: {decision.reason}")
+    if cost is not None:
+        print(scheduler.explain_switch_cost(decision, cost, x))
+    if graphs is not None:
+        held = ", ".join(f"{l} {size(graph_bytes[i])}" for i, l in enumerate(LAYOUTS))
+        print(f"decode graphs in Eq 6's A per rank ({graphs.held_buckets(x)} buckets x {graphs.layers} layers x "
+              f"{size(graphs.bytes_per_layer)}, both layouts of a placement where they share weights): {held}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0

@@ -54,7 +54,11 @@ def run(args) -> int:
     splash = sim.result(SPLASH)
     for e in splash.switches:
         print(f"  step {e.step}: {e.src} -> {e.dst}, {size(e.fetched_bytes)} received over the group, "
-              f"exposed {number(e.exposed_s * 1e3)} ms (blocking {number(e.blocking_s * 1e3)} ms)")
+              f"exposed {number(e.exposed_s * 1e3)} ms (blocking {number(e.blocking_s * 1e3)} ms)"
+              + (f", {number(e.recapture_s * 1e3)} ms of it re-capturing decode graphs" if e.recapture_s else ""))
+    if splash.lazy_captures:
+        print(f"  decode graphs captured on first use after switches: {splash.lazy_captures}, "
+              f"{number(splash.lazy_capture_s * 1e3)} ms")
     if best is not None and ratio is not None:
         print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x; per-step oracle / best fixed: "
               f"{sim.ratio(ORACLE):.3f}x; SPLASH spent {splash.switch_time_s * 1e3:.1f} ms of "

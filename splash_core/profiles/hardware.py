@@ -142,6 +142,15 @@ class HardwareProfile:
         "layout, or none: absent = decode steps are charged as every other step)",
         default_factory=_no_overheads,
     )
+    graph_capture_ms_per_layer: Quantity | None = field(
+        "host time of capturing one decode graph (one layout, one bucket: warm-up runs included, as the "
+        "runtime records it), ms per layer of the step; a switch that moves weights is charged one capture "
+        "(Eq 7, splash_core.graph_costs). Absent: the backend captures no graphs, nothing is charged",
+        default=None)
+    graph_mib_per_layer: Quantity | None = field(
+        "device memory one captured decode graph holds, MiB per layer of the step; Eq 6's scratch term A "
+        "counts it for every graph a layout holds (absent: 0). Only with graph_capture_ms_per_layer",
+        default=None)
     collective_samples: tuple[CollectiveSample, ...] = field(
         "calibrated collective times across message sizes (measured profiles only)", default=()
     )
@@ -169,6 +178,9 @@ class HardwareProfile:
         if (self.graph_step_overhead_us is None) != (not graph):
             yield Problem("graph_step_overhead_us", "give it together with graph_layer_overhead_us (a replayed "
                                                     "step's t0 and its time per layer are fitted together)")
+        if self.graph_mib_per_layer is not None and self.graph_capture_ms_per_layer is None:
+            yield Problem("graph_mib_per_layer", "only with graph_capture_ms_per_layer (a backend that holds "
+                                                 "graphs captures them)")
         if self.host_overlap is not None:
             if not given:
                 yield Problem("host_overlap", "only meaningful with layer_overhead_us")
@@ -198,6 +210,11 @@ class HardwareProfile:
     def replays_graphs(self) -> bool:
         """Whether this θ holds the time of decode steps replayed from captured graphs."""
         return bool(self.graph_layer_overhead_us)
+
+    @property
+    def captures_graphs(self) -> bool:
+        """Whether this θ says the backend captures decode graphs (it holds their capture time)."""
+        return self.graph_capture_ms_per_layer is not None
 
     def graph_layer_overhead_s(self, layout: Layout) -> float:
         """Replayed decode steps' time per layer beyond Eq 10 of ``layout``, seconds (0 without)."""
