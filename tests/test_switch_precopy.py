@@ -102,6 +102,9 @@ def _check(results, ref, T, label):
             assert not any(p["paused"] or p["failed"] for p in info["precopy"]), name
             assert info["layouts"] == [dst.value] * 3, name
         copies = sum(p["received_bytes"] for per_rank in results for p in per_rank[(src, dst)]["info"]["precopy"])
+        # every rank reports the group's bytes of each pre-copy step: what all of them received
+        group = [[p["group_bytes"] for p in per_rank[(src, dst)]["info"]["precopy"]] for per_rank in results]
+        assert all(g == group[0] for g in group) and sum(group[0]) == copies, name
         info, report = r0["info"], r0["info"]["report"]
         # the handoff moved exactly the dirty tails' bytes the manifest planned (splash moves layer 0 after
         # the step, so its tail grows by the step's rows); where KV moves at all, fewer than one step would
