@@ -148,6 +148,7 @@ class _FakePreCopy:
 
     def __init__(self, dst, steps, layers=0, paused="", fail=""):
         self.dst, self.steps, self.pending, self.cancelled = dst, steps, list(range(layers)), False
+        self.holding = set()
         self.steps_run, self.paused, self.fail = 0, paused, fail
 
     @property
@@ -164,13 +165,15 @@ class _FakePreCopy:
         self.steps_run += 1
         copied = () if self.paused or self.fail else tuple(self.pending[:1])
         self.pending = self.pending[len(copied):]
+        self.holding.update(copied)
         if self.fail:
             self.cancel()
         return "ran beside", PreCopyReport(self.dst, self.steps_run, copied, len(copied) << 19, self.complete, 0.5,
                                            self.paused, self.fail, group_bytes=len(copied) << 20)
 
-    def cancel(self):  # as PreCopy's: nothing is left to copy
+    def cancel(self):  # as PreCopy's: nothing is left to copy, nothing held
         self.pending, self.cancelled = [], True
+        self.holding.clear()
 
 
 class _FakeExecutor:
@@ -282,3 +285,18 @@ def test_a_handed_off_precopy_counts_its_background_bytes_and_books_the_switch()
     assert (switch.step, p.outcome, p.begun, p.ended, p.steps_run, p.layers, p.bytes, p.host_ms) == \
         (2, "handed_off", 0, 2, 2, 2, 2 << 20, 1.0)
     assert booked.precopy_counts == {"begun": 1, "handed_off": 1, "cancelled": 0, "fell_back": 0}
+
+
+def test_an_incomplete_precopy_hands_off_what_it_copied():
+    """3 layers over 2 steps: 2 copied, the third moves whole in the handoff (no fall back)."""
+    from splash_core.engine.precopies import PreCopies
+
+    executor = _FakeExecutor(refuse_handoff=False, layers=3)
+    steps = _run(PreCopies(executor, 2), (TP, TP, TP))
+    assert executor.calls == [("plan", True)] and not executor.made[0].cancelled
+    [record] = steps[2][1]
+    assert (record.outcome, record.layers, record.uncopied, record.bytes) == ("handed_off", 2, 1, 2 << 20)
+    # refused (Eq 5 with the copies held): the one-step switch, and the record says why
+    executor = _FakeExecutor(refuse_handoff=True, layers=3)
+    steps = _run(PreCopies(executor, 2), (TP, TP, TP))
+    assert executor.calls == [("plan", True), ("plan", False)] and steps[2][1][0].outcome == "fell_back"

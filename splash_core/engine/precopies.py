@@ -7,8 +7,9 @@ plan alone: when the plan names a layout other than the current one, a pre-copy 
 ``precopy_steps``, and a plan with none switches in one step), and the first step after it
 completed hands off (the switching step, moving only the dirty tails). When the plan names the
 current layout again, or another one, the pre-copy is cancelled (its copies freed). A pre-copy
-that its steps did not complete (memory was short: it paused) falls back to the one-step switch,
-and so does a handoff that Eq 5 or the pools refuse (the copies count as held); a one-step
+that its steps did not complete (memory was short: it paused) hands off what it copied, the
+layers it did not copy moving whole in the handoff; having copied no layer, it falls back to the
+one-step switch, and so does a handoff that Eq 5 or the pools refuse (the copies count as held); a one-step
 switch refused too runs the step in the current layout, as a refused switch does, and the
 plan's next step begins a new pre-copy. A failed copy cancels the pre-copy
 (the step it ran beside is unaffected), and so does a step whose new pages need the room the
@@ -40,6 +41,7 @@ class PreCopyRecord:
     steps_run: int = 0  # steps it ran beside
     paused_steps: int = 0  # of those, steps that copied nothing (memory was short)
     layers: int = 0  # layers whose prefixes landed
+    uncopied: int = 0  # layers it had not copied when it handed off (they moved whole in the handoff)
     bytes: int = 0  # received in the background, summed over the group
     host_ms: float = 0.0  # this rank's host time on the copies
     outcome: str = COPYING
@@ -102,7 +104,7 @@ class PreCopies:
                 self.active = None
             return logits, None, "", True
         fallback = ""
-        if active is not None and not active.complete:  # paused too long: the one-step switch instead
+        if active is not None and not active.complete and not active.holding:  # paused throughout: one step
             fallback = (f"{len(active.pending)} layers not copied after {active.steps_run} steps"
                         + (f" ({self.record.paused})" if self.record.paused else ""))
             active.cancel()
@@ -159,6 +161,7 @@ class PreCopies:
             self.record = None
             raise
         if precopy is not None:
+            self.record.uncopied = len(precopy.pending)
             self._end(step, HANDED_OFF)
         self.record = None
         return logits, report

@@ -70,6 +70,8 @@ class SwitchSummary:
             return "one step"
         p = self.precopy
         copied = f"pre-copy {p['steps_run']}/{p['steps']} steps, {p['bytes'] / MIB:.2f} MiB ahead"
+        if p.get("uncopied"):
+            copied += f", {p['uncopied']} layers whole"
         return copied if p["outcome"] == "handed_off" else f"one step after {copied}: {p['why']}"
 
 

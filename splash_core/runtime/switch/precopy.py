@@ -28,7 +28,9 @@ nothing is hidden. A pre-copy to ``dst`` started at step s instead:
    (:func:`~splash_core.manifest.plan_switch`'s ``copied``), so only the dirty tails, the
    weights and the recurrent state move, layer-pipelined as always; as each layer lands its
    copied pages join their requests (:meth:`PreCopy.adopt`, no copy) and its source pages
-   are retired as today.
+   are retired as today. A pre-copy may hand off before it completed (its steps ran out while
+   memory was short): the layers it copied count their prefixes as held, the others move whole,
+   as in a one-step switch.
 
 A request that finishes during the pre-copy drops out (:meth:`PreCopy.release` frees its
 copies); one that joins is all dirty tail. :meth:`PreCopy.cancel` frees every copy and changes
@@ -140,7 +142,8 @@ class PreCopy:
 
     @property
     def complete(self) -> bool:
-        """Every layer's prefix landed: the handoff may run."""
+        """Every layer's prefix landed: the handoff moves only dirty tails (before, the layers not
+        copied move whole)."""
         return not self.pending and not self.cancelled
 
     @property
