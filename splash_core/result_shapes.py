@@ -292,6 +292,7 @@ SHAPES: dict[str, Shape] = {
                 "bookkeeping_ms": "number"},
     ),
     "plan_speed": _TIMING,
+    "precopy_planning": _TIMING,
     "scheduler_speed": _TIMING,
     "rollout_serving": Shape(
         doc="one workload served end to end by the engine under SPLASH and under each fixed layout",

@@ -59,6 +59,8 @@ def examples() -> dict[str, tuple[dict, list]]:
                        [{"case": "plan TP->CP, 16 requests", "us": 250.5}]),
         "scheduler_speed": ({"cases": [{"case": "decide, 256 running", "p50_us": 80.0, "p95_us": 95.5, "runs": 100}]},
                             [{"case": "decide, 256 running", "us": 80.0}]),
+        "precopy_planning": ({"cases": [{"case": "policy", "p50_us": 300.0, "p95_us": 13000.0, "runs": 3}]},
+                             [{"case": "policy", "us": 300.0, "window": 1, "step": 0}]),
         "rollout_serving": (
             {"workload": "rollout-tiny", "output_tokens": 200, "best_fixed": "TP", "splash_over_best_fixed": 1.25,
              "policies": [

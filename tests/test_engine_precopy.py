@@ -15,6 +15,7 @@ import yaml
 from splash_core.cli.main import main
 from splash_core.engine import Job, serve
 from splash_core.engine.policy import ScriptedPolicy
+from splash_core.engine.summary import render
 from splash_core.layouts import Layout
 from splash_core.profiles import load
 from splash_core.profiles.loader import builtin_root
@@ -37,6 +38,30 @@ def test_forced_precopy_switches_through_every_direction_lose_no_request(rank_po
     specs = load("workload", "rollout-tiny").requests()
     assert summary.served == len(specs) and summary.output_tokens == sum(s.max_new_tokens for s in specs)
     assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+    # the summary books each switch as the handoff of its pre-copy: begun 2 steps before, copied over 2
+    for s in done:
+        p = s.precopy
+        assert s.kind == "precopy" and p["outcome"] == "handed_off" and not p["why"], s
+        assert (p["begun"], p["ended"], p["steps"], p["steps_run"], p["src"], p["dst"]) == \
+            (s.step - 2, s.step, 2, 2, s.src, s.dst), p
+        assert p["paused_steps"] == 0 and p["layers"] == done[0].precopy["layers"] > 0  # every MLA layer once
+    # TP -> DP and TP -> DOP only discard KV: nothing to pre-copy; DP -> TP gathers every history ahead
+    kv_ahead = {(s.src, s.dst): s.precopy["bytes"] for s in done}
+    assert kv_ahead[("TP", "DP")] == kv_ahead[("TP", "DOP")] == 0 and kv_ahead[("DP", "TP")] > 0, kv_ahead
+    # the last one begun may have found every request done before its handoff
+    late = [p for p in summary.precopies if p["outcome"] != "handed_off"]
+    assert len(late) <= 1 and all(p["outcome"] == "cancelled" and p["why"] == "the run ended first" and
+                                  p["ended"] == summary.steps for p in late), late
+    assert summary.precopy_counts == {"begun": len(done) + len(late), "handed_off": len(done),
+                                      "cancelled": len(late), "fell_back": 0}
+    assert [p["begun"] for p in summary.precopies if not p["why"]] == [s.step - 2 for s in done]
+    out = summary.as_dict()
+    assert out["precopy_counts"] == summary.precopy_counts and len(out["precopies"]) == len(done) + len(late)
+    assert {d["kind"] for d in out["switches"]} == {"precopy"} and out["switches"][0]["precopy"]["steps"] == 2
+    text = render(summary)
+    assert (f"{len(done) + len(late)} begun: {len(done)} handed off, {len(late)} cancelled, 0 fell back to one step"
+            in text)
+    assert "pre-copy 2/2 steps" in text
 
 
 def test_precopy_beside_static_decode_steps(rank_pools):
@@ -60,6 +85,15 @@ def test_a_policy_that_changes_its_mind_cancels_every_precopy(rank_pools):
     summary = rank_pools(2).run(serve, job)[0]
     assert summary.switches == () and set(summary.layout_steps) == {"DP"}
     assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+    # every TP step began one; the next step's plan named DP again and cancelled it after one copying step
+    begun = summary.precopy_counts["begun"]
+    assert begun > 1 and summary.precopy_counts == {"begun": begun, "handed_off": 0, "cancelled": begun,
+                                                     "fell_back": 0}
+    for p in summary.precopies:
+        assert p["begun"] % 2 == 1 and p["ended"] == p["begun"] + 1 and p["steps_run"] == 1, p
+        ended = "the run ended first" if p["ended"] == summary.steps else f"step {p['ended']}'s plan names DP, not TP"
+        assert p["outcome"] == "cancelled" and p["why"] == ended, p
+    assert render(summary).count("cancelled at step") == begun
 
 
 @pytest.mark.parametrize("args, message", [
@@ -92,6 +126,11 @@ def test_auto_mode_switches_as_each_plan_says(rank_pools):
     turns = len(ALL_DIRECTIONS)
     assert all(s.step % 4 == (2 if (s.step // 4) % turns % 2 else 0) for s in done), [s.step for s in done]
     assert summary.check["passed"] and summary.check["tokens"] == summary.output_tokens
+    assert all(s.kind == ("precopy" if (s.step // 4) % turns % 2 else "one_step") for s in done)
+    assert all((s.precopy == {}) == (s.kind == "one_step") for s in done)
+    handed = sum(s.kind == "precopy" for s in done)
+    counts = summary.precopy_counts
+    assert counts["handed_off"] == handed and counts["fell_back"] == 0 and counts["cancelled"] <= 1, counts
 
 
 def test_the_scheduler_explains_its_choice_in_auto_mode(rank_pools):
@@ -104,32 +143,58 @@ def test_the_scheduler_explains_its_choice_in_auto_mode(rank_pools):
 
 
 class _FakePreCopy:
-    def __init__(self, dst):
-        self.dst, self.complete, self.due, self.cancelled = dst, True, False, False
+    """Complete at once unless ``layers`` are left to copy (one per step, each of 1 MiB, none
+    where ``paused``); ``fail`` cancels it in its first step, as a failed copy does."""
 
-    def cancel(self):
-        self.cancelled = True
+    def __init__(self, dst, steps, layers=0, paused="", fail=""):
+        self.dst, self.steps, self.pending, self.cancelled = dst, steps, list(range(layers)), False
+        self.holding = set()
+        self.steps_run, self.paused, self.fail = 0, paused, fail
+
+    @property
+    def complete(self):
+        return not self.pending and not self.cancelled
+
+    @property
+    def due(self):
+        return self.steps_run >= self.steps
+
+    def step(self, batch, tokens):
+        from splash_core.runtime.switch import PreCopyReport
+
+        self.steps_run += 1
+        copied = () if self.paused or self.fail else tuple(self.pending[:1])
+        self.pending = self.pending[len(copied):]
+        self.holding.update(copied)
+        if self.fail:
+            self.cancel()
+        return "ran beside", PreCopyReport(self.dst, self.steps_run, copied, len(copied) << 19, self.complete, 0.5,
+                                           self.paused, self.fail, group_bytes=len(copied) << 20)
+
+    def cancel(self):  # as PreCopy's: nothing is left to copy, nothing held
+        self.pending, self.cancelled = [], True
+        self.holding.clear()
 
 
 class _FakeExecutor:
     """Refuses every handoff of a pre-copy (its copies held push Eq 5 over), takes the one-step switch."""
 
-    def __init__(self):
+    def __init__(self, refuse_handoff=True, **precopy):
         from types import SimpleNamespace
 
         self.model = SimpleNamespace(T=2, page_size=16, layers=[SimpleNamespace(layout=DP)],
                                      step=lambda batch, tokens: "ran in DP")
-        self.calls, self.made = [], []
+        self.calls, self.made, self.refuse, self.kw = [], [], refuse_handoff, precopy
 
     def precopy(self, dst, batch, steps):
-        self.made.append(_FakePreCopy(dst))
+        self.made.append(_FakePreCopy(dst, steps, **self.kw))
         return self.made[-1]
 
     def step(self, batch, tokens, dst, mode, *, plan, precopy):
         from splash_core.runtime.switch import SwitchRefused
 
         self.calls.append((plan, precopy is not None))
-        if precopy is not None:
+        if precopy is not None and self.refuse:
             raise SwitchRefused("Eq 5: over budget with the copies held")
         return "switched", "report"
 
@@ -141,7 +206,97 @@ def test_a_refused_handoff_falls_back_to_the_one_step_switch():
 
     executor = _FakeExecutor()
     plan = StepPlan(Command.STEP, 0, TP, (StepRequest(0, 0, 5, 1),), np.zeros(1, np.int64))
-    out = PreCopies(executor, 2).run(plan, None, lambda pc: "handoff plan" if pc is not None else "one-step plan")
+    precopies = PreCopies(executor, 2)
+    out = precopies.run(plan, None, lambda pc: "handoff plan" if pc is not None else "one-step plan")
     assert out == ("switched", "report", "", False)
     assert executor.calls == [("handoff plan", True), ("one-step plan", False)]
     assert executor.made[0].cancelled  # its copies were freed before the one-step switch
+    [record] = precopies.events  # begun and fallen back in the same step
+    assert (record.begun, record.ended, record.outcome, record.src, record.dst) == (0, 0, "fell_back", "DP", "TP")
+    assert record.why == "the handoff was refused: Eq 5: over budget with the copies held"
+
+
+def _plans(layouts):
+    from splash_core.engine.plan import Command, StepPlan
+    from splash_core.runtime.step_batch import StepRequest
+
+    return [StepPlan(Command.STEP, i, layout, (StepRequest(0, 0, 5 + i, 1),), np.zeros(1, np.int64))
+            for i, layout in enumerate(layouts)]
+
+
+def _run(precopies, layouts):
+    """Each plan's step, and the records that began or ended in it."""
+    out = []
+    for plan in _plans(layouts):
+        step = precopies.run(plan, None, lambda pc: "plan")
+        out.append((step, [dataclasses.replace(r) for r in precopies.events]))
+    return out
+
+
+def _booked(layouts, precopies):
+    """A controller books ``precopies``'s steps of ``layouts`` (a stand-in for run_steps on rank 0)."""
+    from types import SimpleNamespace
+
+    from splash_core.engine.controller import Controller
+
+    c = Controller([], SimpleNamespace(layouts=(DP, TP)), None, concurrency=1, prefill_chunk=1, layout=DP)
+    c.requests[0] = SimpleNamespace(generated=[], advance=lambda *a: None, state=None, token_times=[])
+    for plan in _plans(layouts):
+        _, report, refused, copying = precopies.run(plan, None, lambda pc: "plan")
+        c.record(plan, np.zeros(1, np.int64), 0.0, TP if report else DP, refused, copying, precopies.events)
+    return c
+
+
+def test_a_precopy_that_paused_past_its_steps_falls_back_and_says_why():
+    """3 layers to copy in 2 steps, memory short every step: the third step switches in one step."""
+    from splash_core.engine.precopies import PreCopies
+
+    executor = _FakeExecutor(refuse_handoff=False, layers=3, paused="KV pool: rank 1 layer 0 has too few pages")
+    steps = _run(PreCopies(executor, 2), (TP, TP, TP))
+    assert [s[0][3] for s in steps] == [True, True, False] and steps[2][0][:2] == ("switched", "report")
+    assert executor.calls == [("plan", False)] and executor.made[0].cancelled
+    [record] = steps[2][1]
+    assert (record.outcome, record.ended, record.steps_run, record.paused_steps, record.layers, record.bytes) == \
+        ("fell_back", 2, 2, 2, 0, 0)
+    assert record.why == "3 layers not copied after 2 steps (KV pool: rank 1 layer 0 has too few pages)"
+    booked = _booked((TP, TP, TP), PreCopies(_FakeExecutor(refuse_handoff=False, layers=3, paused="short"), 2))
+    [switch] = booked.switches
+    assert switch.step == 2 and switch.precopy.outcome == "fell_back"
+    assert booked.precopy_counts == {"begun": 1, "handed_off": 0, "cancelled": 0, "fell_back": 1}
+
+
+def test_a_failed_copy_cancels_the_precopy_and_the_next_plan_begins_another():
+    from splash_core.engine.precopies import PreCopies
+
+    executor = _FakeExecutor(refuse_handoff=False, layers=2, fail="gloo timed out")
+    steps = _run(PreCopies(executor, 2), (TP, TP))
+    assert [r.outcome for _, records in steps for r in records] == ["cancelled", "cancelled"]
+    assert all(r.why == "gloo timed out" and r.begun == r.ended for _, records in steps for r in records)
+    assert len(executor.made) == 2 and executor.calls == []
+
+
+def test_a_handed_off_precopy_counts_its_background_bytes_and_books_the_switch():
+    """2 layers over 2 steps (1 MiB each over the group), handed off at the third step."""
+    from splash_core.engine.precopies import PreCopies
+
+    booked = _booked((TP, TP, TP), PreCopies(_FakeExecutor(refuse_handoff=False, layers=2), 2))
+    [switch] = booked.switches
+    p = switch.precopy
+    assert (switch.step, p.outcome, p.begun, p.ended, p.steps_run, p.layers, p.bytes, p.host_ms) == \
+        (2, "handed_off", 0, 2, 2, 2, 2 << 20, 1.0)
+    assert booked.precopy_counts == {"begun": 1, "handed_off": 1, "cancelled": 0, "fell_back": 0}
+
+
+def test_an_incomplete_precopy_hands_off_what_it_copied():
+    """3 layers over 2 steps: 2 copied, the third moves whole in the handoff (no fall back)."""
+    from splash_core.engine.precopies import PreCopies
+
+    executor = _FakeExecutor(refuse_handoff=False, layers=3)
+    steps = _run(PreCopies(executor, 2), (TP, TP, TP))
+    assert executor.calls == [("plan", True)] and not executor.made[0].cancelled
+    [record] = steps[2][1]
+    assert (record.outcome, record.layers, record.uncopied, record.bytes) == ("handed_off", 2, 1, 2 << 20)
+    # refused (Eq 5 with the copies held): the one-step switch, and the record says why
+    executor = _FakeExecutor(refuse_handoff=True, layers=3)
+    steps = _run(PreCopies(executor, 2), (TP, TP, TP))
+    assert executor.calls == [("plan", True), ("plan", False)] and steps[2][1][0].outcome == "fell_back"

@@ -85,3 +85,48 @@ def test_interference_from_the_copy_probe():
     with pytest.raises(ValueError, match="no 'pull' rows"):
         interference_from_probe(rows, 8, "pull")
     assert load("deployment", "cpu-tiny").scheduler.precopy_interference == 0.48
+
+
+def _decode(deployment, B, s, grown=0):
+    return BatchArrays.of([s + grown] * B, [i % deployment.T for i in range(B)], query_rows=[1] * B,
+                          ids=list(range(B)), reserved=[s + 256] * B)
+
+
+def test_the_policy_keeps_its_precopy_choice_until_the_handoff(monkeypatch):
+    """B = 16 decode at 32K in CP: the scheduler wants TP every step, by a pre-copy of k steps.
+    The transition is planned once, at the first step; the k steps beside the pre-copy and its
+    handoff keep that choice; a later step (the handoff did not happen), a new source or a new
+    destination plan again."""
+    import dataclasses
+
+    from splash_core.engine import policy as policies
+
+    deployment = load("deployment", "h200-x8-deepseek-v3.2")
+    planned = []
+    real = policies.plan_transition
+    monkeypatch.setattr(policies, "plan_transition", lambda x, src, dst, *a, **kw: planned.append((src, dst)) or
+                        real(x, src, dst, *a, **kw))
+    policy = policies.SchedulerPolicy(deployment, 8)
+    first = policy.decide(_decode(deployment, 16, 32768), CP, float("inf"), 10)
+    k = first.precopy_steps
+    assert first.layout is TP and k >= 1 and planned == [(CP, TP)], first.reason
+    for step in range(11, 11 + k):
+        again = policy.decide(_decode(deployment, 16, 32768, step - 10), CP, float("inf"), step)
+        assert again.layout is TP and again.precopy_steps == k
+        assert again.reason.endswith("; " + first.reason.rsplit("; ", 1)[1] + " (chosen at step 10)"), again.reason
+    assert planned == [(CP, TP)]
+    policy.decide(_decode(deployment, 16, 32768, k + 1), CP, float("inf"), 11 + k)
+    assert planned == [(CP, TP)] * 2
+    # the scheduler names another destination mid-pre-copy: planned afresh for it
+    decide = policy.scheduler.decide
+    monkeypatch.setattr(policy.scheduler, "decide", lambda *a: dataclasses.replace(decide(*a), layout=DOP))
+    policy.decide(_decode(deployment, 16, 32768, k + 2), CP, float("inf"), 12 + k)
+    assert planned == [(CP, TP)] * 2 + [(CP, DOP)]
+    # a one-step choice is not kept: nothing runs beside it
+    monkeypatch.setattr(policy.scheduler, "decide", decide)
+    one = policies.SchedulerPolicy(dataclasses.replace(deployment, scheduler=dataclasses.replace(
+        deployment.scheduler, precopy_interference=1.0)), 8)
+    planned.clear()
+    for step in range(3):
+        assert one.decide(_decode(deployment, 16, 32768, step), CP, float("inf"), step).precopy_steps == 0
+    assert planned == [(CP, TP)] * 3

@@ -47,3 +47,47 @@ def test_precopy_switches_while_requests_come_and_go(server):
     after = server.metrics()
     switched = sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == "splash_switches_total")
     assert switched >= 3
+    # every switch handed off a pre-copy, and /metrics counts them as such
+    grew = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    by_kind = _sum(grew, "splash_switches_total", "kind")
+    assert by_kind.get("precopy", 0) == switched and by_kind.get("one_step", 0) == 0, by_kind
+    events = _sum(grew, "splash_precopies_total", "event")
+    assert events["handed_off"] == switched and events["begun"] >= switched, events
+    # DP -> TP gathers every history: its pre-copies received bytes in the background
+    moved = _sum(grew, "splash_precopied_bytes_total", "dst")
+    assert moved["TP"] > 0, moved
+
+
+def _sum(samples: dict, name: str, label: str) -> dict:
+    """{value of ``label``: the samples of ``name`` with it, summed}."""
+    out: dict = {}
+    for (n, labels), v in samples.items():
+        if n == name:
+            key = dict(labels)[label]
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def test_metrics_count_precopies_and_switch_kinds():
+    """A StepReport whose switch handed off a pre-copy begun 2 steps before, and another pre-copy
+    begun and cancelled in it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from splash_core.engine.live import StepReport
+    from splash_core.server.metrics import Metrics
+
+    handed = {"begun": 5, "ended": 7, "src": "DP", "dst": "TP", "outcome": "handed_off", "bytes": 3 << 20}
+    cancelled = {"begun": 7, "ended": 7, "src": "TP", "dst": "CP", "outcome": "cancelled", "bytes": 1 << 20}
+    switch = {"src": "DP", "dst": "TP", "reason": "", "refused": "", "exposed_ms": 2.0, "kind": "precopy",
+              "precopy": handed}
+    m = Metrics("tiny")
+    m.on_step(StepReport(7, "TP", 0.01, "switch", 4, switches=(switch,), precopies=(handed, cancelled)))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}
+    assert got[("splash_switches_total", (("dst", "TP"), ("kind", "precopy"), ("src", "DP")))] == 1
+    events = {k[1]: v for k, v in got.items() if k[0] == "splash_precopies_total"}
+    assert events == {(("dst", "TP"), ("event", "handed_off"), ("src", "DP")): 1,
+                      (("dst", "CP"), ("event", "begun"), ("src", "TP")): 1,
+                      (("dst", "CP"), ("event", "cancelled"), ("src", "TP")): 1}
+    assert got[("splash_precopied_bytes_total", (("dst", "TP"), ("src", "DP")))] == 3 << 20
+    assert got[("splash_precopied_bytes_total", (("dst", "CP"), ("src", "TP")))] == 1 << 20

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from splash_core.layouts import DIRECTIONS, State
+from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
@@ -40,7 +40,7 @@ def _requests(T: int) -> list[Req]:
             Req(2, o[2], prompt(50, 13), 4, arrives=1), Req(3, o[3], prompt(9, 14), 4, arrives=START + 1)]
 
 
-def _precopy_runs(ctx, directions, transfer):
+def _precopy_runs(ctx, directions, transfer, handoff=HANDOFF):
     profile, T = load("model", MODEL), ctx.world_size
     out = {}
     for src, dst in directions:
@@ -53,15 +53,16 @@ def _precopy_runs(ctx, directions, transfer):
             if k == START:
                 live["pc"] = executor.precopy(dst, batch, STEPS)
             pc = live.get("pc")
-            if START <= k < HANDOFF:
+            if START <= k < handoff:
                 logits, report = pc.step(batch, tokens)
                 info["precopy"].append(report.summary())
                 problems.extend(f"step {k}: {p}" for p in precopy_problems(model, pc, batch, ctx.rank))
                 return logits
-            if k == HANDOFF:
+            if k == handoff:
                 info["complete"] = pc.complete
                 one_step = executor.plan(dst, batch)
-                tail = executor.plans(dst, batch, copied=pc.copied_pages(batch))
+                tail = executor.plans(dst, batch, copied=pc.copied_pages(batch),
+                                      copied_layers=None if pc.complete else tuple(sorted(pc.holding)))
                 logits, report = executor.step(batch, tokens, dst, "splash", precopy=pc)
                 info.update(report=report.summary(), layouts=[str(layer.layout) for layer in model.layers],
                             one_step_kv=int(one_step.fetched_bytes(State.KV).sum()),
@@ -102,6 +103,9 @@ def _check(results, ref, T, label):
             assert not any(p["paused"] or p["failed"] for p in info["precopy"]), name
             assert info["layouts"] == [dst.value] * 3, name
         copies = sum(p["received_bytes"] for per_rank in results for p in per_rank[(src, dst)]["info"]["precopy"])
+        # every rank reports the group's bytes of each pre-copy step: what all of them received
+        group = [[p["group_bytes"] for p in per_rank[(src, dst)]["info"]["precopy"]] for per_rank in results]
+        assert all(g == group[0] for g in group) and sum(group[0]) == copies, name
         info, report = r0["info"], r0["info"]["report"]
         # the handoff moved exactly the dirty tails' bytes the manifest planned (splash moves layer 0 after
         # the step, so its tail grows by the step's rows); where KV moves at all, fewer than one step would
@@ -168,3 +172,44 @@ def test_adopt_hands_pages_over_without_copying_or_refuses_changing_nothing():
     after = (tables.pages_of(7), tables.pages_of(-8), tables.free_pages, tables.version)
     assert all(np.array_equal(a, b) for x, y in zip(before[:2], after[:2]) for a, b in zip(x, y))
     assert before[2:] == after[2:]
+
+
+TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
+PARTIAL_DIRECTIONS = ((DP, TP), (CP, DP), (DP, CP), (TP, CP), (DOP, TP))
+
+
+def _partial_runs(ctx, directions, transfer):
+    """``_precopy_runs`` handing off after the first pre-copy step: layers 0-1 copied, layer 2 not."""
+    return _precopy_runs(ctx, directions, transfer, handoff=START + 1)
+
+
+@pytest.mark.parametrize("T", [2, 3])
+def test_an_incomplete_precopy_hands_off_what_it_copied(rank_pools, references, T):
+    """The handoff counts layers 0-1's copies as held and moves layer 2 whole: the same tokens and
+    logits as never switching, exactly the destination's pages after, and the handoff received the
+    manifest's bytes: layer 2's whole history and the others' dirty tails."""
+    results = rank_pools(T).run(_partial_runs, PARTIAL_DIRECTIONS, TransferConfig())
+    for (src, dst), r0 in results[0].items():
+        name = f"T={T} partial {src}->{dst}"
+        for rank, per_rank in enumerate(results):
+            r = per_rank[(src, dst)]
+            assert not r["problems"], f"{name} rank {rank}: {r['problems'][:3]}"
+            assert r["left"] == (0, 0), name
+            info = r["info"]
+            assert not info["complete"] and info["holding"] == [], name
+            assert [p["layers"] for p in info["precopy"]] == [[0, 1]], name
+            assert info["layouts"] == [dst.value] * 3, name
+        info = r0["info"]
+        copies = sum(p["received_bytes"] for per_rank in results for p in per_rank[(src, dst)]["info"]["precopy"])
+        received = info["report"]["bytes_group"].get("kv", 0)
+        if info["one_step_kv"]:
+            # layer 2 of 3 moves whole (a third of the one-step switch's KV), the others their tails
+            assert copies > 0 and info["one_step_kv"] / 3 <= info["tail_kv"] < info["one_step_kv"], name
+            assert info["tail_kv"] <= received < info["one_step_kv"] + copies, name
+        else:
+            assert copies == 0 and received == 0, name
+        rank0 = r0["served"].logits
+        for per_rank in results[1:]:
+            for rid, rows in per_rank[(src, dst)]["served"].logits.items():
+                assert all(np.array_equal(a, b) for a, b in zip(rows, rank0[rid])), f"{name}: ranks differ"
+        assert_matches(r0["served"], references[T], name)

@@ -30,6 +30,7 @@ from ..runtime.step_batch import StepBatch, StepRequest
 from .admission import Admission, KVCapacity
 from .plan import Command, StepPlan
 from .policy import Choice
+from .precopies import FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
 from .requests import Request, State
 
 
@@ -54,6 +55,7 @@ class SwitchRecord:
     dst: Layout
     reason: str
     refused: str = ""
+    precopy: PreCopyRecord | None = None  # the pre-copy it handed off, or that fell back to it
 
 
 class Controller:
@@ -76,6 +78,9 @@ class Controller:
         self.steps: list[StepRecord] = []
         self.switches: list[SwitchRecord] = []
         self.decisions: collections.Counter = collections.Counter()  # policy action -> steps
+        self.precopies: list[PreCopyRecord] = []  # every pre-copy begun (rank 0's records)
+        self.precopy_counts = collections.Counter({k: 0 for k in ("begun",) + OUTCOMES})
+        self.precopy_events: tuple[PreCopyRecord, ...] = ()  # the records that began or ended in the last step
         self.open, self.idle_s = open_ended, idle_s
         self.start = time.monotonic()
 
@@ -210,13 +215,23 @@ class Controller:
     # ---- after a step -------------------------------------------------------------------
 
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
-               refused: str = "", precopying: bool = False) -> list[Request]:
+               refused: str = "", precopying: bool = False, precopies=()) -> list[Request]:
         """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
         plan's switch, if it did; ``precopying``: the step ran beside a pre-copy to the plan's
-        layout (the switch is booked at its handoff). Returns the requests that generated a token."""
+        layout (the switch is booked at its handoff); ``precopies``: the pre-copy records that
+        began or ended in the step. Returns the requests that generated a token."""
+        self.precopy_events = tuple(precopies)
+        for r in precopies:
+            if r.begun == plan.step:
+                self.precopies.append(r)
+                self.precopy_counts["begun"] += 1
+            if r.ended == plan.step:
+                self.precopy_counts[r.outcome] += 1
         if plan.layout is not self.layout and not precopying:
-            self.switches.append(SwitchRecord(plan.step, self.layout, plan.layout, self.reason, refused))
+            led = next((r for r in precopies if r.ended == plan.step and r.outcome in (HANDED_OFF, FELL_BACK)
+                        and r.dst == str(plan.layout)), None)
+            self.switches.append(SwitchRecord(plan.step, self.layout, plan.layout, self.reason, refused, led))
         if ran_in is not self.layout:
             self.layout, self.since_switch = ran_in, 0
         else:

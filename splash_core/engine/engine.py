@@ -30,7 +30,7 @@ from .policy import make_policy
 from .progress import Progress
 from .requests import GenerationRequest, Request, State
 from .steps import EngineError, Hooks, build, run_steps
-from .summary import RunSummary, SwitchSummary, latency
+from .summary import RunSummary, SwitchSummary, latency, precopy_counts
 
 __all__ = ["EngineError", "Job", "deployment_of", "serve"]
 
@@ -160,7 +160,8 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
     switches = []
     for rec in controller.switches:
         merged = by_step.get(rec.step, {}) if not rec.refused else {}
-        switches.append(SwitchSummary(rec.step, str(rec.src), str(rec.dst), rec.reason, rec.refused, **merged))
+        switches.append(SwitchSummary(rec.step, str(rec.src), str(rec.dst), rec.reason, rec.refused, **merged,
+                                      precopy=rec.precopy.as_dict() if rec.precopy is not None else {}))
     layout_steps: dict[str, int] = {}
     for s in controller.steps:
         layout_steps[str(s.layout)] = layout_steps.get(str(s.layout), 0) + 1
@@ -178,7 +179,8 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
         step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
         decisions=dict(controller.decisions), check=check, load=load_report, outputs=outputs,
         step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps),
-        latency=latency(finished))
+        latency=latency(finished), precopies=tuple(r.as_dict() for r in controller.precopies),
+        precopy_counts=precopy_counts(controller.precopies))
 
 
 def _merge_reports(per_rank: list[list]) -> dict[int, dict]:

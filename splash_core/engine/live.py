@@ -37,6 +37,7 @@ from .controller import Controller
 from .engine import deployment_of
 from .plan import Command, StepPlan
 from .policy import make_policy
+from .precopies import HANDED_OFF
 from .requests import Request, State
 from .steps import Hooks, build, run_steps
 
@@ -74,10 +75,14 @@ class StepReport:
     tokens: tuple = ()  # (request id, token id) of every request that generated a token
     finished: tuple = ()  # (request id, finish reason) of requests that finished in the step
     rejected: tuple = ()  # (request id, reason) of requests admission refused
-    switches: tuple = ()  # {src, dst, reason, refused, exposed_ms} attempted in the step
+    # {src, dst, reason, refused, exposed_ms, kind, precopy} attempted in the step; kind: one_step,
+    # precopy (handed off a pre-copy) or fell_back (one step after a pre-copy that could not hand off),
+    # precopy: that pre-copy's record (engine.precopies.PreCopyRecord as a dict) or {}
+    switches: tuple = ()
     waiting: int = 0  # requests that arrived and wait for admission
     running: int = 0
     pools: tuple | None = None  # every rank's pool usage (steps.pool_usage), when reported
+    precopies: tuple = ()  # records (as dicts) of the pre-copies that began or ended in the step
 
 
 def serve_live(ctx, job: LiveJob) -> dict | None:
@@ -103,9 +108,17 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
         run_steps(ctx, group, controller, job.switch_mode, hooks, precopy_steps=job.precopy_steps)
     if hooks is None:
         return None
-    totals = {"steps": hooks.steps, "switches": hooks.switches}
+    totals = {"steps": hooks.steps, "switches": hooks.switches, "precopies": dict(controller.precopy_counts)}
     hooks.send(("done", totals))
     return totals
+
+
+def switch_kind(record) -> str:
+    """A :class:`~splash_core.engine.controller.SwitchRecord`'s kind: ``precopy`` (it handed off a
+    pre-copy), ``fell_back`` (one step, after a pre-copy that could not hand off) or ``one_step``."""
+    if record.precopy is None:
+        return "one_step"
+    return "precopy" if record.precopy.outcome == HANDED_OFF else "fell_back"
 
 
 @contextlib.contextmanager
@@ -202,18 +215,20 @@ class LiveHooks(Hooks):
         c = self.controller
         finished = tuple((r.id, r.finish_reason) for r in produced if r.state is State.FINISHED)
         switches = tuple({"src": str(s.src), "dst": str(s.dst), "reason": s.reason, "refused": s.refused,
-                          "exposed_ms": float(switch.exposed_ms) if switch is not None and not s.refused else 0.0}
+                          "exposed_ms": float(switch.exposed_ms) if switch is not None and not s.refused else 0.0,
+                          "kind": switch_kind(s), "precopy": s.precopy.as_dict() if s.precopy is not None else {}}
                          for s in c.switches)
         self.steps += 1
         self.switches += sum(not s["refused"] for s in switches)
         report = StepReport(plan.step, str(c.layout), seconds, self._phase(plan, switch), int(sum(q.rows for q in plan.requests)),
                             tuple((r.id, r.generated[-1]) for r in produced), finished,
                             self.pending_rejected, switches, len(c.queue), len(c.running),
-                            self._take_pools())
+                            self._take_pools(), tuple(r.as_dict() for r in c.precopy_events))
         self.pending_rejected = ()
         self._drop(rid for rid, _ in finished)
         c.steps.clear()  # a server runs for days: keep no per-step history here
         c.switches.clear()
+        c.precopies.clear()
         self.send(("step", report))
 
     def _phase(self, plan: StepPlan, switch) -> str:

@@ -15,7 +15,7 @@ import dataclasses
 
 from ..costmodel import BatchArrays
 from ..layouts import LAYOUTS, Layout
-from ..precopy_time import plan_transition
+from ..precopy_time import TransitionCost, plan_transition
 from ..scheduler import HOLD, Scheduler
 
 
@@ -35,10 +35,29 @@ class Choice:
     precopy_steps: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _PlannedPreCopy:
+    """A pre-copy the policy chose at step ``planned`` for ``src → dst``; it hands off by step
+    ``planned + best.steps``."""
+
+    src: Layout
+    dst: Layout
+    best: TransitionCost
+    planned: int
+
+    def covers(self, src: Layout, dst: Layout, step: int) -> bool:
+        return self.src is src and self.dst is dst and step <= self.planned + self.best.steps
+
+
 class SchedulerPolicy:
     """SPLASH: the transition-aware scheduler π(x; θ) (paper §4.2) decides every step; with
     ``precopy_steps``, each switch it decides is made in one step or as a pre-copy of up to that
-    many steps, whichever Eq 7 extended (:mod:`splash_core.precopy_time`) finds cheaper."""
+    many steps, whichever Eq 7 extended (:mod:`splash_core.precopy_time`) finds cheaper.
+
+    The scheduler keeps asking for the switch on every step of the pre-copy it chose; those steps
+    run beside that pre-copy whatever the plan's ``precopy_steps`` say, so until its handoff step
+    the policy keeps its choice instead of planning the transition again (a new destination, or
+    a new source after the switch, plans afresh)."""
 
     name = "splash"
     layouts = LAYOUTS
@@ -47,6 +66,7 @@ class SchedulerPolicy:
         self.scheduler = Scheduler(deployment)
         self.initial = deployment.initial_layout
         self.precopy_steps, self.interference = precopy_steps, deployment.scheduler.precopy_interference
+        self._planned: _PlannedPreCopy | None = None
 
     def decide(self, x: BatchArrays, current: Layout, steps_since_switch: float, step: int) -> Choice:
         d = self.scheduler.decide(x, current, steps_since_switch)
@@ -54,10 +74,16 @@ class SchedulerPolicy:
         check = d.switch_checks.get(d.layout) if d.switch else None
         reason, steps = d.reason, 0
         if d.switch and self.precopy_steps:
-            s = self.scheduler
-            best, _ = plan_transition(x, current, d.layout, s.cost, d.estimates, self.precopy_steps,
-                                      self.interference, layers=s.layers)
-            reason, steps = f"{reason}; {best.explain()}", best.steps
+            planned = self._planned
+            if planned is not None and planned.covers(current, d.layout, step):
+                best, when = planned.best, f" (chosen at step {planned.planned})"
+            else:
+                s = self.scheduler
+                best, _ = plan_transition(x, current, d.layout, s.cost, d.estimates, self.precopy_steps,
+                                          self.interference, layers=s.layers)
+                self._planned = _PlannedPreCopy(current, d.layout, best, step) if best.steps else None
+                when = ""
+            reason, steps = f"{reason}; {best.explain()}{when}", best.steps
         return Choice(d.layout, d.action, reason, order, hold=d.action == HOLD,
                       eq5_checked=check is not None and check.fits, precopy_steps=steps)
 

@@ -129,6 +129,8 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
             if lead:
                 hooks.after_plan(plan, pools)
             if plan.command is Command.STOP:
+                if precopies is not None:
+                    precopies.close(step)
                 break
             if plan.command is Command.IDLE:
                 continue
@@ -148,7 +150,7 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
                 reports.append((step, report))
             if lead:
                 produced = controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused,
-                                             precopying=copying)
+                                             precopying=copying, precopies=precopies.events if precopies else ())
                 hooks.after_step(plan, produced, seconds, report)
             step += 1
     except Exception as exc:

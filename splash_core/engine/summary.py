@@ -50,10 +50,29 @@ class SwitchSummary:
     bytes: dict = dataclasses.field(default_factory=dict)  # state -> bytes moved, summed over ranks
     exposed_ms: float = 0.0  # the slowest rank's
     step_ms: float = 0.0  # the slowest rank's
+    # the pre-copy it handed off or that fell back to it (``bytes`` then are the handoff's):
+    # :class:`~splash_core.engine.precopies.PreCopyRecord` as a dict; empty for a one-step switch
+    precopy: dict = dataclasses.field(default_factory=dict)
 
     @property
     def bytes_total(self) -> int:
         return int(sum(self.bytes.values()))
+
+    @property
+    def kind(self) -> str:
+        """``precopy`` (handed off a pre-copy), ``one_step``, or ``fell_back`` (a one-step switch
+        after its pre-copy could not hand off)."""
+        return self.precopy.get("outcome", "one_step").replace("handed_off", "precopy")
+
+    def how(self) -> str:
+        """The switch's kind, for people."""
+        if not self.precopy:
+            return "one step"
+        p = self.precopy
+        copied = f"pre-copy {p['steps_run']}/{p['steps']} steps, {p['bytes'] / MIB:.2f} MiB ahead"
+        if p.get("uncopied"):
+            copied += f", {p['uncopied']} layers whole"
+        return copied if p["outcome"] == "handed_off" else f"one step after {copied}: {p['why']}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +108,8 @@ class RunSummary:
     step_rows: tuple = ()  # query rows of every step
     step_requests: tuple = ()  # requests in every step
     latency: dict = dataclasses.field(default_factory=dict)  # ttft_ms / itl_ms / e2e_ms: :func:`latency`
+    precopies: tuple = ()  # every pre-copy begun (PreCopyRecord as a dict), in order
+    precopy_counts: dict = dataclasses.field(default_factory=dict)  # begun, handed_off, cancelled, fell_back
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,7 +136,7 @@ class RunSummary:
                    step_ms_p95=percentile(steps, 95) if steps else None,
                    switch_count=len(self.done_switches))
         for s, d in zip(self.switches, out["switches"]):
-            d["bytes_total"] = s.bytes_total
+            d.update(bytes_total=s.bytes_total, kind=s.kind)
         return out
 
 
@@ -139,11 +160,17 @@ def render(s: RunSummary) -> str:
             ("steps per layout", ", ".join(f"{k} {v}" for k, v in s.layout_steps.items()) or "none"),
             ("switches", str(len(s.done_switches)) + (f" ({len(s.switches) - len(s.done_switches)} refused)"
                                                       if len(s.switches) > len(s.done_switches) else ""))]
+    if s.precopies:
+        rows.append(("pre-copies", precopy_line(s.precopy_counts)))
     lines += table(rows, ["", ""], align="ll").splitlines()[2:]
     if s.done_switches:
-        lines += ["", table([(w.step, f"{w.src} -> {w.dst}", w.bytes_total / MIB, w.exposed_ms, w.step_ms, w.reason)
-                             for w in s.done_switches],
-                            ["step", "switch", "MiB moved", "exposed ms", "step ms", "why"], align="rlrrrl")]
+        lines += ["", table([(w.step, f"{w.src} -> {w.dst}", w.how(), w.bytes_total / MIB, w.exposed_ms, w.step_ms,
+                              w.reason) for w in s.done_switches],
+                            ["step", "switch", "how", "MiB moved", "exposed ms", "step ms", "why"], align="rllrrrl")]
+    for p in s.precopies:
+        if p["outcome"] == "cancelled":
+            lines.append(f"pre-copy {p['src']} -> {p['dst']} from step {p['begun']} cancelled at step {p['ended']} "
+                         f"after {p['steps_run']} of {p['steps']} steps ({p['bytes'] / MIB:.2f} MiB copied): {p['why']}")
     refusals: dict[tuple, list[int]] = {}
     for w in s.switches:
         if w.refused:
@@ -161,6 +188,19 @@ def render(s: RunSummary) -> str:
     else:
         lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
     return "\n".join(lines)
+
+
+def precopy_counts(records) -> dict:
+    """{begun, handed_off, cancelled, fell_back} of pre-copy ``records``
+    (:class:`~splash_core.engine.precopies.PreCopyRecord`)."""
+    return {"begun": len(records), **{k: sum(r.outcome == k for r in records)
+                                      for k in ("handed_off", "cancelled", "fell_back")}}
+
+
+def precopy_line(counts: dict) -> str:
+    """``3 begun: 1 handed off, 1 cancelled, 1 fell back to one step``."""
+    return (f"{counts.get('begun', 0)} begun: {counts.get('handed_off', 0)} handed off, "
+            f"{counts.get('cancelled', 0)} cancelled, {counts.get('fell_back', 0)} fell back to one step")
 
 
 def latency_line(stats: dict) -> str:

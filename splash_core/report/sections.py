@@ -73,5 +73,6 @@ SECTIONS: tuple[Section, ...] = (
             group=CORRECTNESS),
     Section("plan_speed", "Switch planner speed", "", timings.render),
     Section("scheduler_speed", "Scheduler decision speed", "", timings.render),
+    Section("precopy_planning", "Decisions beside a pre-copy (--switch-mode auto)", "", timings.render),
 )
 BY_BENCHMARK = {s.benchmark: s for s in SECTIONS}

@@ -45,5 +45,6 @@ def _switches(metrics: str) -> str:
     for family in text_string_to_metric_families(metrics):
         for sample in family.samples:
             if sample.name == "splash_switches_total" and sample.value:
-                done[f"{sample.labels['src']}→{sample.labels['dst']}"] = int(sample.value)
+                key = f"{sample.labels['src']}→{sample.labels['dst']}"  # summed over the switches' kinds
+                done[key] = done.get(key, 0) + int(sample.value)
     return ", ".join(f"{k} {v}" for k, v in sorted(done.items())) or "none"

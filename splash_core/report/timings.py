@@ -1,5 +1,5 @@
-"""CPU timings of the planner (``plan_speed``) and the scheduler (``scheduler_speed``):
-p50 and p95 per case, in microseconds."""
+"""CPU timings of the planner (``plan_speed``), the scheduler (``scheduler_speed``) and the
+policy's decisions beside a pre-copy (``precopy_planning``): p50 and p95 per case, in microseconds."""
 
 from __future__ import annotations
 

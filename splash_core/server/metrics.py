@@ -15,8 +15,12 @@ token. Step times, switches and the KV pool come from rank 0's step reports
 ``splash_e2e_request_latency_seconds``     histogram
 ``splash_step_seconds{layout,phase}``      histogram of step times; phase prefill, decode, mixed, switch
 ``splash_layout{layout}``                  1 for the layout of the last step, 0 for the others
-``splash_switches_total{src,dst}``         switches done; ``splash_switches_refused_total{src,dst}``
+``splash_switches_total{src,dst,kind}``    switches done; kind ``one_step``, ``precopy`` (handed off a pre-copy)
+                                           or ``fell_back`` (one step after a pre-copy that could not hand off);
+                                           ``splash_switches_refused_total{src,dst}``
 ``splash_switch_exposed_seconds_total``    the switches' exposed time (Eq 7's measured counterpart)
+``splash_precopies_total{src,dst,event}``  pre-copies ``begun``, ``handed_off``, ``cancelled``, ``fell_back``
+``splash_precopied_bytes_total{src,dst}``  bytes pre-copies received in the background (group), counted as each ends
 ``splash_kv_pages{rank,state}``            KV pages per MLA layer in use (``used``) and ``free``
 =========================================  ==========================================================
 """
@@ -53,7 +57,11 @@ class Metrics:
         self.step = Histogram("splash_step_seconds", "engine step time on rank 0", ["layout", "phase"],
                               buckets=STEP_BUCKETS, registry=r)
         self.layout = Gauge("splash_layout", "1 for the current attention layout", ["layout"], registry=r)
-        self.switches = Counter("splash_switches", "layout switches done", ["src", "dst"], registry=r)
+        self.switches = Counter("splash_switches", "layout switches done", ["src", "dst", "kind"], registry=r)
+        self.precopies = Counter("splash_precopies", "pre-copies begun and how they ended", ["src", "dst", "event"],
+                                 registry=r)
+        self.precopied = Counter("splash_precopied_bytes", "bytes pre-copied in the background (group)",
+                                 ["src", "dst"], registry=r)
         self.refused = Counter("splash_switches_refused", "switches refused before anything moved", ["src", "dst"],
                                registry=r)
         self.exposed = Counter("splash_switch_exposed_seconds", "exposed switch time (rank 0)", ["src", "dst"],
@@ -77,8 +85,14 @@ class Metrics:
             if s["refused"]:
                 self.refused.labels(s["src"], s["dst"]).inc()
             else:
-                self.switches.labels(s["src"], s["dst"]).inc()
+                self.switches.labels(s["src"], s["dst"], s.get("kind", "one_step")).inc()
                 self.exposed.labels(s["src"], s["dst"]).inc(s["exposed_ms"] / 1e3)
+        for p in report.precopies:
+            if p["begun"] == report.step:
+                self.precopies.labels(p["src"], p["dst"], "begun").inc()
+            if p["ended"] == report.step:
+                self.precopies.labels(p["src"], p["dst"], p["outcome"]).inc()
+                self.precopied.labels(p["src"], p["dst"]).inc(p["bytes"])
         for rank, pool in enumerate(report.pools or ()):
             self.pages.labels(str(rank), "used").set(pool["used"])
             self.pages.labels(str(rank), "free").set(pool["free"])

@@ -149,28 +149,33 @@ class SwitchExecutor:
     # ---- planning ---------------------------------------------------------------------
 
     def plans(self, dst: Layout | str, batch: StepBatch, *, after_step: bool = False,
-              layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
+              layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None,
+              copied_layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
         """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
         layout among the layers not in ``dst`` (or among ``layers``, by model index), of the
         histories before the step (or ``after_step``), this rank's key arrays and the movers'
         routes computed. The last few are cached by (destination, layer layouts, requests' ids,
         owners, starts and, after the step, rows). ``copied``: each request's leading pages a
-        pre-copy placed (:meth:`PreCopy.copied_pages`): the handoff's manifests."""
-        manifests = self._manifests(_layout(dst), batch, after_step, layers, copied)
+        pre-copy placed (:meth:`PreCopy.copied_pages`), in ``copied_layers`` (None: every layer;
+        :func:`~.planning.plan_layers`): the handoff's manifests."""
+        manifests = self._manifests(_layout(dst), batch, after_step, layers, copied, copied_layers)
         self._ready(manifests)
         return manifests
 
     def _manifests(self, dst: Layout, batch: StepBatch, after_step: bool = False,
-                   layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
+                   layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None,
+                   copied_layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
         """:meth:`plans` without this rank's part (what any rank plans alike), cached. ``copied``:
-        the leading pages of each request a pre-copy placed already."""
+        the leading pages of each request a pre-copy placed already (in ``copied_layers``)."""
         key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
                batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size,
-               batch.rows.tobytes() if after_step else None, layers, None if copied is None else copied.tobytes())
+               batch.rows.tobytes() if after_step else None, layers, None if copied is None else copied.tobytes(),
+               copied_layers)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers, copied=copied)
+        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers, copied=copied,
+                                copied_layers=copied_layers)
         self._cache[key] = manifests
         while len(self._cache) > _CACHED_PLANS:
             self._cache.popitem(last=False)
@@ -197,40 +202,43 @@ class SwitchExecutor:
         histories after it) and, unless ``check_eq5`` is False (the caller's decision already
         checked it), Eq 5 against ``budget_bytes``. Pure given the model's layer layouts: rank 0
         plans it and every rank executes the same plan (``step(..., plan=...)``). ``precopy``: the
-        complete pre-copy to ``dst`` this step hands off; its copied pages count as held, so only
-        the dirty tails move (and Eq 5 counts the copies as held)."""
+        pre-copy to ``dst`` this step hands off; its copied pages count as held, so only the dirty
+        tails move (and Eq 5 counts the copies as held), and the layers it has not copied yet (it
+        hands off before completing) move whole."""
         dst, mode, m = _layout(dst), Mode.parse(mode), self.model
         layouts = tuple(layer.layout for layer in m.layers)
         key = SwitchPlan.key_of(batch)
-        copied = self._copied(precopy, dst, batch)
+        copied, held = self._copied(precopy, dst, batch)
         order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
         if not order:
-            return SwitchPlan(dst, mode, layouts, key, {}, copied=copied)
+            return SwitchPlan(dst, mode, layouts, key, {}, copied=copied, copied_layers=held)
         t0 = time.perf_counter()
-        manifests = self._manifests(dst, batch, copied=copied)
+        manifests = self._manifests(dst, batch, copied=copied, copied_layers=held)
         plans = layer_plans(manifests)
         deferred, after = None, None
         if self._defers(mode, order[0], plans[m.layers[order[0]].index]):
             deferred = order[0]
-            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,), copied=copied)
+            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,), copied=copied,
+                                    copied_layers=held)
             plans.update(layer_plans(after))
         refusal = None
         if check_eq5 and self.budget_bytes is not None:
             peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
             refusal = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
         return SwitchPlan(dst, mode, layouts, key, manifests, deferred, after,
-                          (time.perf_counter() - t0) * 1e3, refusal, copied)
+                          (time.perf_counter() - t0) * 1e3, refusal, copied, held)
 
     @staticmethod
-    def _copied(precopy: PreCopy | None, dst: Layout, batch: StepBatch) -> np.ndarray | None:
-        """The pages ``precopy`` placed for ``batch``'s requests, once it may hand off to ``dst``."""
+    def _copied(precopy: PreCopy | None, dst: Layout, batch: StepBatch) -> tuple[np.ndarray | None, tuple | None]:
+        """The pages ``precopy`` placed for ``batch``'s requests, once it may hand off to ``dst``,
+        and the layers it placed them in (None: every layer, it completed)."""
         if precopy is None:
-            return None
-        if precopy.dst is not dst or not precopy.complete:
-            state = "cancelled" if precopy.cancelled else f"{len(precopy.pending)} layers still to copy"
+            return None, None
+        if precopy.dst is not dst or precopy.cancelled:
+            state = "cancelled" if precopy.cancelled else f"not to {dst}"
             raise ValueError(f"the pre-copy to {precopy.dst} cannot hand off a switch to {dst} ({state})")
         precopy.check(batch)
-        return precopy.copied_pages(batch)
+        return precopy.copied_pages(batch), None if precopy.complete else tuple(sorted(precopy.holding))
 
     def precopy(self, dst: Layout | str, batch: StepBatch, steps: int) -> PreCopy:
         """Begin a pre-copy to ``dst`` before ``batch``'s step, copying over ``steps`` steps
@@ -261,7 +269,8 @@ class SwitchExecutor:
         """One serving step of ``batch`` during which every layer moves to ``dst``; returns the
         step's logits (as :meth:`Model.step`) and this rank's report. ``plan``: the switch as
         :meth:`plan_switch` planned it (on rank 0 of a serving group), else planned here.
-        ``precopy``: the complete pre-copy to ``dst`` this step hands off (only dirty tails move;
+        ``precopy``: the pre-copy to ``dst`` this step hands off (only dirty tails move, and the
+        layers it has not copied yet move whole;
         after a failure, cancel it: the layers not switched keep their copies until then).
         Raises :class:`SwitchRefused` before anything moves when the switch does not fit, and
         :class:`SwitchFailed` when a transfer fails (see the module docstring)."""
@@ -387,8 +396,9 @@ class SwitchExecutor:
         elif plan.dst is not dst or plan.mode is not mode or plan.matches(layouts, batch):
             raise ValueError(f"the switch plan (to {plan.dst}, {plan.mode}) is not this step's (to {dst}, {mode}): "
                              f"{plan.matches(layouts, batch) or 'another destination or mode'}")
-        copied = self._copied(precopy, dst, batch)
-        if (copied is None) != (plan.copied is None) or (copied is not None and not np.array_equal(copied, plan.copied)):
+        copied, held = self._copied(precopy, dst, batch)
+        if ((copied is None) != (plan.copied is None) or held != plan.copied_layers
+                or (copied is not None and not np.array_equal(copied, plan.copied))):
             raise ValueError("the switch plan was not planned with this step's pre-copy (plan_switch(..., precopy=))")
         src = layouts[0] if len(set(layouts)) == 1 else "mixed"
         order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)

@@ -31,7 +31,7 @@ class SwitchPlan:
     which broadcasts it with the step: no other rank plans or checks Eq 5 again).
 
     ``manifests``: one per source layout among the moving layers, of the histories before the
-    step; ``deferred``: the model position of the layer that computes the step in its source
+    step (a partial handoff's layers that hold no copies apart: :func:`plan_layers`); ``deferred``: the model position of the layer that computes the step in its source
     layout and moves after it, with ``deferred_manifests`` of its histories after the step;
     ``refusal``: why Eq 5 refused the switch (nothing may move), or None. ``layouts`` and
     ``batch_key`` say which model state and batch it was planned for (:meth:`matches`)."""
@@ -46,6 +46,7 @@ class SwitchPlan:
     plan_ms: float = 0.0
     refusal: str | None = None
     copied: np.ndarray | None = None  # per request, the leading pages a pre-copy placed (the handoff's)
+    copied_layers: tuple[int, ...] | None = None  # the layers it placed them in (None: every moving layer)
 
     @staticmethod
     def key_of(batch: StepBatch) -> tuple:
@@ -77,18 +78,23 @@ def history_batch(batch: StepBatch, after_step: bool = False) -> ownership.Batch
 
 
 def plan_layers(model, dst: Layout, batch: StepBatch, *, after_step: bool = False,
-                layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None) -> dict[Layout, Manifest]:
+                layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None,
+                copied_layers: tuple[int, ...] | None = None) -> dict:
     """One manifest per source layout among the layers not yet in ``dst`` (usually one), or
     among ``layers`` (model layer indices) of them; histories before the step, or ``after_step``.
     ``copied``: per request of the batch, its leading pages a pre-copy placed already
-    (:func:`~splash_core.manifest.plan_switch`)."""
-    groups: dict[Layout, list[int]] = {}
+    (:func:`~splash_core.manifest.plan_switch`), in ``copied_layers`` (None: in every layer). A
+    source's layers outside ``copied_layers`` (a pre-copy handed off before it copied them) move
+    whole, in a manifest of their own keyed ``(source, "uncopied")``."""
+    groups: dict = {}
     for layer in model.layers:
         if layer.layout is not dst and (layers is None or layer.index in layers):
-            groups.setdefault(layer.layout, []).append(layer.index)
+            whole = copied is not None and copied_layers is not None and layer.index not in copied_layers
+            groups.setdefault((layer.layout, "uncopied") if whole else layer.layout, []).append(layer.index)
     hist = history_batch(batch, after_step)
-    return {src: plan_switch(src, dst, hist, model.profile, model.T, model.page_size, layers=idx, copied=copied)
-            for src, idx in groups.items()}
+    return {key: plan_switch(key[0] if isinstance(key, tuple) else key, dst, hist, model.profile, model.T,
+                             model.page_size, layers=idx, copied=None if isinstance(key, tuple) else copied)
+            for key, idx in groups.items()}
 
 
 def layer_plans(manifests: dict[Layout, Manifest]) -> dict[int, LayerPlan]:

@@ -28,7 +28,9 @@ nothing is hidden. A pre-copy to ``dst`` started at step s instead:
    (:func:`~splash_core.manifest.plan_switch`'s ``copied``), so only the dirty tails, the
    weights and the recurrent state move, layer-pipelined as always; as each layer lands its
    copied pages join their requests (:meth:`PreCopy.adopt`, no copy) and its source pages
-   are retired as today.
+   are retired as today. A pre-copy may hand off before it completed (its steps ran out while
+   memory was short): the layers it copied count their prefixes as held, the others move whole,
+   as in a one-step switch.
 
 A request that finishes during the pre-copy drops out (:meth:`PreCopy.release` frees its
 copies); one that joins is all dirty tail. :meth:`PreCopy.cancel` frees every copy and changes
@@ -64,9 +66,10 @@ def shadow_id(request: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PreCopyReport:
-    """One step of a pre-copy on one rank: the layers whose prefixes it copied, why it copied
-    none (``paused``) or what failed (then the pre-copy was cancelled), and the host time of the
-    pre-copy's own work in the step."""
+    """One step of a pre-copy on one rank: the layers whose prefixes it copied, the bytes this
+    rank received (``received_bytes``) and the group did (``group_bytes``, the same on every rank),
+    why it copied none (``paused``) or what failed (then the pre-copy was cancelled), and the host
+    time of the pre-copy's own work in the step."""
 
     dst: Layout
     step: int  # steps of this pre-copy so far, this one included
@@ -77,10 +80,12 @@ class PreCopyReport:
     paused: str = ""
     failed: str = ""
     cancelled: str = ""  # why the copies had to go before the step (its new pages needed their room)
+    group_bytes: int = 0
 
     def summary(self) -> dict:
         return {"dst": self.dst.value, "step": self.step, "layers": list(self.layers),
-                "received_bytes": self.received_bytes, "complete": self.complete, "host_ms": self.host_ms,
+                "received_bytes": self.received_bytes, "group_bytes": self.group_bytes,
+                "complete": self.complete, "host_ms": self.host_ms,
                 "paused": self.paused, "failed": self.failed, "cancelled": self.cancelled}
 
 
@@ -137,7 +142,8 @@ class PreCopy:
 
     @property
     def complete(self) -> bool:
-        """Every layer's prefix landed: the handoff may run."""
+        """Every layer's prefix landed: the handoff moves only dirty tails (before, the layers not
+        copied move whole)."""
         return not self.pending and not self.cancelled
 
     @property
@@ -212,19 +218,20 @@ class PreCopy:
             failed = self._finish(moves)
         if layers:  # every rank copies the same layers (the pause is agreed)
             failed = self._agree(failed)
-        received = 0
+        received = group = 0
         if failed:
             self._rollback(moves)
             self.cancel()
         else:
             for index, t in moves:
                 received += sum(t.received_bytes.values())
+                group += sum(t.group_bytes.values())
                 self.holding.add(index)
             self.pending = self.pending[len(layers):]
         self.steps_run += 1
         host_s += time.perf_counter() - t2
         return logits, PreCopyReport(self.dst, self.steps_run, layers if not failed else (), received,
-                                     self.complete, host_s * 1e3, paused, failed)
+                                     self.complete, host_s * 1e3, paused, failed, group_bytes=group)
 
     def _plans_for(self, batch: StepBatch) -> dict[Layout, dict[State, StatePlan]]:
         """Per source layout of the pending layers, the plan copying the prefixes of ``batch``'s
