@@ -33,12 +33,19 @@ def splash_exe() -> str:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the ranks through /proc")
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_to_the_parent_stops_every_rank(tmp_path, signum, code):
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# SIGINT also where the run inherits it ignored (a background job of a non-interactive shell;
+# a test process whose SIGINT some earlier code left ignored)
+@pytest.mark.parametrize("signum, code, inherited", [(signal.SIGTERM, 143, None), (signal.SIGINT, 130, None),
+                                                     (signal.SIGINT, 130, _ignore_sigint)])
+def test_a_signal_to_the_parent_stops_every_rank(tmp_path, signum, code, inherited):
     workload = tmp_path / "long.yaml"
     workload.write_text(LONG_WORKLOAD)
     proc = subprocess.Popen([splash_exe(), "run", "--workload", str(workload), "--no-check"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=inherited)
     out, err = _Drain(proc.stdout), _Drain(proc.stderr)
     below: list[int] = []
     try:

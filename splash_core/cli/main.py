@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _terminate_on_sigterm():
-    """Turn SIGTERM into :class:`Terminated` while a command runs; returns the undo."""
+    """Turn SIGTERM into :class:`Terminated` and SIGINT into KeyboardInterrupt while a command
+    runs; returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -118,7 +119,14 @@ def _terminate_on_sigterm():
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    # Ctrl-C raises KeyboardInterrupt even where SIGINT came ignored (a background job of a
+    # non-interactive shell, or a parent that ignores it): the command's contract is that it stops
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def restore():
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+    return restore
 
 
 def _fresh_line() -> str:
