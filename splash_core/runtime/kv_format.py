@@ -19,6 +19,7 @@ Two kinds of format:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 ELEMENT_FORMATS = ("fp32", "bf16", "fp16", "fp8")  # fp8 is e4m3 (dtypes.torch_dtype)
 SCALE_BYTES = 4  # one float32 scale
@@ -50,6 +51,7 @@ class ScaledFP8:
         return self.rope_offset + 2 * self.rope_dim
 
     @classmethod
+    @functools.lru_cache(maxsize=64)  # asked by every layer's cache write and attention call
     def of_width(cls, token_bytes: int, latent_dim: int, rope_dim: int) -> "ScaledFP8":
         """The layout a uint8 cache ``token_bytes`` wide holds for these dims; ValueError if none."""
         groups, rest = divmod(token_bytes - latent_dim - 2 * rope_dim, SCALE_BYTES)
