@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8
+# serve graphs decode theta fp8 expanded forms
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -91,6 +91,14 @@ for s in "${sections[@]}"; do
              --splash-ranks 1 -k 'fp8';
            splash run --deployment h200-tiny-fp8kv --json | tail -c 600;
            python3 bench/peer_kernels.py --out $RES/fp8 ${PEER_ARGS:---quick}" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8)"; exit 2 ;;
+    # prefill in the expanded form (one GPU): the kernel and a model in each form against the reference, the
+    # conformance suite's MLA cases, the expanded kernel's rate beside the matmul's and SDPA's
+    expanded) section expanded 300 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_expanded.py;
+               python3 -m pytest -q -p no:cacheprovider --pyargs splash_core.testing --splash-backend hopper \
+                 --splash-ranks 1 -k 'mla';
+               python3 bench/expanded_attention.py --out $RES/expanded" ;;
+    # splash run's engine on the rollout-h200x2 workload at T = 1, 61 layers, prefill absorbed vs by form (one GPU)
+    forms) section forms 560 python3 bench/prefill_forms.py --out "$RES/forms" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms)"; exit 2 ;;
   esac
 done

@@ -209,6 +209,21 @@ class MLAKernels:
     (into ``out``, a contiguous tensor of that shape and the cache's dtype, when given: a
     switch packs straight into its transfer buffer) and ``unpack(cache, pages, buf)`` move
     whole pages to and from contiguous buffers.
+
+    ``expanded`` (optional: None, and prefill always attends absorbed) is attention in the expanded
+    form over keys already expanded through kv_b (:mod:`splash_core.attention_forms`)::
+
+        expanded(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale) -> (out, lse)
+
+    - q [N, H, d_n + d_r]: q_nope ++ rotated q_rope per query row and head
+    - k_nope [M, H, d_n], v [M, H, d_v]: each key's expanded key and value per head (unit last
+      stride; they may be views into one [M, H, d_n + d_v] tensor); k_rope [M, d_r]: its rotated
+      rotary key, shared by all heads
+    - k_start [R + 1] int32: the keys of request r are rows k_start[r]:k_start[r + 1]; k_pos [M]
+      int32 their positions
+    - q_req [N] int32: each query row's request; q_pos [N] int32 its position: it attends to its
+      request's keys at positions ``<= q_pos``
+    - out [N, H, d_v] in q's dtype, lse [N, H] float32, as for ``decode`` (no visible key: 0, -inf)
     """
 
     decode: Callable
@@ -217,6 +232,7 @@ class MLAKernels:
     pack: Callable
     unpack: Callable
     name: str = "reference"
+    expanded: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

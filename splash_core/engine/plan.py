@@ -1,10 +1,11 @@
 """The step plan: what rank 0 decided for one step, broadcast so every rank runs the same step.
 
-Wire format (int64, two broadcasts from rank 0 per step): a fixed header
+Wire format (int64, two broadcasts from rank 0 per step over the host collectives, so planning
+never waits for the device): a fixed header
 ``[command, step, layout, requests, tokens, releases, report, precopy_steps]``, then a body holding, in
 order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed (rows
 in batch order) and the ids of finished requests whose pages every rank frees before the step.
-The tokens stay on the device as a view of the body, so no rank copies them again.
+The tokens reach the device by an asynchronous copy.
 
 Commands: STEP runs a step; IDLE frees the releases and runs nothing (rank 0 has nothing to run
 yet: it sends one at least every second, so ranks waiting for work stay inside the collective
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from ..layouts import LAYOUTS, Layout
+from ..runtime.kv_pool import to_device
 from ..runtime.step_batch import StepBatch, StepRequest
 
 _HEADER = 8
@@ -64,28 +66,27 @@ class StepPlan:
 
 
 def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torch.Tensor]:
-    """Broadcast rank 0's ``plan`` (None on the other ranks); every rank returns the plan and
-    the step's tokens as a device tensor."""
+    """Broadcast rank 0's ``plan`` (None on the other ranks) over the host ``collectives``; every
+    rank returns the plan and the step's tokens as a tensor on ``device``, copied there
+    asynchronously: nothing here waits for the device (issue 22 §3)."""
     header = torch.zeros(_HEADER, dtype=torch.int64)
     body = None
     if plan is not None:
         h, b = plan.encode()
         header = torch.from_numpy(h)
         body = torch.from_numpy(b)
-    header = header.to(device)
     collectives.broadcast(header, src=0)
-    command, step, layout, n_req, n_tok, n_rel, report, precopy_steps = (int(v) for v in header.cpu().tolist())
+    command, step, layout, n_req, n_tok, n_rel, report, precopy_steps = (int(v) for v in header.tolist())
     size = 4 * n_req + n_tok + n_rel
     if body is None:
         body = torch.zeros(size, dtype=torch.int64)
-    body = body.to(device)
     if size:
         collectives.broadcast(body, src=0)
+    host = body.numpy()
     if plan is None:
-        host = body.cpu().numpy()
         rows = host[: 4 * n_req].reshape(-1, 4)
         plan = StepPlan(Command(command), step, LAYOUTS[layout],
                         tuple(StepRequest(*map(int, r)) for r in rows),
                         host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]),
                         bool(report), precopy_steps)
-    return plan, body[4 * n_req: 4 * n_req + n_tok]
+    return plan, to_device(host[4 * n_req: 4 * n_req + n_tok], device, torch.int64)

@@ -204,9 +204,9 @@ def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks) -> tupl
             if hooks.report_due():
                 mine = dataclasses.replace(mine, report=True)
         except Exception:
-            exchange(ctx.collectives, ctx.device, StepPlan(Command.ABORT, step, controller.layout))
+            exchange(ctx.host_collectives(), ctx.device, StepPlan(Command.ABORT, step, controller.layout))
             raise
-    plan, tokens = exchange(ctx.collectives, ctx.device, mine)
+    plan, tokens = exchange(ctx.host_collectives(), ctx.device, mine)
     if plan.step != step:
         raise EngineError(f"rank {ctx.rank} is at step {step}, rank 0 sent step {plan.step}: the group is out of step")
     if plan.command is Command.ABORT:

@@ -6,6 +6,7 @@ import dataclasses
 import types
 
 from .. import dtypes
+from ..attention_forms import FORMS
 from ..formatting import size
 from ..layouts import Layout
 from .hardware import GIB, HardwareProfile
@@ -100,6 +101,12 @@ class DeploymentProfile:
         "top-k attention with the model's indexer (DeepSeek-V3.2's DSA) as SGLang's sparse FlashMLA runs it; "
         "None: whenever the model has an indexer. The cost model charges what this says runs",
         default=None)
+    prefill_attention: str = field(
+        "how prefill rows attend: absorbed (MQA over the latent cache), expanded (MHA over keys expanded "
+        "through kv_b, as transformers and SGLang prefill), or auto (per request, the form with fewer FLOPs "
+        "(splash_core.attention_forms): at DeepSeek-V3's widths a fresh prompt's chunk, or a chunk of more than "
+        "about 170 rows after a long history). DOP always attends "
+        "absorbed; a backend without an expanded kernel too", default="auto", checks=[one_of(*FORMS)])
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)

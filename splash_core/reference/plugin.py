@@ -8,7 +8,7 @@ from .. import __version__
 from ..collectives import DistCollectives
 from ..hookspecs import hookimpl
 from ..interfaces import BackendInfo, KDAKernels, MLAKernels
-from . import fused, kda, mla
+from . import expanded, fused, kda, mla
 from .streams import HostStreamOps
 
 
@@ -64,7 +64,7 @@ def splash_stream_ops(device):
 def splash_mla_kernels(device, dtype):
     return MLAKernels(
         decode=mla.attention, extend=mla.attention, merge=mla.merge, pack=mla.pack,
-        unpack=mla.unpack, name="reference",
+        unpack=mla.unpack, name="reference", expanded=expanded.expanded_attention,
     )
 
 

@@ -218,6 +218,10 @@ class LayerKV(BlockTables):
         row i lists the pages request i holds here, -1 padded."""
         return self._tables_for(request_ids)[1]
 
+    def host_block_table(self, request_ids: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`block_table` as the host holds it (numpy), for what the host plans from it."""
+        return self._tables_for(request_ids)[2]
+
     def _tables_for(self, request_ids: tuple[int, ...]):
         """(dense logical->physical table [R, P_max] on the host, device block table and page index),
         rebuilt only when a table changed (each request set a step asks for is kept until then)."""
@@ -227,7 +231,7 @@ class LayerKV(BlockTables):
         if known is not None:
             return known
         dense, table, index = self.compact(request_ids)
-        value = (dense, (to_device(table, self.device), to_device(index, self.device)))
+        value = (dense, (to_device(table, self.device), to_device(index, self.device)), (table, index))
         self._cache[1][request_ids] = value
         return value
 

@@ -24,6 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from ..attention_forms import FORMS, MLADims
 from ..profiles.model import ModelProfile
 from .rotary import Rotary, rope, softmax_scale
 from .weights import WeightSource, head_shard, layer_prefix, layer_tensor_shapes
@@ -145,9 +146,15 @@ def _blocks(stacked: torch.Tensor, parts, dim: int = 0) -> list[torch.Tensor | N
 class MLAMath:
     """The projections of one model's MLA layers (dims, eps and RoPE base from the profile), with
     the cache entries made by ``fused`` (:class:`~splash_core.interfaces.FusedKernels`; None:
-    the torch reference)."""
+    the torch reference); queries come absorbed (:meth:`queries`) or per head for the expanded
+    form (:meth:`head_queries`), results go out from the latent (:meth:`output`) or from values."""
 
-    def __init__(self, profile: ModelProfile, fused=None):
+    def __init__(self, profile: ModelProfile, fused=None, attention_form: str = "auto"):
+        """``attention_form``: how prefill rows attend (:data:`splash_core.attention_forms.FORMS`)."""
+        if attention_form not in FORMS:
+            raise ValueError(f"attention form must be one of {', '.join(FORMS)} (got {attention_form!r})")
+        self.attention_form = attention_form
+        self.dims = MLADims.of(profile.mla)
         m = profile.mla
         self.d_c, self.d_r, self.d_n, self.d_v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
         self.eps, self.theta, self.rope_scaling = profile.rms_norm_eps, profile.rope_theta, profile.rope_scaling
@@ -176,11 +183,22 @@ class MLAMath:
 
     def queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Absorbed queries [n, h, d_c + d_r] of ``w``'s heads from the query input of :meth:`project`."""
-        h = len(w.heads)
-        q = (q_in @ w.q_b.t()).view(q_in.shape[0], h, self.d_n + self.d_r)
-        # q_nope · W_UK per head as one batched matmul over heads: [h, n, d_n] x [h, d_n, d_c]
-        q_lat = torch.bmm(q[..., : self.d_n].transpose(0, 1), self._heads(w)[:, : self.d_n]).transpose(0, 1)
-        return torch.cat([q_lat, rotary(q[..., self.d_n:])], dim=-1)
+        q = self._per_head(w, q_in)
+        return self.absorb(w, q[..., : self.d_n], rotary(q[..., self.d_n:]))
+
+    def head_queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """Per-head queries [n, h, d_n + d_r]: q_nope ++ rotated q_rope (the expanded form's)."""
+        q = self._per_head(w, q_in)
+        return torch.cat([q[..., : self.d_n], rotary(q[..., self.d_n:])], dim=-1)
+
+    def absorb(self, w: MLAWeights, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
+        """Absorbed queries [n, h, d_c + d_r]: q_nope [n, h, d_n] · W_UK per head ++ the rotated q_rope."""
+        # one batched matmul over heads: [h, n, d_n] x [h, d_n, d_c]
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self._heads(w)[:, : self.d_n]).transpose(0, 1)
+        return torch.cat([q_lat, q_rope], dim=-1)
+
+    def _per_head(self, w: MLAWeights, q_in: torch.Tensor) -> torch.Tensor:
+        return (q_in @ w.q_b.t()).view(q_in.shape[0], len(w.heads), self.d_n + self.d_r)
 
     def latent(self, w: MLAWeights, kv: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Cache entries [n, d_c + d_r] from KV-A's output: normalised latent, then the rotated shared key."""
@@ -194,9 +212,17 @@ class MLAMath:
 
     def output(self, w: MLAWeights, latent_out: torch.Tensor) -> torch.Tensor:
         """O output [n, d] of ``w``'s heads for attention results [n, h, d_c] (partial if sharded)."""
+        return self.project_values(w, self.values(w, latent_out))
+
+    def values(self, w: MLAWeights, latent_out: torch.Tensor) -> torch.Tensor:
+        """Attention results in the latent [n, h, d_c] through W_UV: values [n, h, d_v]."""
         w_uv = self._heads(w)[:, self.d_n:]  # [h, d_v, d_c]
-        v = torch.bmm(latent_out.to(w_uv.dtype).transpose(0, 1), w_uv.transpose(1, 2))  # [h, n, d_v]
-        return v.transpose(0, 1).reshape(v.shape[1], v.shape[0] * self.d_v) @ w.o.t()
+        return torch.bmm(latent_out.to(w_uv.dtype).transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def project_values(self, w: MLAWeights, values: torch.Tensor) -> torch.Tensor:
+        """O output [n, d] of per-head values [n, h, d_v]."""
+        n, heads, d_v = values.shape
+        return values.reshape(n, heads * d_v).to(w.o.dtype) @ w.o.t()
 
     def _heads(self, w: MLAWeights) -> torch.Tensor:
         """KV-B per head [h, d_n + d_v, d_c]: W_UK then W_UV."""

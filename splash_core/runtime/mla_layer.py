@@ -33,9 +33,10 @@ import torch
 
 from ..layouts import Layout
 from . import exchange
+from .expanded_attention import attend_expanded
 from .kv_pool import LayerKV
 from .mla import MLAMath, MLAWeights
-from .step_context import StepContext
+from .step_context import AttentionView, StepContext
 from .weights import HeadShardedLayer
 
 
@@ -86,6 +87,37 @@ class MLALayer(HeadShardedLayer):
         view = step.attention_view(self.kv, self.layout)
         return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
 
+    def _attend_values(self, q_in, rot, step: StepContext):
+        """(values [n, h, d_v], lse [n, h]) of the rows this rank attends for, from their query
+        input ``q_in`` and RoPE ``rot``: absorbed, or, for the rows of requests that attend
+        expanded (:meth:`StepContext.form_rows`), expanded."""
+        m, w = self.math, self.weights
+        rows = step.form_rows(self.layout, m.attention_form, m.dims)
+        if rows is None:
+            out, lse = self._attend(m.queries(w, q_in, rot), step)
+            return m.values(w, out), lse
+        return self._mixed_forms(m.head_queries(w, q_in, rot), rows, step)
+
+    def _mixed_forms(self, q, rows, step: StepContext):
+        """(values, lse) of per-head queries ``q`` [n, h, d_n + d_r] split by form ``rows``."""
+        m, w = self.math, self.weights
+        n, heads, _ = q.shape
+        values = q.new_empty(n, heads, m.d_v)
+        lse = torch.empty(n, heads, dtype=torch.float32, device=q.device)
+        if rows.absorbed.numel():
+            full = step.attention_view(self.kv, self.layout)
+            view = AttentionView(full.block_table, full.page_index, rows.absorbed_req, rows.absorbed_pos)
+            q_abs = q.index_select(0, rows.absorbed)
+            out, part = step.attend(m.absorb(w, q_abs[..., : m.d_n], q_abs[..., m.d_n:]), self.kv, view, m.scale, m.d_c)
+            values.index_copy_(0, rows.absorbed, m.values(w, out).to(values.dtype))
+            lse.index_copy_(0, rows.absorbed, part)
+        keys = step.expanded_keys(self.kv, self.layout, rows)
+        out, part = attend_expanded(step.kernels, q.index_select(0, rows.expanded), self.kv, keys, rows, w.kv_b,
+                                    m.d_n, m.scale)
+        values.index_copy_(0, rows.expanded, out.to(values.dtype))
+        lse.index_copy_(0, rows.expanded, part)
+        return values, lse
+
     def _rotary(self, step: StepContext, own: bool):
         return step.rotary(self.math.d_r, self.math.theta, own, self.math.rope_scaling)
 
@@ -94,8 +126,8 @@ class MLALayer(HeadShardedLayer):
         rot = self._rotary(step, own=False)
         q_in, kv, keys = m.project(w, x)
         self._write(step, kv, rot, keys)
-        out, _ = self._attend(m.queries(w, q_in, rot), step)
-        o = m.output(w, out)
+        values, _ = self._attend_values(q_in, rot, step)
+        o = m.project_values(w, values)
         step.collectives.all_reduce(o)
         return o
 
@@ -109,8 +141,8 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         self._write(step, kv, rot, keys)
-        out, _ = self._attend(m.queries(w, q_in, rot), step)
-        return exchange.gather_rows(step, m.output(w, out))
+        values, _ = self._attend_values(q_in, rot, step)
+        return exchange.gather_rows(step, m.project_values(w, values))
 
     def _dop(self, x, step):
         m, w = self.math, self.weights
@@ -126,7 +158,9 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         entries = m.latent(w, kv, rot)
-        q_own = m.queries(w, q_in, rot)
+        forms = step.form_rows(self.layout, m.attention_form, m.dims)
+        # Expanded rows travel as per-head queries (d_n + d_r wide), so every row does then.
+        q_own = m.queries(w, q_in, rot) if forms is None else m.head_queries(w, q_in, rot)
         n, heads, width = q_own.shape
         parts = [q_own.reshape(n, heads * width), entries] + ([keys] if keys is not None else [])
         gathered = exchange.gather_rows(step, torch.cat(parts, dim=1))
@@ -136,10 +170,16 @@ class MLALayer(HeadShardedLayer):
         all_entries = gathered[:, heads * width: heads * width + m.kv_width]
         all_keys = gathered[:, heads * width + m.kv_width:] if keys is not None else None
         self._store(step, all_entries, all_keys)
-        out, lse = self._attend(q, step)
-        outs, lses = exchange.partials_to_owners(step, out, lse)
+        if forms is None:
+            out, lse = self._attend(q, step)
+            outs, lses = exchange.partials_to_owners(step, out, lse)
+            merged, _ = step.kernels.merge(outs, lses)
+            return exchange.gather_rows(step, m.output(w, merged))
+        # partials in value space: W_UV is linear, so merging values equals W_UV of merged latents
+        values, lse = self._mixed_forms(q, forms, step)
+        outs, lses = exchange.partials_to_owners(step, values, lse)
         merged, _ = step.kernels.merge(outs, lses)
-        return exchange.gather_rows(step, m.output(w, merged))
+        return exchange.gather_rows(step, m.project_values(w, merged))
 
 
 _FORWARD = {Layout.TP: MLALayer._tp, Layout.DP: MLALayer._dp, Layout.DOP: MLALayer._dop, Layout.CP: MLALayer._cp}

@@ -66,7 +66,7 @@ class Model:
                  num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None,
                  host_collectives: Collectives | None = None, fused: FusedKernels | None = None,
                  graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None,
-                 streams: StreamOps | None = None):
+                 streams: StreamOps | None = None, attention_form: str = "auto"):
         """``kv_dtype``: the element format the KV pool stores (None: ``dtype``); ``kv_scales`` > 0:
         the pool stores the scaled-fp8 format instead (:mod:`~splash_core.runtime.kv_format`), an
         fp8 latent with that many float32 scales per token and a bf16 rotary key.
@@ -78,7 +78,9 @@ class Model:
         ``fused``: the backend's fused small ops (None: the torch reference). ``graphs``: how
         decode steps replay captured graphs through ``graph_ops`` (None, or mode ``off``: never;
         mode ``auto`` needs ``graph_ops``; models with KDA layers always run eagerly).
-        ``streams``: the rank's streams and events (None: host ones), for :meth:`step_tokens`."""
+        ``streams``: the rank's streams and events (None: host ones), for :meth:`step_tokens`.
+        ``attention_form``: how prefill rows attend (:mod:`splash_core.attention_forms`; DOP
+        layers always attend absorbed: their owners hold no one else's kv_b heads)."""
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
         mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
@@ -94,7 +96,7 @@ class Model:
         self.profile, self.dtype, self.page_size = profile, dtype, page_size
         self.fused = fused or reference_fused.KERNELS
         self.streams = streams or HostStreamOps()
-        self.math = MLAMath(profile, self.fused) if mla_layers else None
+        self.math = MLAMath(profile, self.fused, attention_form) if mla_layers else None
         shapes = tensor_shapes(profile, count)
         kw = dict(device=device, dtype=dtype)
 
@@ -146,7 +148,8 @@ class Model:
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
                      page_size: int, dtype=torch.float32, kv_dtype=None, kv_scales: int = 0,
                      num_layers: int | None = None,
-                     transfer: TransferConfig = TransferConfig(), graphs: GraphConfig | None = None) -> "Model":
+                     transfer: TransferConfig = TransferConfig(), graphs: GraphConfig | None = None,
+                     attention_form: str = "auto") -> "Model":
         """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
         for a model with KDA layers, KDA) kernels and fused ops, the KV pool in its peer memory
         (``ctx.peer_memory()``) where ``transfer.peer_pulls`` asks for pulls (else switches move
@@ -160,7 +163,7 @@ class Model:
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
                    host_collectives=ctx.host_collectives(), fused=ctx.backend.fused_kernels(ctx.device, dtype),
                    graphs=graphs, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs is not None else None,
-                   streams=ctx.streams)
+                   streams=ctx.streams, attention_form=attention_form)
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
@@ -181,7 +184,8 @@ class Model:
                                 pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                                 dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
                                 kv_scales=kv.scale_bytes // SCALE_BYTES,
-                                num_layers=deployment.layers, transfer=deployment.transfer, graphs=deployment.graphs)
+                                num_layers=deployment.layers, transfer=deployment.transfer, graphs=deployment.graphs,
+                                attention_form=deployment.prefill_attention)
 
     # ---- one step -------------------------------------------------------------------------
 

@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..attention_forms import MLADims, expanded_requests
 from ..interfaces import Collectives, MLAKernels
 from ..layouts import Layout, Ownership
+from .expanded_attention import ExpandedKeys, FormRows, visible_keys
 from .kv_pool import LayerKV, to_device
 from ..profiles.model import RopeScaling
 from .rotary import Rotary
@@ -60,6 +62,8 @@ class StepContext:
         self._holders: dict = {}
         self._slots: dict = {}  # slot bytes -> device slots, shared by the layers whose slots are equal
         self._rotary: dict = {}
+        self._forms: dict = {}
+        self._key_uploads: dict = {}  # expanded keys' slots and positions, shared by layers whose pages are equal
 
     def _tensor(self, array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
         return to_device(array, self.device, dtype)
@@ -117,6 +121,28 @@ class StepContext:
         ids, row_req, row_pos = self._rows_tensors(layout.ownership)
         table, index = kv.block_table(ids)
         return AttentionView(table, index, row_req, row_pos)
+
+    def form_rows(self, layout: Layout, form: str, dims: MLADims) -> FormRows | None:
+        """The rows this rank attends for in ``layout``, split into those whose request attends
+        expanded (:func:`~splash_core.attention_forms.expanded_requests`, decided from the whole batch,
+        so every rank and layer decides alike) and the rest; None when none does (always for
+        decode steps, and without a backend ``expanded`` kernel)."""
+        if self.batch.is_decode or self.kernels.expanded is None or form == "absorbed":
+            return None
+        key = (layout.ownership, form, dims)
+        if key not in self._forms:
+            b = self.batch
+            chosen = expanded_requests(form, dims, b.rows, b.contexts)
+            if layout.ownership is Ownership.OWNER:
+                chosen = chosen[b.owned_requests(self.rank)]
+            _, row_req, row_pos = self._view_rows(layout.ownership)
+            self._forms[key] = FormRows.split(row_req, row_pos, np.flatnonzero(chosen), self.device)
+        return self._forms[key]
+
+    def expanded_keys(self, kv: LayerKV, layout: Layout, rows: FormRows) -> ExpandedKeys:
+        """The keys ``rows``' expanded requests see in this layer, request after request."""
+        ids = self._rows_tensors(layout.ownership)[0]
+        return visible_keys(kv.host_block_table(ids), rows, kv.format.page_size, self.device, self._key_uploads)
 
     # ---- cache writes ---------------------------------------------------------------------
 

@@ -83,3 +83,30 @@ def scaled_fp8_case(case, groups: int):
     pages, page = cache.shape[:2]
     stored = quantize(cache.reshape(pages * page, -1).float(), layout).view(pages, page, layout.token_bytes)
     return (q, stored, *rest)
+
+
+EXPANDED_DIMS = (128, 64, 128)  # d_n, d_r, d_v
+
+
+def expanded_case(device, dtype, *, heads: int = 16, dims=EXPANDED_DIMS, seed: int = 0):
+    """Arguments of ``expanded``: keys of four requests packed one after another (a long one, one
+    of 37 keys whose positions are not in index order, a CP-style one holding every other run of
+    16 positions, one holding none), K and V as views into one expanded tensor; query rows
+    interleaved, one (request 2 at position 5) seeing no key, request 3's seeing none at all."""
+    d_n, d_r, d_v = dims
+    g = torch.Generator().manual_seed(seed)
+    positions = [list(range(150)), torch.randperm(37, generator=g).tolist(),
+                 [p for p in range(100) if (p // 16) % 2 == 1], []]
+    starts = [0]
+    for p in positions:
+        starts.append(starts[-1] + len(p))
+    keys = starts[-1]
+    kvb = (torch.randn(keys, heads, d_n + d_v, generator=g) / 2).to(device=device, dtype=dtype)
+    k_rope = (torch.randn(keys, d_r, generator=g) / 2).to(device=device, dtype=dtype)
+    rows = [(0, p) for p in range(140, 150)] + [(1, p) for p in range(30, 37)] + [(2, 5), (2, 99), (3, 19)]
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 2)).tolist()
+    rows = [rows[i] for i in order]
+    q = _queries(len(rows), heads, d_n + d_r, device, dtype, seed)
+    as_int = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    return (q, kvb[..., :d_n], k_rope, kvb[..., d_n:], as_int([r for r, _ in rows]), as_int([p for _, p in rows]),
+            as_int(starts), as_int([p for ps in positions for p in ps]), (d_n + d_r) ** -0.5)

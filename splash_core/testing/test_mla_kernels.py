@@ -1,6 +1,7 @@
-"""The backend's MLA kernels match the torch reference (:mod:`splash_core.reference.mla`)
-within a tolerance set by the compute dtype, at MLA's real channel dims (d_c 512, d_r 64), on
-element caches and on DeepSeek-V3.2's scaled-fp8 cache (uint8, 656 bytes a token)."""
+"""The backend's MLA kernels match the torch reference (:mod:`splash_core.reference.mla`; the
+expanded form's, where the backend has one, :mod:`splash_core.reference.expanded`) within a
+tolerance set by the compute dtype, at MLA's real channel dims (d_c 512, d_r 64; d_n = d_v = 128),
+on element caches and on DeepSeek-V3.2's scaled-fp8 cache (uint8, 656 bytes a token)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from splash_core.reference import mla as ref
+from splash_core.reference.expanded import expanded_attention
 
-from .mla_inputs import decode_case, extend_case, scaled_fp8_case, tolerance
+from .mla_inputs import decode_case, expanded_case, extend_case, scaled_fp8_case, tolerance
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,13 @@ def test_scaled_fp8_cache_matches_reference(kernels, conformance_device, conform
     make = decode_case if entry == "decode" else extend_case
     case = scaled_fp8_case(make(conformance_device, conformance_dtype), groups=4)
     _assert_matches(getattr(kernels, entry)(*case), ref.attention(*case), conformance_dtype, f"fp8 {entry}")
+
+
+def test_expanded_matches_reference(kernels, conformance_device, conformance_dtype):
+    if kernels.expanded is None:
+        pytest.skip(f"{kernels.name} has no expanded-form kernel (prefill attends absorbed)")
+    case = expanded_case(conformance_device, conformance_dtype)
+    _assert_matches(kernels.expanded(*case), expanded_attention(*case), conformance_dtype, "expanded")
 
 
 def test_merge_matches_reference(kernels, conformance_device, conformance_dtype):
