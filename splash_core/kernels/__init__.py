@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ..interfaces import FusedKernels, MLAKernels
-from .config import PORTABLE, AttentionTile, MLAKernelConfig, TileRule
+from .config import PORTABLE, AttentionTile, ExpandedTile, MLAKernelConfig, TileRule
 from .kda import fla_kda_kernels, fla_missing_reason
 
 
@@ -32,6 +32,17 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
     )
 
 
+def triton_expanded_attention(config: ExpandedTile = ExpandedTile()):
+    """Expanded (MHA-form) MLA attention over packed keys for chunked prefill, in Triton with the
+    tile ``config``: ``fn(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale) -> (out, lse)``
+    (contract: :mod:`splash_core.kernels.expanded`)."""
+    from . import expanded, interpreter
+
+    if interpreter.interpreting():
+        interpreter.patch_scalar_index()
+    return functools.partial(expanded.expanded_attention, tile=config)
+
+
 def triton_fused_kernels() -> FusedKernels:
     """:class:`~splash_core.interfaces.FusedKernels` in Triton (residual add + RMSNorm, RoPE with
     the latent-cache write, SiLU·mul), one program per row: nothing a device must tune."""
@@ -42,5 +53,5 @@ def triton_fused_kernels() -> FusedKernels:
     return fused.KERNELS
 
 
-__all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels", "fla_missing_reason",
-           "triton_fused_kernels", "triton_mla_kernels"]
+__all__ = ["PORTABLE", "AttentionTile", "ExpandedTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels",
+           "fla_missing_reason", "triton_expanded_attention", "triton_fused_kernels", "triton_mla_kernels"]
