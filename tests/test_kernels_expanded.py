@@ -202,3 +202,18 @@ def test_reference_matches_dense_causal_softmax(shuffle_keys):
     assert torch.equal(torch.isneginf(lse), empty) and torch.all(out[empty] == 0)
     torch.testing.assert_close(out[~empty].double(), want_out[~empty], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse[~empty].double(), want_lse[~empty], atol=1e-5, rtol=1e-5)
+
+
+def test_benchmark_dry_run_writes_its_result(tmp_path):
+    """bench/expanded_attention.py --tiny: the GPU benchmark's whole logic on CPU, including its
+    bf16-style correctness check (in fp16 here) and a readable result file."""
+    from bench_scripts import load_bench
+    from splash_core.results import read_result
+
+    bench = load_bench("expanded_attention")
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    result = read_result(tmp_path / "cpu" / "expanded_attention.json")
+    assert result.data["summary"]["correctness"]["correct"]
+    assert [(s["batch"], s["rows_per_request"], s["history"]) for s in result.data["samples"]] == bench.TINY["points"]
+    assert all(s["visible_pairs"] == bench.visible_pairs(s["batch"], s["rows_per_request"], s["history"])
+               for s in result.data["samples"])
