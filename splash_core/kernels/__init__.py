@@ -1,7 +1,8 @@
 """Portable Triton kernels (Triton targets several GPU families; nothing here is specific
 to one). A backend picks an :class:`MLAKernelConfig` for its device and calls
-:func:`triton_mla_kernels`; KDA kernels come from flash-linear-attention through
-:func:`fla_kda_kernels` when it is installed.
+:func:`triton_mla_kernels`; expanded (MHA-form) prefill attention over kv_b-expanded keys
+comes from :func:`triton_expanded_attention` with an :class:`ExpandedTile`; KDA kernels come
+from flash-linear-attention through :func:`fla_kda_kernels` when it is installed.
 
 Importing this package is cheap: the Triton modules load when kernels are first asked for
 (``TRITON_INTERPRET=1`` must be set before that to run them on a CPU).

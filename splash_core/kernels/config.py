@@ -235,8 +235,9 @@ class ExpandedTile:
     scores are a [block_m, d_n + d_r] x [d_n + d_r, block_n] product. ``warps`` and ``stages``
     are Triton's ``num_warps`` and ``num_stages``.
 
-    The defaults suit a Hopper-class device at DeepSeek-V3 widths (128 heads, d_n 128 + d_r 64,
-    d_v 128): about 170 KiB of shared memory with three stages. Wider heads (GLM-5's d_v 256)
+    The defaults suit a large current GPU (about 228 KiB of shared memory per processor) at
+    DeepSeek-V3 widths (128 heads, d_n 128 + d_r 64, d_v 128): about 170 KiB of shared memory
+    with three stages. Wider heads (GLM-5's d_v 256)
     need fewer stages or narrower tiles; a backend picks them."""
 
     block_m: int = 128

@@ -15,9 +15,9 @@ Contract (:func:`splash_core.reference.expanded.expanded_attention` is its execu
   of one [M, H, d_n + d_v] tensor.
 - The keys of request r are rows ``k_start[r] .. k_start[r+1]-1`` (``k_start`` [R+1],
   nondecreasing, ``k_start[R] <= M``); ``k_pos`` [M] their absolute positions (>= 0).
-- ``q_req`` [N]: each row's request; ``q_pos`` [N]: its absolute position. Row i attends to
-  the keys of request ``q_req[i]`` with ``k_pos <= q_pos[i]``. Rows of one request may come in
-  any order, interleaved with other requests' rows.
+- ``q_req`` [N]: each row's request (0 <= r < R); ``q_pos`` [N]: its absolute position. Row i
+  attends to the keys of request ``q_req[i]`` with ``k_pos <= q_pos[i]``. Rows of one request
+  may come in any order, interleaved with other requests' rows.
 - ``scale``: the softmax scale. Returns ``(out [N, H, d_v] in q's dtype, lse [N, H] float32)``,
   lse the natural-log log-sum-exp of the scaled visible scores; a row that sees no key gets
   out 0 and lse -inf.
