@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from splash_core.kernels import ExpandedTile, triton_expanded_attention
 from splash_core.kernels.attention import _row_blocks
-from splash_core.kernels.expanded import key_ends
+from splash_core.kernels.expanded import key_bounds
 from splash_core.reference.expanded import expanded_attention as reference
 from splash_core.testing.mla_inputs import tolerance
 
@@ -111,26 +111,33 @@ def test_kernel_never_reads_keys_past_a_blocks_last_position():
 
 
 @pytest.mark.parametrize("shuffle_keys", [False, True])
-def test_key_ends_cover_exactly_the_last_visible_key(shuffle_keys):
-    """Per row block: the loop's end is one past its request's last key at or before the
-    block's largest position, and never past the request (sorted keys: the visible count)."""
+def test_key_bounds_are_exact(shuffle_keys):
+    """Per row block: ``end`` is one past its request's last key at or before the block's
+    largest position (sorted keys: the visible count), ``full_end`` the longest prefix of keys
+    at or before its smallest position; neither leaves the request."""
     case = make_case(torch.float32, 1, 16, 8, 16, shuffle_keys=shuffle_keys, seed=3)
     q_req, q_pos, k_start, k_pos = case[4], case[5], case[6], case[7]
     order, start, length, _ = _row_blocks(q_req, k_start.numel() - 1, 4)
-    ends = key_ends(q_req, q_pos, k_start, k_pos, order, start, length)
+    full_ends, ends = key_bounds(q_req, q_pos, k_start, k_pos, order, start, length)
+    unmasked = 0
     for b in range(start.numel()):
         if length[b] == 0:
-            assert ends[b] == 0
+            assert ends[b] == 0 and full_ends[b] == 0
             continue
         rows = order[start[b]: start[b] + length[b]].long()
         r = int(q_req[rows[0]])
         assert torch.all(q_req[rows] == r)
         first, end = int(k_start[r]), int(k_start[r + 1])
-        seen = (k_pos[first:end] <= q_pos[rows].max()).nonzero().flatten()
+        keys = k_pos[first:end]
+        seen = (keys <= q_pos[rows].max()).nonzero().flatten()
         want = first + int(seen.max()) + 1 if seen.numel() else first
         assert int(ends[b]) == want, (b, r)
         if not shuffle_keys:
             assert want == first + seen.numel()
+        hidden = (keys > q_pos[rows].min()).nonzero().flatten()
+        assert int(full_ends[b]) == first + (int(hidden.min()) if hidden.numel() else end - first), (b, r)
+        unmasked += int(full_ends[b]) - first
+    assert unmasked > 0  # the case has blocks with keys every row sees
 
 
 def test_zero_rows_heads_or_keys_give_empty_results():
