@@ -1,7 +1,8 @@
 """Portable Triton kernels (Triton targets several GPU families; nothing here is specific
 to one). A backend picks an :class:`MLAKernelConfig` for its device and calls
-:func:`triton_mla_kernels`; KDA kernels come from flash-linear-attention through
-:func:`fla_kda_kernels` when it is installed.
+:func:`triton_mla_kernels`; expanded (MHA-form) prefill attention over kv_b-expanded keys
+comes from :func:`triton_expanded_attention` with an :class:`ExpandedTile`; KDA kernels come
+from flash-linear-attention through :func:`fla_kda_kernels` when it is installed.
 
 Importing this package is cheap: the Triton modules load when kernels are first asked for
 (``TRITON_INTERPRET=1`` must be set before that to run them on a CPU).
@@ -12,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from ..interfaces import FusedKernels, MLAKernels
-from .config import PORTABLE, AttentionTile, MLAKernelConfig, TileRule
+from .config import PORTABLE, AttentionTile, ExpandedTile, MLAKernelConfig, TileRule
 from .kda import fla_kda_kernels, fla_missing_reason
 
 
@@ -32,6 +33,17 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
     )
 
 
+def triton_expanded_attention(config: ExpandedTile = ExpandedTile()):
+    """Expanded (MHA-form) MLA attention over packed keys for chunked prefill, in Triton with the
+    tile ``config``: ``fn(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale) -> (out, lse)``
+    (contract: :mod:`splash_core.kernels.expanded`)."""
+    from . import expanded, interpreter
+
+    if interpreter.interpreting():
+        interpreter.patch_scalar_index()
+    return functools.partial(expanded.expanded_attention, tile=config)
+
+
 def triton_fused_kernels() -> FusedKernels:
     """:class:`~splash_core.interfaces.FusedKernels` in Triton (residual add + RMSNorm, RoPE with
     the latent-cache write, SiLU·mul), one program per row: nothing a device must tune."""
@@ -42,5 +54,5 @@ def triton_fused_kernels() -> FusedKernels:
     return fused.KERNELS
 
 
-__all__ = ["PORTABLE", "AttentionTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels", "fla_missing_reason",
-           "triton_fused_kernels", "triton_mla_kernels"]
+__all__ = ["PORTABLE", "AttentionTile", "ExpandedTile", "MLAKernelConfig", "TileRule", "fla_kda_kernels",
+           "fla_missing_reason", "triton_expanded_attention", "triton_fused_kernels", "triton_mla_kernels"]

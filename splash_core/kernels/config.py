@@ -226,3 +226,43 @@ class MLAKernelConfig:
 
 # Portable defaults: small tiles every Triton target compiles (no device-specific features).
 PORTABLE = MLAKernelConfig(name="portable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpandedTile:
+    """One program's share of expanded (MHA-form) attention (:mod:`.expanded`): ``block_m``
+    query rows of one request and ONE head against ``block_n`` keys per loop iteration, so the
+    scores are a [block_m, d_n + d_r] x [d_n + d_r, block_n] product. ``warps`` and ``stages``
+    are Triton's ``num_warps`` and ``num_stages``.
+
+    The defaults suit a large current GPU (about 228 KiB of shared memory per processor) at
+    DeepSeek-V3 widths (128 heads, d_n 128 + d_r 64, d_v 128): about 170 KiB of shared memory
+    with three stages. Wider heads (GLM-5's d_v 256)
+    need fewer stages or narrower tiles; a backend picks them."""
+
+    block_m: int = 128
+    block_n: int = 64
+    warps: int = 8
+    stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not _power_of_two(value) or value < 16:
+                raise ValueError(f"ExpandedTile.{name} must be a power of two >= 16 (got {value})")
+        if not _power_of_two(self.warps):
+            raise ValueError(f"ExpandedTile.warps must be a power of two (got {self.warps})")
+        if self.stages < 1:
+            raise ValueError(f"ExpandedTile.stages must be >= 1 (got {self.stages})")
+
+    def fitted(self, rows: int, keys: int) -> "ExpandedTile":
+        """The tile for a call of ``rows`` query rows and ``keys`` keys in all: no wider than the
+        problem (a one-row call computes 16 rows, not 128), with the warps the smaller tile can
+        use (one warp per 256 score elements, at most ``warps``)."""
+        block_m = min(self.block_m, block(rows))
+        block_n = min(self.block_n, block(keys))
+        warps = min(self.warps, max(1, block_m * block_n // 256))
+        return dataclasses.replace(self, block_m=block_m, block_n=block_n, warps=1 << (warps.bit_length() - 1))
+
+    def label(self) -> str:
+        return f"m{self.block_m}n{self.block_n}w{self.warps}s{self.stages}"
