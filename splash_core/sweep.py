@@ -187,6 +187,9 @@ class _Pipeline:
     def _admit(self) -> None:
         """Queued requests start, in order, while the decode group can pre-allocate them and
         their prompts fit the prefill pool."""
+        for p in self.resident:
+            if p.freed_s <= self.prefill_clock:  # its transfer ended: the prompt left the prefill pool
+                self.projected[p.owner] -= self.L
         self.resident = [p for p in self.resident if p.freed_s > self.prefill_clock]
         state = (len(self.resident), len(self.decoding))
         if self.blocked_at == state:
