@@ -6,10 +6,11 @@ Two ways to serve a position (``mode``):
 
 - ``disaggregated`` (the paper's protocol): this group prefills in the layout under test;
   each finished prompt's KV goes to a separate decode group that runs one fixed layout
-  (DP-attention) and decodes. Both run at once. A prompt is admitted to prefill when its KV
-  fits the prefill pool (Eq 6 in the layout under test) and holds it until the decode group
-  has admitted it (its prompt + output fit the decode pool) and the KV has been sent; so a
-  small pool or a full decode group queues prompts. Prefill steps take the deployment's
+  (DP-attention) and decodes. Both run at once. As in SGLang's disaggregation, the decode
+  group pre-allocates a request's KV (prompt + output, per decode rank) before prefill may
+  start it, and holds that allocation until the request's last token; the prompt's KV also
+  needs room in the prefill pool (Eq 6 in the layout under test) until its transfer ends. So
+  a small prefill pool or a full decode group queues requests. Prefill steps take the deployment's
   chunk of rows in arrival order: one chunk over the group in TP and CP, an equal share of
   it per owner rank in DP and DOP (each rank prefills the requests it owns). Decode steps run
   every request whose KV has arrived.
@@ -119,16 +120,21 @@ class _Prompt:
     owner: int = -1  # prefill rank that owns it (every layout assigns one; CP and TP ignore it)
     done: int = 0  # prompt tokens prefilled
     finished_s: float = math.inf  # when its last chunk ended
-    freed_s: float = math.inf  # when its KV left the prefill pool (sent to the decode group)
+    freed_s: float = math.inf  # when its KV reached the decode group and left the prefill pool
     decode_owner: int = -1
     generated: int = 0
 
 
 class _Pipeline:
-    """One layout at one position: a prefill engine and a decode engine on their own clocks.
+    """One layout at one position: a prefill engine and a decode engine on their own clocks,
+    coupled as SGLang's prefill-decode disaggregation couples them: the decode group
+    pre-allocates a request's KV (prompt + output) before the prefill group may start it, the
+    prefill group holds the prompt's KV until its transfer to that allocation completes, and
+    the decode allocation is freed when the request finishes. So a request waits for room on
+    both sides, and the decode group's room is held from admission to the last token.
 
     Each engine only acts on what the other has already decided: a prefill step runs while the
-    prefill clock is behind the decode clock (so every pool release before it is known), and
+    prefill clock is behind the decode clock (so every decode release before it is known), and
     decode runs up to the prefill clock while prefill has rows (so every prompt that finishes
     before it is known)."""
 
@@ -138,18 +144,18 @@ class _Pipeline:
         self.layout, self.li, self.dli = layout, LAYOUTS.index(layout), LAYOUTS.index(dis.decode_layout)
         self.L, self.out, self.chunk, self.stride = input_tokens, output_tokens, chunk, stride
         self.T, self.Td = dep.T, dis.decode_T
+        self.batch = batch
         self.owners = layout.ownership is Ownership.OWNER
         self.prompts_per_step = dis.cp_prompts_per_step if layout is Layout.CP else None
         self.queue = collections.deque(_Prompt(i) for i in range(batch))
         self.resident: list[_Prompt] = []  # in the prefill pool: prefilling, or until its KV is sent
-        self.waiting: collections.deque = collections.deque()  # prefilled, not yet admitted to decode
-        self.decoding: list[_Prompt] = []
+        self.decoding: list[_Prompt] = []  # holding a decode allocation: prefilling, in transfer or decoding
         self.served = 0
         self.prefill_clock = self.decode_clock = 0.0
         self.projected = np.zeros(self.T, dtype=np.int64)
         self.decode_projected = np.zeros(self.Td, dtype=np.int64)
         self.most = 0
-        self.prefill_full, self.decode_full = False, -1  # the last admission attempt found no room
+        self.blocked_at = None  # (resident, allocated) when the last admission attempt found no room
         senders = 1 if self.owners else self.T  # CP's positions and TP's replicas leave from every rank
         bw = dis.kv_transfer_gbps.value * 1e9 * senders if dis.kv_transfer_gbps else math.inf
         self.transfer_s = cost.kv_bytes_token * input_tokens / bw
@@ -178,42 +184,33 @@ class _Pipeline:
         pages = rank_loads(x, cost.T, cost.page_size).reserved_pages[layout_index]  # pages need no top-k
         return float(pages.max(initial=0)) * cost.page_size * cost.kv_bytes_token <= room
 
-    def _admit_prefill(self) -> None:
-        before = len(self.resident)
+    def _admit(self) -> None:
+        """Queued requests start, in order, while the decode group can pre-allocate them and
+        their prompts fit the prefill pool."""
+        for p in self.resident:
+            if p.freed_s <= self.prefill_clock:  # its transfer ended: the prompt left the prefill pool
+                self.projected[p.owner] -= self.L
         self.resident = [p for p in self.resident if p.freed_s > self.prefill_clock]
-        if self.prefill_full and len(self.resident) == before:
-            return  # nothing left the pool since the last prompt did not fit
-        self.prefill_full = False
+        state = (len(self.resident), len(self.decoding))
+        if self.blocked_at == state:
+            return  # neither pool has released anything since the last request did not fit
+        self.blocked_at = None
         while self.queue:
             p = self.queue[0]
             p.owner = assign_owner(self.projected)
+            p.decode_owner = assign_owner(self.decode_projected)
+            allocated = [(m.decode_owner, m.id) for m in self.decoding + [p]]
             members = [(m.owner, m.id) for m in self.resident + [p]]
-            if not self._fits(self.cost, self.li, self.prefill_room, self.L, members):
-                self.prefill_full = True
+            if not (self._fits(self.dcost, self.dli, self.decode_room, self.L + self.out, allocated)
+                    and self._fits(self.cost, self.li, self.prefill_room, self.L, members)):
+                self.blocked_at = (len(self.resident), len(self.decoding))
                 break
             self.queue.popleft()
             self.resident.append(p)
-            self.projected[p.owner] += self.L
-        self.most = max(self.most, len(self.resident))
-
-    def _admit_decode(self) -> None:
-        """Prompts whose prefill ended by the decode clock join the decode group in order while
-        they fit; each prompt's KV is then sent and leaves the prefill pool."""
-        if self.decode_full == len(self.decoding):
-            return  # no request left the decode group since the last one did not fit
-        self.decode_full = -1
-        while self.waiting and self.waiting[0].finished_s <= self.decode_clock:
-            p = self.waiting[0]
-            p.decode_owner = assign_owner(self.decode_projected)
-            members = [(m.decode_owner, m.id) for m in self.decoding + [p]]
-            if not self._fits(self.dcost, self.dli, self.decode_room, self.L + self.out, members):
-                self.decode_full = len(self.decoding)
-                return
-            self.waiting.popleft()
             self.decoding.append(p)
+            self.projected[p.owner] += self.L
             self.decode_projected[p.decode_owner] += self.L + self.out
-            p.freed_s = self.decode_clock + self.transfer_s
-            self.projected[p.owner] -= self.L
+        self.most = max(self.most, len(self.resident))
 
     # ---- the engines --------------------------------------------------------------------
 
@@ -225,17 +222,18 @@ class _Pipeline:
             return LayoutPrediction(self.layout, None, math.inf, math.inf, 0,
                                     "one request does not fit the decode group's pool (Eq 6)")
         last_prefill = 0.0
-        while self.queue or self.waiting or self.decoding or any(p.done < self.L for p in self.resident):
-            self._admit_prefill()
+        while self.served < self.batch:
+            self._admit()
             rows = self._rows()
-            decode_busy = bool(self.decoding or self.waiting)
-            release = self._next_release()
+            decode_busy = any(math.isfinite(p.freed_s) for p in self.decoding)
+            release = min((p.freed_s for p in self.resident), default=math.inf)
             if rows and (self.prefill_clock <= self.decode_clock or not decode_busy):
                 last_prefill = self._prefill_step(rows)
-            elif not rows and release <= self.decode_clock:  # a release the decode group already made
-                self.prefill_clock = release
             elif decode_busy:
+                # prefill is ahead, or waits for room: decode catches up, freeing allocations
                 self._decode_until(self.prefill_clock if rows else release)
+                if not rows:
+                    self.prefill_clock = max(self.prefill_clock, min(self.decode_clock, release))
             elif math.isfinite(release):  # prefill waits for its pool to drain
                 self.prefill_clock = release
             else:
@@ -243,9 +241,6 @@ class _Pipeline:
         total = self.decode_clock
         tokens = self.served * (self.L + self.out)
         return LayoutPrediction(self.layout, tokens / total if total > 0 else None, total, last_prefill, self.most)
-
-    def _next_release(self) -> float:
-        return min((p.freed_s for p in self.resident if p.freed_s > self.prefill_clock), default=math.inf)
 
     def _rows(self) -> list[tuple[_Prompt, int]]:
         """This prefill step's rows: the group's chunk in arrival order (TP; CP takes at most
@@ -277,17 +272,15 @@ class _Pipeline:
             p.done += take
             if p.done >= self.L:
                 p.finished_s = self.prefill_clock
-                self.waiting.append(p)
+                p.freed_s = p.finished_s + self.transfer_s
         return self.prefill_clock
 
     def _decode_until(self, limit: float) -> None:
-        """Admit arrivals, then decode a stride of steps, cut short where a prompt's KV arrives
-        or another finishes prefill, or at ``limit`` (the prefill clock while it may still
+        """Decode a stride of steps over every request whose KV has arrived, cut short where
+        another request's KV arrives, or at ``limit`` (the prefill clock while it may still
         finish prompts)."""
-        self._admit_decode()
         active = [p for p in self.decoding if p.freed_s <= self.decode_clock]
         pending = [p.freed_s for p in self.decoding if p.freed_s > self.decode_clock]
-        pending += [p.finished_s for p in self.waiting if p.finished_s > self.decode_clock]
         horizon = min(pending + [limit])
         if not active:
             if not math.isfinite(horizon):

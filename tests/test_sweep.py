@@ -62,6 +62,21 @@ def test_a_small_prefill_pool_queues_prompts_and_a_prompt_it_cannot_hold_is_repo
     assert huge.of(Layout.TP).tokens_per_s is None and "does not fit" in huge.of(Layout.TP).note
 
 
+def test_the_decode_group_preallocates_before_prefill_starts_a_request():
+    """SGLang's disaggregation: a request is prefilled only once the decode group has allocated
+    its KV, and that allocation lasts until its last token; a full decode group stalls prefill."""
+    kv = 3 * (32 * 4 + 8 * 4 + 16 * 4)  # tiny-mla's cache bytes per token over its 3 layers
+    def deployment(decode_fraction):
+        dep = dataclasses.replace(tiny(decode_memory_fraction=decode_fraction), memory_fraction=1.0, reserve_gib=0.0)
+        memory = dataclasses.replace(dep.hardware.memory_gib, value=20 * 2048 * kv / 2**30)  # prefill holds 8+
+        return dataclasses.replace(dep, hardware=dataclasses.replace(dep.hardware, memory_gib=memory))
+    roomy, tight = predict(deployment(1.0), 8, 2000, 64), predict(deployment(0.07), 8, 2000, 64)
+    for layout in LAYOUTS:
+        assert roomy.of(layout).most_resident == 8
+        assert tight.of(layout).most_resident == 2  # one request per decode rank: prefill waits for it
+        assert tight.of(layout).total_s > roomy.of(layout).total_s
+
+
 def test_cp_takes_one_prompt_per_step_unless_told_otherwise():
     one = predict(tiny(prefill_chunk=512), 8, 64, 4).of(Layout.CP)
     many = predict(tiny(prefill_chunk=512, cp_prompts_per_step=None), 8, 64, 4).of(Layout.CP)
