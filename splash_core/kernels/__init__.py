@@ -17,8 +17,9 @@ from .config import PORTABLE, AttentionTile, ExpandedTile, MLAKernelConfig, Tile
 from .kda import fla_kda_kernels, fla_missing_reason
 
 
-def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
-    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config``."""
+def triton_mla_kernels(config: MLAKernelConfig = PORTABLE, expanded_tile: ExpandedTile = ExpandedTile()) -> MLAKernels:
+    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config`` (the
+    expanded form with ``expanded_tile``)."""
     from . import attention, interpreter, merge, pages
 
     if interpreter.interpreting():
@@ -30,6 +31,7 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE) -> MLAKernels:
         pack=functools.partial(pages.pack, config=config),
         unpack=functools.partial(pages.unpack, config=config),
         name=f"triton:{config.name}",
+        expanded=triton_expanded_attention(expanded_tile),
     )
 
 
