@@ -39,6 +39,10 @@ What each layout computes (rows N of the step; N_r those rank r owns; heads H):
   or passing their queries around the ring and merging (T − 1) partial outputs by LSE; their
   hidden states are then all-gathered like DP's.
 
+A prefill row that attends expanded (:mod:`~splash_core.attention_forms`, the runtime's
+``prefill_attention``) costs its form's work: the absorbed attention time of TP, DP and CP is
+scaled by the step's expanded-over-absorbed work (DOP and sparse attention stay absorbed).
+
 With sparse attention (the model's indexer, top-k) a row attends to at most k keys and reads
 their latents, after the indexer has scored every visible key (TP scores every row on every
 rank: the indexer is not among the head-sharded projections). KDA layers follow the same
@@ -65,6 +69,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import dtypes
+from .attention_forms import MLADims, expanded_requests, form_flops
 from .batch_loads import BatchArrays, RankLoads, rank_loads
 from .ffn_costs import ffn_costs, ffn_time
 from .layer_costs import KindCosts, kind_costs
@@ -142,7 +147,8 @@ class CostModel:
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, T: int, *, page_size: int,
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
                  layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
-                 graph_buckets: Sequence[int] = GraphConfig().buckets):
+                 graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto"):
+        """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.attention_forms`)."""
         self.model, self.hardware, self.T, self.page_size = model, hardware, T, page_size
         self.act_bytes = dtypes.nbytes(compute_dtype)
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
@@ -152,6 +158,9 @@ class CostModel:
         self.kinds = tuple(kind_costs(model, k, kinds.count(k), self.act_bytes, self.sparse)
                            for k in LayerKind if kinds.count(k))
         self.topk = next((kc.topk for kc in self.kinds if kc.topk is not None), None)
+        # sparse attention runs absorbed (as the sparse kernels do); DOP always does
+        self.forms = (None if self.sparse or model.mla is None or attention_form == "absorbed"
+                      else (attention_form, MLADims.of(model.mla)))
         self.ffn = ffn_costs(model, covered, self.act_bytes)
         h = hardware
         self.flops, self.att_flops = h.matmul_tflops.value * 1e12, h.attention_flops
@@ -184,7 +193,7 @@ class CostModel:
         return cls(deployment.model, deployment.hardware, deployment.T, page_size=deployment.page_size,
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
                    sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off",
-                   graph_buckets=deployment.graphs.buckets)
+                   graph_buckets=deployment.graphs.buckets, attention_form=deployment.prefill_attention)
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -200,9 +209,11 @@ class CostModel:
         sums = np.zeros((7, len(LAYOUTS)))  # proj, att, latency, comm, exposed, host, total
         layer_s, scratch, costliest = {}, None, np.full(len(LAYOUTS), -1.0)
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
+        form_scale = self._form_scale(x)
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
-            t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops)
+            t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops,
+                                          form_scale)
             hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows)
             comm = hideable + carried
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
@@ -243,15 +254,32 @@ class CostModel:
         read = np.where(rows.max(axis=1) > 0, (self.frac * kc.weight_bytes + kc.replicated_bytes) / self.weight_bw, 0.0)
         return np.maximum(compute, read), compute >= read
 
-    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float) -> tuple[np.ndarray, np.ndarray]:
+    def _form_scale(self, x: BatchArrays) -> np.ndarray:
+        """Per layout, the MLA attention work of the forms the runtime's prefill rows attend in over
+        that of the absorbed form (:func:`~splash_core.attention_forms.form_flops`, expansion and
+        absorption included; both priced at the attention rate): 1 for decode steps and DOP."""
+        scale = np.ones(len(LAYOUTS))
+        if self.forms is None or x.decode:
+            return scale
+        form, dims = self.forms
+        rows = x.query_rows
+        absorbed, expanded = form_flops(dims, rows, np.where(rows > 0, x.contexts, 0))
+        chosen = expanded_requests(form, dims, rows, x.contexts)
+        total = float(absorbed[rows > 0].sum())
+        if total > 0:
+            scale[[TP, DP, CP]] = float(np.where(chosen, expanded, absorbed)[rows > 0].sum()) / total
+        return scale
+
+    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float,
+                   form_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Busiest rank's attention compute (at ``att_flops``: the decode kernel's rate in a pure
         decode step, the prefill kernel's otherwise, since a mixed step's pairs are mostly its
-        chunks') and read time per layout (each may peak on a different rank; Eq 10 takes the
-        larger)."""
+        chunks'; MLA's scaled by ``form_scale`` for the forms prefill attends in) and read time
+        per layout (each may peak on a different rank; Eq 10 takes the larger)."""
         if kc.kind is LayerKind.MLA:
             scored = ld.pairs.copy()
             scored[TP] *= self.T  # the indexer is replicated: every TP rank scores every pair
-            compute = (ld.sparse_pairs * (kc.flops_pair / att_flops)).max(axis=1)
+            compute = (ld.sparse_pairs * (kc.flops_pair / att_flops)).max(axis=1) * form_scale
             if kc.flops_index_pair:
                 compute = compute + (scored * (kc.flops_index_pair / self.flops)).max(axis=1)
                 read_rows = ld.sparse_pairs.copy()

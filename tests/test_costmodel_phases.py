@@ -183,3 +183,24 @@ def test_decode_choice_follows_the_load_on_the_papers_group(paper_h200):
     assert few.layout is TP and few.action == "switch"
     long = s.decide(BatchArrays.of([131072] * 16, np.arange(16) % 8), DP)
     assert not long.fits_steady(TP) and long.layout is not TP
+
+
+def test_prefill_attention_is_priced_in_the_form_the_runtime_runs():
+    """A fresh 8K prompt attends expanded (auto): TP, DP and CP attention costs its work (about 0.4x
+    the absorbed form's at DeepSeek-V3's widths); DOP, decode steps and `absorbed` keep the absorbed
+    price."""
+    dep = dataclasses.replace(load("deployment", "h200-x2-deepseek-v3"), T=2)
+    auto = CostModel.from_deployment(dep)
+    absorbed = CostModel.from_deployment(dataclasses.replace(dep, prefill_attention="absorbed"))
+    fresh = BatchArrays.of([8192, 8192], [0, 1], query_rows=[8192, 8192])
+    a, b = auto.evaluate(fresh).att_s, absorbed.evaluate(fresh).att_s
+    dop = LAYOUTS.index(Layout.DOP)
+    assert a[dop] == b[dop]
+    for layout in (Layout.TP, Layout.DP, Layout.CP):
+        i = LAYOUTS.index(layout)
+        assert 0.3 * b[i] < a[i] < 0.5 * b[i], layout
+    decode = BatchArrays.of([8192, 8192], [0, 1])
+    np.testing.assert_array_equal(auto.evaluate(decode).total_s, absorbed.evaluate(decode).total_s)
+    # a short chunk after a long history stays absorbed
+    late = BatchArrays.of([65536, 65536], [0, 1], query_rows=[16, 16])
+    np.testing.assert_array_equal(auto.evaluate(late).total_s, absorbed.evaluate(late).total_s)
