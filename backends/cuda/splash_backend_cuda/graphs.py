@@ -58,6 +58,9 @@ class CudaGraphOps:
                 fn()
         current.wait_stream(side)
         torch.cuda.synchronize(self.device)
+        # cached blocks could otherwise hide what the capture reserves for its pool (a capture is
+        # rare: at start-up, or once per layout and bucket a switch has not met before)
+        torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         # thread-local: CUDA calls of other threads (NCCL's watchdog polling earlier work, say)
