@@ -15,14 +15,14 @@ After a switch that moves weights the first decode step captures the destination
 graph of its bucket (that capture is charged to the switch); the step of another bucket
 captures its own graph when it first comes (a lazy capture, charged when it happens:
 :class:`HeldGraphs`). The time of one capture is ``layers × capture_s_per_layer`` (warm-up runs
-included, as the runtime records it); its memory ``layers × bytes_per_layer``.
+included, as the runtime records it).
 
-Eq 6 counts the graphs a layout holds: its own of every bucket up to the batch's (the bucket of
-its busiest owner's requests: a batch of that size passed through the smaller ones, at start-up
-or on its way), and, where a switch both ways keeps the weights, those of the other layout of
-its placement too (the runtime keeps graphs while their addresses hold). The two constants are
-the hardware profile's (``graph_capture_ms_per_layer``, ``graph_mib_per_layer``): a profile
-without them describes a backend that captures nothing, and nothing is charged.
+Every graph of a rank lives in one shared memory pool, whose size the largest step's buffers
+set, not the layers or the buckets (on one H200 the 7 buckets up to 64 held 128 MiB in TP and
+132 MiB in DOP at 10 and at 61 layers alike: ``bench/results/h200/graph_memory.json``). Eq 6
+counts that pool, ``pool_bytes``, in every layout. The two constants are the hardware profile's
+(``graph_capture_ms_per_layer``, ``graph_pool_mib``): a profile without them describes a backend
+that captures nothing, and nothing is charged.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class GraphCosts:
     """Capture time and graph memory of one deployment's decode graphs."""
 
     capture_s_per_layer: float  # host time of one capture, per layer of the graph
-    bytes_per_layer: float  # device memory of one captured graph, per layer
+    pool_bytes: float  # device memory of the rank's graph pool (every layout and bucket)
     layers: int  # layers in a captured step (every layer that runs)
     buckets: tuple[int, ...]  # rows per owner a decode step is padded to (GraphConfig.buckets)
     T: int
@@ -71,7 +71,7 @@ class GraphCosts:
         captures nothing (no capture terms)."""
         if not hardware.captures_graphs:
             return None
-        memory = hardware.graph_mib_per_layer
+        memory = hardware.graph_pool_mib
         return cls(hardware.graph_capture_ms_per_layer.value * 1e-3, 0.0 if memory is None else memory.value * MIB,
                    int(layers), tuple(int(b) for b in buckets), int(T))
 
@@ -79,11 +79,6 @@ class GraphCosts:
     def capture_s(self) -> float:
         """Host time of one capture: one (layout, bucket) graph of the whole step."""
         return self.layers * self.capture_s_per_layer
-
-    @property
-    def graph_bytes(self) -> float:
-        """Device memory one captured graph holds."""
-        return self.layers * self.bytes_per_layer
 
     def bucket(self, x) -> int | None:
         """The bucket the decode steps of batch ``x`` (a BatchArrays) are padded to: the busiest
@@ -97,14 +92,9 @@ class GraphCosts:
         b = self.bucket(x)
         return len(self.buckets) if b is None else self.buckets.index(b) + 1
 
-    @functools.cached_property
-    def _graph_sets(self) -> np.ndarray:
-        """[layouts]: how many layouts' graphs each layout holds (its own and those sharing its weights)."""
-        return np.array([len(weight_sharing(l, self.T)) for l in LAYOUTS], dtype=np.float64)
-
     def held_bytes(self, x) -> np.ndarray:
-        """[layouts]: graph memory each layout holds per rank for batch ``x`` (Eq 6's A)."""
-        return self._graph_sets * (self.held_buckets(x) * self.graph_bytes)
+        """[layouts]: graph memory each layout holds per rank for batch ``x`` (Eq 6's A): the pool."""
+        return np.full(len(LAYOUTS), self.pool_bytes)
 
     def recapture_s(self, src: Layout, dst: Layout, x) -> float:
         """Eq 7's re-capture term of a switch ``src → dst`` for batch ``x``: the capture of the
@@ -154,12 +144,10 @@ class HeldGraphs:
         return self.costs.capture_s
 
 
-def capture_costs_from_samples(samples) -> tuple[float, float]:
-    """(seconds, bytes) per layer of one capture from ``bench/decode_step.py``'s samples: the
-    medians over its ``graph`` samples that captured of ``capture_s / layers`` and
-    ``graph_bytes / layers`` (each point captures one bucket)."""
+def capture_costs_from_samples(samples) -> float:
+    """Seconds per layer of one capture from ``bench/decode_step.py``'s samples: the median over
+    its ``graph`` samples that captured of ``capture_s / layers`` (each point captures one bucket)."""
     mine = [s for s in samples if s.get("path") == "graph" and s.get("capture_s") and s.get("layers")]
     if not mine:
         raise ValueError("no graph samples with a capture time in the results")
-    return (float(statistics.median(s["capture_s"] / s["layers"] for s in mine)),
-            float(statistics.median(s.get("graph_bytes", 0) / s["layers"] for s in mine)))
+    return float(statistics.median(s["capture_s"] / s["layers"] for s in mine))

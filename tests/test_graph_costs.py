@@ -39,7 +39,7 @@ def deployment():
 
 def without_captures(d):
     return dataclasses.replace(d, hardware=dataclasses.replace(d.hardware, graph_capture_ms_per_layer=None,
-                                                               graph_mib_per_layer=None))
+                                                               graph_pool_mib=None))
 
 
 def graphs_off(d):
@@ -98,22 +98,21 @@ def test_beyond_the_largest_bucket_nothing_is_captured_now(deployment):
     assert graphs.held_buckets(wide) == len(graphs.buckets)  # the start-up captured them all
 
 
-def test_eq6_scratch_grows_by_the_graphs_each_layout_holds(deployment):
+def test_eq6_scratch_grows_by_the_graph_pool(deployment):
     x = decode_batch(n=16)  # 8 requests per owner: buckets 1, 2, 4, 8 held
     with_graphs = CostModel.from_deployment(deployment).evaluate(x)
     bare = CostModel.from_deployment(without_captures(deployment)).evaluate(x)
-    per_graph = deployment.layers * deployment.hardware.graph_mib_per_layer.value * MIB
-    # each layout holds its own graphs and its placement sibling's (the switch between them keeps weights)
-    want = 4 * per_graph * 2
+    # one pool holds every layout's graphs of every bucket
+    want = deployment.hardware.graph_pool_mib.value * MIB
     np.testing.assert_allclose(with_graphs.scratch_bytes - bare.scratch_bytes, want)
     np.testing.assert_allclose(with_graphs.memory_bytes - bare.memory_bytes, want)
     need = Scheduler(deployment).decide(x, TP).need_bytes - Scheduler(without_captures(deployment)).decide(x, TP).need_bytes
     np.testing.assert_allclose(need, want)
-    # one rank of one request: a single bucket
+    # one rank of one request: a single bucket, the same pool
     one = BatchArrays.of([100], [0])
     graphs = CostModel.from_deployment(deployment).graph_costs
     assert graphs.held_buckets(one) == 1
-    np.testing.assert_allclose(graphs.held_bytes(one), 2 * per_graph)
+    np.testing.assert_allclose(graphs.held_bytes(one), want)
 
 
 def test_held_graphs_follow_the_runtime(deployment):
@@ -158,13 +157,13 @@ def test_decide_explains_the_recapture_term(deployment, capsys):
     out = capsys.readouterr().out
     assert "switch TP -> DP" in out
     assert "re-capture 21.645 ms" in out and "TP -> DP moves the weights" in out and "bucket 32" in out
-    assert "decode graphs in Eq 6's A per rank (6 buckets x 4 layers" in out
+    assert "decode graphs in Eq 6's A per rank (one pool for every layout and bucket): 132.0 MiB" in out
     assert main(args + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     cost = data["switch_cost"]
     assert cost["recapture_s"] == pytest.approx(4 * 5.4113e-3)
     assert cost["exposed_s"] == pytest.approx(cost["transfer_exposed_s"] + cost["recapture_s"])
-    assert data["layouts"][0]["graph_gib"] == pytest.approx(2 * 6 * 4 * 1.7 * MIB / (1 << 30))
+    assert data["layouts"][0]["graph_gib"] == pytest.approx(132 * MIB / (1 << 30))
     # a switch that keeps the weights says so, and one with graphs off says why nothing is charged
     s = Scheduler(deployment)
     x = BatchArrays.of([131072] * 64, np.arange(64) % 2)
@@ -180,11 +179,13 @@ def test_defaults_come_from_the_measurements():
     """The H200 profile's capture time is what the committed decode-step run gives; the paper's
     and datasheet profiles hold no capture terms (their sweeps do not move)."""
     samples = json.loads((ROOT / "bench/results/h200/decode_step.json").read_text())["samples"]
-    per_layer_s, _ = capture_costs_from_samples(samples)
+    per_layer_s = capture_costs_from_samples(samples)
     h200 = load("hardware", "h200")
     assert h200.graph_capture_ms_per_layer.value == pytest.approx(per_layer_s * 1e3, rel=1e-4)
-    assert h200.graph_capture_ms_per_layer.source == h200.graph_mib_per_layer.source == "measured"
-    assert h200.graph_mib_per_layer.value == pytest.approx(34 / (5 * 4))  # 5 buckets x 4 layers held 34 MiB
+    assert h200.graph_capture_ms_per_layer.source == h200.graph_pool_mib.source == "measured"
+    pools = json.loads((ROOT / "bench/results/h200/graph_memory.json").read_text())["samples"]
+    assert h200.graph_pool_mib.value == pytest.approx(max(s["bytes"] for s in pools) / MIB)
+    assert len({s["bytes"] for s in pools if s["layout"] == "TP"}) == 1  # the same at 10 and 61 layers
     for name in ("h200-paper", "b200", "dcu-bw1000", "cpu"):
         assert not load("hardware", name).captures_graphs
     with pytest.raises(ValueError, match="no graph samples"):
@@ -195,8 +196,8 @@ def test_graph_memory_without_capture_time_is_refused(tmp_path):
     text = (ROOT / "profiles/hardware/cpu.yaml").read_text()
     path = tmp_path / "cpu-graphs.yaml"
     path.write_text(text.replace("name: cpu\n", "name: cpu-graphs\n", 1)
-                    + "\ngraph_mib_per_layer: {value: 1, source: assumed, ref: test}\n")
-    with pytest.raises(ProfileError, match="graph_mib_per_layer: only with graph_capture_ms_per_layer"):
+                    + "\ngraph_pool_mib: {value: 1, source: assumed, ref: test}\n")
+    with pytest.raises(ProfileError, match="graph_pool_mib: only with graph_capture_ms_per_layer"):
         load_file("hardware", path)
 
 

@@ -127,8 +127,6 @@ def run(args) -> int:
     if cost is not None:
         print(scheduler.explain_switch_cost(decision, cost, x))
     if graphs is not None:
-        held = ", ".join(f"{l} {size(graph_bytes[i])}" for i, l in enumerate(LAYOUTS))
-        print(f"decode graphs in Eq 6's A per rank ({graphs.held_buckets(x)} buckets x {graphs.layers} layers x "
-              f"{size(graphs.bytes_per_layer)}, both layouts of a placement where they share weights): {held}")
+        print(f"decode graphs in Eq 6's A per rank (one pool for every layout and bucket): {size(graphs.pool_bytes)}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0

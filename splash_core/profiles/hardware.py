@@ -147,9 +147,10 @@ class HardwareProfile:
         "runtime records it), ms per layer of the step; a switch that moves weights is charged one capture "
         "(Eq 7, splash_core.graph_costs). Absent: the backend captures no graphs, nothing is charged",
         default=None)
-    graph_mib_per_layer: Quantity | None = field(
-        "device memory one captured decode graph holds, MiB per layer of the step; Eq 6's scratch term A "
-        "counts it for every graph a layout holds (absent: 0). Only with graph_capture_ms_per_layer",
+    graph_pool_mib: Quantity | None = field(
+        "device memory of a rank's captured decode graphs, MiB: they share one pool, sized by the largest "
+        "step's buffers, not by layers or buckets; Eq 6's scratch term A counts it in every layout (absent: "
+        "0). Only with graph_capture_ms_per_layer",
         default=None)
     collective_samples: tuple[CollectiveSample, ...] = field(
         "calibrated collective times across message sizes (measured profiles only)", default=()
@@ -178,8 +179,8 @@ class HardwareProfile:
         if (self.graph_step_overhead_us is None) != (not graph):
             yield Problem("graph_step_overhead_us", "give it together with graph_layer_overhead_us (a replayed "
                                                     "step's t0 and its time per layer are fitted together)")
-        if self.graph_mib_per_layer is not None and self.graph_capture_ms_per_layer is None:
-            yield Problem("graph_mib_per_layer", "only with graph_capture_ms_per_layer (a backend that holds "
+        if self.graph_pool_mib is not None and self.graph_capture_ms_per_layer is None:
+            yield Problem("graph_pool_mib", "only with graph_capture_ms_per_layer (a backend that holds "
                                                  "graphs captures them)")
         if self.host_overlap is not None:
             if not given:

@@ -9,10 +9,9 @@ import dataclasses
 from collections.abc import Callable
 
 from ..results import Result
-from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, expanded, host_time, page_runs,
-               peer_kernels,
-               prefill_forms, primitives, real_widths, roofline, rollout, served, steps, sweeps, switch_trace,
-               switching, timings, transport, tuning)
+from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, expanded, graph_memory, host_time,
+               page_runs, peer_kernels, prefill_forms, primitives, real_widths, roofline, rollout, served, steps,
+               sweeps, switch_trace, switching, timings, transport, tuning)
 from .context import Context
 
 
@@ -55,6 +54,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("mla_decode", "MLA decode bandwidth against the roofline", "", roofline.render_decode),
     Section("prefill", "Prefill compute rate against the matmul rate", "", roofline.render_prefill),
     Section("expanded_attention", "Expanded-form prefill attention against flash SDPA", "", expanded.render),
+    Section("graph_memory", "Decode graphs' memory and capture time at start-up", "the paper's appendix G "
+            "(graph capture)", graph_memory.render),
     Section("prefill_forms", "Prefill attending absorbed or expanded: one rollout", "", prefill_forms.render),
     Section("real_widths", "A real-widths DeepSeek-V3 checkpoint: load and steps", "", real_widths.render),
     Section("peer_kernels", "MLA decode beside FlashMLA and SGLang", "", peer_kernels.render),
