@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 FORMS = ("auto", "absorbed", "expanded")
+PASS_BYTES = 1 << 30  # expanded keys and values held at once; longer histories are expanded in passes
 
 
 @dataclasses.dataclass(frozen=True)
