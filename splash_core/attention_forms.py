@@ -18,7 +18,6 @@ import dataclasses
 import numpy as np
 
 FORMS = ("auto", "absorbed", "expanded")
-PASS_BYTES = 1 << 30  # expanded keys and values held at once; longer histories are expanded in passes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import dtypes
-from .attention_forms import PASS_BYTES, MLADims, expanded_requests, form_flops
+from .attention_forms import MLADims, expanded_requests, form_flops
 from .batch_loads import BatchArrays, RankLoads, rank_loads
 from .ffn_costs import ffn_costs, ffn_time
 from .layer_costs import KindCosts, kind_costs
@@ -209,7 +209,7 @@ class CostModel:
         sums = np.zeros((7, len(LAYOUTS)))  # proj, att, latency, comm, exposed, host, total
         layer_s, scratch, costliest = {}, None, np.full(len(LAYOUTS), -1.0)
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
-        form_scale, expanded_keys = self._forms_of(x)
+        form_scale = self._form_scale(x)
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
             t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops,
@@ -225,7 +225,7 @@ class CostModel:
             costlier = kc.layers * t_layer > costliest  # report the bounds of the costliest kind
             costliest = np.where(costlier, kc.layers * t_layer, costliest)
             proj_cb, att_cb = np.where(costlier, p_cb, proj_cb), np.where(costlier, a_cb, att_cb)
-            kind_scratch = self._scratch(kc, ld, decode_rows, expanded_keys)
+            kind_scratch = self._scratch(kc, ld, decode_rows)
             scratch = kind_scratch if scratch is None else np.maximum(scratch, kind_scratch)
         if self.graph_costs is not None:  # the graphs each layout holds, on every rank
             scratch = scratch + self.graph_costs.held_bytes(x)[:, None]
@@ -254,14 +254,13 @@ class CostModel:
         read = np.where(rows.max(axis=1) > 0, (self.frac * kc.weight_bytes + kc.replicated_bytes) / self.weight_bw, 0.0)
         return np.maximum(compute, read), compute >= read
 
-    def _forms_of(self, x: BatchArrays) -> tuple[np.ndarray, np.ndarray]:
-        """Per layout: the MLA attention work of the forms the runtime's prefill rows attend in over
+    def _form_scale(self, x: BatchArrays) -> np.ndarray:
+        """Per layout, the MLA attention work of the forms the runtime's prefill rows attend in over
         that of the absorbed form (:func:`~splash_core.attention_forms.form_flops`, expansion and
-        absorption included; both priced at the attention rate; 1 for decode steps and DOP), and
-        the keys the busiest rank expands (0 where nothing attends expanded)."""
-        scale, keys = np.ones(len(LAYOUTS)), np.zeros(len(LAYOUTS))
+        absorption included; both priced at the attention rate): 1 for decode steps and DOP."""
+        scale = np.ones(len(LAYOUTS))
         if self.forms is None or x.decode:
-            return scale, keys
+            return scale
         form, dims = self.forms
         rows = x.query_rows
         absorbed, expanded = form_flops(dims, rows, np.where(rows > 0, x.contexts, 0))
@@ -269,11 +268,7 @@ class CostModel:
         total = float(absorbed[rows > 0].sum())
         if total > 0:
             scale[[TP, DP, CP]] = float(np.where(chosen, expanded, absorbed)[rows > 0].sum()) / total
-        mine = np.where(chosen, x.contexts, 0)
-        keys[TP] = float(mine.sum())  # every TP rank expands every key (for its heads)
-        keys[DP] = float(np.bincount(x.owners, mine, minlength=self.T).max())
-        keys[CP] = keys[TP] / self.T  # positions spread over the ranks
-        return scale, keys
+        return scale
 
     def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float,
                    form_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -350,12 +345,10 @@ class CostModel:
                                                  + _LSE_BYTES)
         return np.minimum(history, ring)
 
-    def _scratch(self, kc: KindCosts, ld: RankLoads, decode_rows: float,
-                 expanded_keys: np.ndarray | None = None) -> np.ndarray:
+    def _scratch(self, kc: KindCosts, ld: RankLoads, decode_rows: float) -> np.ndarray:
         """A of Eq 6 per layout and rank: one layer's activations on the heads each rank
         computes (TP and DOP's projections cover H/T heads), DOP's owner rows on all heads,
-        CP's gathered history and partial outputs, and where prefill rows attend expanded
-        one pass of their ``expanded_keys`` [layouts] expanded (at most ``PASS_BYTES``)."""
+        and CP's gathered history and partial outputs."""
         rows = ld.proj_rows
         if kc.kind is LayerKind.KDA:
             rows = rows.copy()
@@ -365,10 +358,6 @@ class CostModel:
         if kc.kind is LayerKind.MLA and self.T > 1:
             out[CP] += self._cp_exchange_bytes(kc, ld, decode_rows)
             out[CP] += (self.T - 1) * decode_rows * kc.heads * (kc.width_from_owner * self.act_bytes + _LSE_BYTES)
-        if expanded_keys is not None and expanded_keys.any() and kc.kind is LayerKind.MLA:
-            _, dims = self.forms
-            per_key = kc.heads * self.frac * (dims.d_n + dims.d_v) * self.act_bytes
-            out += np.minimum(float(PASS_BYTES), expanded_keys * per_key)[:, None]
         return out
 
 

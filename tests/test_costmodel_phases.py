@@ -204,24 +204,3 @@ def test_prefill_attention_is_priced_in_the_form_the_runtime_runs():
     # a short chunk after a long history stays absorbed
     late = BatchArrays.of([65536, 65536], [0, 1], query_rows=[16, 16])
     np.testing.assert_array_equal(auto.evaluate(late).total_s, absorbed.evaluate(late).total_s)
-
-
-def test_eq6_counts_one_pass_of_expanded_keys():
-    """A fresh 8K prompt per rank attends expanded: Eq 6's A grows by its expanded keys and values
-    (TP: its H/T heads of every key; DP: the owner's request on all heads; capped at one pass);
-    DOP's and a decode step's scratch do not."""
-    from splash_core.attention_forms import PASS_BYTES
-
-    dep = dataclasses.replace(load("deployment", "h200-x2-deepseek-v3"), T=2)
-    auto = CostModel.from_deployment(dep)
-    absorbed = CostModel.from_deployment(dataclasses.replace(dep, prefill_attention="absorbed"))
-    fresh = BatchArrays.of([8192, 8192], [0, 1], query_rows=[8192, 8192])
-    grown = auto.evaluate(fresh).scratch_bytes - absorbed.evaluate(fresh).scratch_bytes
-    heads = dep.model.mla.heads
-    per_key = (dep.model.mla.qk_nope_head_dim + dep.model.mla.v_head_dim) * 2  # bf16
-    i = {l: LAYOUTS.index(l) for l in Layout}
-    np.testing.assert_allclose(grown[i[Layout.TP]], min(PASS_BYTES, 2 * 8192 * heads / 2 * per_key))
-    np.testing.assert_allclose(grown[i[Layout.DP]], min(PASS_BYTES, 8192 * heads * per_key))
-    assert not grown[i[Layout.DOP]].any()
-    decode = BatchArrays.of([8192, 8192], [0, 1])
-    np.testing.assert_array_equal(auto.evaluate(decode).scratch_bytes, absorbed.evaluate(decode).scratch_bytes)

@@ -3,8 +3,7 @@ request's visible keys are read from the paged cache, expanded through kv_b into
 and values, and attended by the backend's ``expanded`` kernel (the contract in
 :class:`~splash_core.interfaces.MLAKernels`); the result is already in value space [n, H, d_v].
 
-Keys are expanded in passes of at most ``PASS_BYTES`` (:mod:`splash_core.attention_forms`,
-which Eq 6's scratch term counts) of expanded keys and values (a 128K
+Keys are expanded in passes of at most :data:`PASS_BYTES` of expanded keys and values (a 128K
 history at 128 heads would take 8 GiB at once), each pass's partial results merged by
 log-sum-exp. Which keys a request sees comes from the host's copy of the block table, so
 nothing waits for the device; layers whose pages are equal share one upload.
@@ -17,9 +16,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from ..attention_forms import PASS_BYTES
 from ..reference.fp8_cache import cache_layout, dequantize
 from .kv_pool import LayerKV, to_device
+
+PASS_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
