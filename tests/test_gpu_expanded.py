@@ -14,6 +14,8 @@ import torch
 from splash_core.reference.expanded import expanded_attention
 from splash_core.testing.mla_inputs import expanded_case, tolerance
 
+from test_gpu_fp8_kv import _DrawnOnCPU
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -28,16 +30,6 @@ def test_triton_expanded_kernel_in_bf16(heads):
     assert torch.equal(torch.isneginf(lse), empty) and torch.all(out[empty] == 0)
     torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=atol, rtol=rtol)
     torch.testing.assert_close(out.float(), ref_out.float(), atol=atol, rtol=rtol)
-
-
-class _DrawnOnCPU:
-    """Seeded weights drawn on the CPU, then moved (a device's generator draws other numbers)."""
-
-    def __init__(self, source):
-        self.source = source
-
-    def get(self, name, shape, *, device=None, **kw):
-        return self.source.get(name, shape, **kw).to(device)
 
 
 def _serve(ctx, form, layout):
