@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """``splash run``'s code path on one rollout with prefill attending absorbed and with the
 per-request form choice (``prefill_attention: auto``, :mod:`splash_core.attention_forms`): tokens/s
-and the step times of prefill and decode steps, the same requests, admission and batches.
+and the step times of prefill and decode steps, the same requests, admission and batches; and
+(``--overlap on,off``) with the host planning step k+1 while the device runs step k and without.
 
 On one H200 (issue 22's engine target: T = 1, 61 layers, the ``rollout-h200x2`` workload)::
 
@@ -38,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=61)
     p.add_argument("--workload", default="rollout-h200x2")
     p.add_argument("--forms", default="absorbed,auto")
+    p.add_argument("--overlap", default="on", help="on, off or on,off: plan the next step while the device runs one")
     p.add_argument("--policy", default="TP")
     p.add_argument("--prefill-chunk", type=int, default=8192)
     p.add_argument("--platform", default=None, help="results folder (default: the hardware profile's platform)")
@@ -56,20 +58,22 @@ def deployment(args, form: str) -> dict:
     return data
 
 
-def run(pool, args, form: str, warm_up: bool = False):
+def run(pool, args, form: str, warm_up: bool = False, overlap: bool = True):
     workload = args.workload
     if warm_up:
         spec = load("workload", args.workload).rollout
         workload = {"kind": "workload", "name": "warm-up", "seed": 1,
                     "rollout": {"requests": 4, "prompt_tokens": list(spec.prompt_tokens), "output_tokens": [4, 8]}}
-    job = Job(deployment(args, form), workload, policy=args.policy, prefill_chunk=args.prefill_chunk, check=False)
+    job = Job(deployment(args, form), workload, policy=args.policy, prefill_chunk=args.prefill_chunk, check=False,
+              overlap=overlap)
     return pool.run(serve, job)[0]
 
 
-def sample(form: str, summary) -> dict:
+def sample(form: str, summary, overlap: bool) -> dict:
     prefill = [ms for ms, rows, reqs in zip(summary.step_ms, summary.step_rows, summary.step_requests) if rows > reqs]
     decode = [ms for ms, rows, reqs in zip(summary.step_ms, summary.step_rows, summary.step_requests) if rows == reqs]
-    return {"form": form, "tokens_per_s": summary.tokens_per_s, "elapsed_s": summary.elapsed_s,
+    return {"form": form if overlap else f"{form}/no-overlap", "overlap": overlap, "booked": summary.booked,
+            "tokens_per_s": summary.tokens_per_s, "elapsed_s": summary.elapsed_s,
             "steps": summary.steps, "prompt_tokens": summary.prompt_tokens, "output_tokens": summary.output_tokens,
             "prefill_steps": len(prefill), "prefill_s": sum(prefill) / 1e3,
             "prefill_step_p50_ms": statistics.median(prefill) if prefill else 0.0,
@@ -86,10 +90,10 @@ def main(argv=None) -> int:
         for form in forms:  # untimed, a few requests of the rollout's lengths: compiles each form's kernels
             run(pool, args, form, warm_up=True)
         samples = []
-        for form in forms:
-            served = run(pool, args, form)
-            got = sample(form, served)
-            print(f"{form:>9}: {got['tokens_per_s']:,.0f} tokens/s, {got['prefill_steps']} prefill steps "
+        for form, overlap in [(f, o == "on") for f in forms for o in args.overlap.split(",")]:
+            served = run(pool, args, form, overlap=overlap)
+            got = sample(form, served, overlap)
+            print(f"{got['form']:>9}: {got['tokens_per_s']:,.0f} tokens/s, {got['prefill_steps']} prefill steps "
                   f"{got['prefill_s']:.1f} s (p50 {got['prefill_step_p50_ms']:.0f} ms), decode p50 "
                   f"{got['decode_step_p50_ms']:.1f} ms", flush=True)
             samples.append(got)

@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8 expanded forms
+# serve graphs decode theta fp8 expanded forms overlap graphmem
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -98,7 +98,13 @@ for s in "${sections[@]}"; do
                  --splash-ranks 1 -k 'mla';
                python3 bench/expanded_attention.py --out $RES/expanded" ;;
     # splash run's engine on the rollout-h200x2 workload at T = 1, 61 layers, prefill absorbed vs by form (one GPU)
-    forms) section forms 560 python3 bench/prefill_forms.py --out "$RES/forms" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms)"; exit 2 ;;
+    forms) section forms 560 python3 bench/prefill_forms.py --out "$RES/forms" ${FORMS_ARGS:-} ;;
+    # the host planning step k+1 while the device runs step k (one GPU): the engine's tokens with and without
+    # overlap on the GPU, then the rollout-h200x2 run of `forms` (prefill by form) with and without it
+    overlap) section overlap 560 bash -c "python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_engine_overlap.py &&
+              python3 bench/prefill_forms.py --forms auto --overlap on,off --out $RES/overlap" ;;
+    # graph memory at real widths and, through forced switches, the re-captures a switch costs (one GPU)
+    graphmem) section graphmem 400 python3 bench/graph_memory.py --out "$RES/graphmem" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem)"; exit 2 ;;
   esac
 done

@@ -240,7 +240,7 @@ def _booked(layouts, precopies):
     from splash_core.engine.controller import Controller
 
     c = Controller([], SimpleNamespace(layouts=(DP, TP)), None, concurrency=1, prefill_chunk=1, layout=DP)
-    c.requests[0] = SimpleNamespace(generated=[], advance=lambda *a: None, state=None, token_times=[])
+    c.requests[0] = SimpleNamespace(generated=[], advance=lambda *a: None, state=None, token_times=[], done=False)
     for plan in _plans(layouts):
         _, report, refused, copying = precopies.run(plan, None, lambda pc: "plan")
         c.record(plan, np.zeros(1, np.int64), 0.0, TP if report else DP, refused, copying, precopies.events)

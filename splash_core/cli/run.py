@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
                    help="KV pages per layer and rank (default: the budget, capped at what the workload can use)")
     add_switch_options(p)
     p.add_argument("--no-check", action="store_true", help="skip the check against the single-device reference")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="wait for every step's tokens before planning the next (default: plan step k+1 while the "
+                        "device runs step k, as SGLang's overlap scheduler)")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="collective timeout in seconds (default: the deployment's collective_timeout_s)")
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout, no progress bar")
@@ -74,7 +77,7 @@ def run(args) -> int:
     job = Job(deployment=args.deployment, model=args.model, workload=args.workload, policy=args.policy,
               prefill_chunk=args.prefill_chunk, kv_pages=args.kv_pages, switch_mode=args.switch_mode,
               precopy_steps=args.precopy_steps,
-              check=not args.no_check, progress=not args.json)
+              check=not args.no_check, progress=not args.json, overlap=not args.no_overlap)
     summary = run_group(job, "run", args.timeout)
     if isinstance(summary, int):  # a rank failed
         return summary

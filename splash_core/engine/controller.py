@@ -6,7 +6,10 @@ rows per owner rank in admission order, ask the policy for the layout, and check
 against the KV pool. A request that has fed any token holds KV, so it gets at least one row
 in every step until it finishes: a switch moves exactly the histories of the step's batch.
 After the step, :meth:`Controller.record` turns the chosen tokens into progress and finished
-requests, whose pages the next plan releases.
+requests, whose pages the next plan releases. Or, where the step can be booked before its tokens
+are known (:meth:`Controller.book_ahead`: no switch, every output greedy), the next step is
+planned while the device still runs this one and :meth:`Controller.confirm` books the tokens
+once they reach the host.
 
 A workload's requests arrive at their ``arrival_s``; with nothing to run before the next
 arrival the controller waits (at most ``idle_s``) and plans an IDLE step. A server's controller
@@ -43,6 +46,9 @@ class StepRecord:
     requests: int
     rows: int
     seconds: float  # wall time of the step on rank 0, switch included
+    # how it was booked: "ahead" (the next step was planned before its tokens were on the host), else why
+    # the host waited for them first: "switch", "sampled", "precopy" or "sync" (overlap off)
+    booked: str = "ahead"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Controller:
         self.precopies: list[PreCopyRecord] = []  # every pre-copy begun (rank 0's records)
         self.precopy_counts = collections.Counter({k: 0 for k in ("begun",) + OUTCOMES})
         self.precopy_events: tuple[PreCopyRecord, ...] = ()  # the records that began or ended in the last step
+        self.ahead: dict[int, tuple[tuple[int, int], ...]] = {}  # step booked ahead -> its outputs (row, request id)
         self.open, self.idle_s = open_ended, idle_s
         self.start = time.monotonic()
 
@@ -214,13 +221,59 @@ class Controller:
 
     # ---- after a step -------------------------------------------------------------------
 
+    def greedy(self, plan: StepPlan) -> bool:
+        """Whether every output of ``plan``'s step is a greedy choice (the device's argmax)."""
+        reqs = [(self.requests.get(q.id), q.rows) for q in plan.requests]
+        return all(r.sampling.greedy for r, rows in reqs if r is not None and not r.done and r.outputs_this_step(rows))
+
+    def book_ahead(self, plan: StepPlan) -> None:
+        """Book ``plan``'s step (run in the current layout, every output greedy) before its tokens
+        are known, so the next step can be planned now: progress, finishing by length and the
+        releases are known; the tokens and any stop id come with :meth:`confirm`."""
+        if plan.layout is not self.layout:
+            raise RuntimeError(f"step {plan.step}: a switching step cannot be booked ahead of its tokens")
+        self.since_switch += 1
+        outputs = []
+        for row, q in enumerate(plan.requests):
+            r = self.requests.get(q.id)
+            if r is None or r.done:  # aborted after its step was planned, or stopped in the step before
+                continue
+            if r.advance_ahead(q.rows, plan.step, row):
+                outputs.append((row, r.id))
+            if r.state is State.FINISHED:
+                self.releases.append(r.id)
+        self.ahead[plan.step] = tuple(outputs)
+        self.running = [r for r in self.running if r.state is not State.FINISHED]
+
+    def confirm(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float) -> list[Request]:
+        """The tokens of a step booked ahead (:meth:`book_ahead`). Returns the requests that
+        generated a token; one that emitted a stop id finishes here and the next plan releases it
+        (a request a server forgot after it was aborted is skipped)."""
+        now, produced = time.monotonic(), []
+        for row, rid in self.ahead.pop(plan.step):
+            r = self.requests.get(rid)
+            if r is None or not r.confirm(int(next_tokens[row]), plan.step):
+                continue
+            r.token_times.append(now)
+            produced.append(r)
+            if r.finish_reason == "stop" and r in self.running:
+                self.releases.append(r.id)
+        self.running = [r for r in self.running if r.state is not State.FINISHED]
+        self._step_record(plan, self.layout, seconds, "ahead")
+        return produced
+
+    def _step_record(self, plan: StepPlan, ran_in: Layout, seconds: float, booked: str) -> None:
+        self.steps.append(StepRecord(plan.step, ran_in, len(plan.requests), int(sum(q.rows for q in plan.requests)),
+                                     seconds, booked))
+
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
-               refused: str = "", precopying: bool = False, precopies=()) -> list[Request]:
+               refused: str = "", precopying: bool = False, precopies=(), booked: str = "sync") -> list[Request]:
         """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
         plan's switch, if it did; ``precopying``: the step ran beside a pre-copy to the plan's
         layout (the switch is booked at its handoff); ``precopies``: the pre-copy records that
-        began or ended in the step. Returns the requests that generated a token."""
+        began or ended in the step; ``booked``: why the host waited for the tokens before planning
+        the next step (:attr:`StepRecord.booked`). Returns the requests that generated a token."""
         self.precopy_events = tuple(precopies)
         for r in precopies:
             if r.begun == plan.step:
@@ -238,7 +291,9 @@ class Controller:
             self.since_switch += 1
         now, produced = time.monotonic(), []
         for req, token in zip(plan.requests, next_tokens.tolist()):
-            r = self.requests[req.id]
+            r = self.requests.get(req.id)
+            if r is None or r.done:  # stopped in the step before, found only after this one was planned
+                continue
             before = len(r.generated)
             r.advance(req.rows, token, plan.step)
             if len(r.generated) > before:
@@ -247,6 +302,5 @@ class Controller:
             if r.state is State.FINISHED:
                 self.releases.append(r.id)
         self.running = [r for r in self.running if r.state is not State.FINISHED]
-        self.steps.append(StepRecord(plan.step, ran_in, len(plan.requests), int(sum(q.rows for q in plan.requests)),
-                                     seconds))
+        self._step_record(plan, ran_in, seconds, booked)
         return produced

@@ -11,6 +11,7 @@ context first, so it runs under torchrun and inside a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import time
@@ -58,6 +59,7 @@ class Job:
     prompts: tuple[GenerationRequest, ...] = ()  # requests by prompt ids (instead of a workload)
     model: str | None = None  # a checkpoint folder to serve instead of the deployment's model
     T: int | None = None  # a group size instead of the deployment's
+    overlap: bool = True  # plan step k+1 while the device runs step k (False: the host waits for every step's tokens)
 
     def __post_init__(self):
         if (self.workload is None) == (not self.prompts):
@@ -104,7 +106,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     ctx.collectives.barrier()
     start = time.perf_counter()
     try:
-        reports = run_steps(ctx, group, controller, job.switch_mode, hooks, on_step, job.precopy_steps)
+        reports = run_steps(ctx, group, controller, job.switch_mode, hooks, on_step, job.precopy_steps, job.overlap)
     finally:
         if hooks is not None:
             hooks.close()
@@ -179,6 +181,7 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
         step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
         decisions=dict(controller.decisions), check=check, load=load_report, outputs=outputs,
         step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps),
+        booked=dict(collections.Counter(s.booked for s in controller.steps)),
         latency=latency(finished), precopies=tuple(r.as_dict() for r in controller.precopies),
         precopy_counts=precopy_counts(controller.precopies))
 

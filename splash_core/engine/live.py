@@ -61,6 +61,7 @@ class LiveJob:
     front_end_here: bool = False  # the front end runs in this process (rank 0 under torchrun): it owns the signals
     heartbeat_s: float = 0.5  # longest wait for work before an IDLE plan
     report_interval_s: float = 1.0  # how often every rank reports its KV pool while serving
+    overlap: bool = True  # plan step k+1 while the device runs step k (engine.steps.run_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     # whole process group must not kill a rank mid-collective; the front end drains and stops the
     # group (a rank whose parent is gone still exits: runtime.spawn)
     with contextlib.nullcontext() if job.front_end_here else stop_signals(signal.SIG_IGN):
-        run_steps(ctx, group, controller, job.switch_mode, hooks, precopy_steps=job.precopy_steps)
+        run_steps(ctx, group, controller, job.switch_mode, hooks, precopy_steps=job.precopy_steps, overlap=job.overlap)
     if hooks is None:
         return None
     totals = {"steps": hooks.steps, "switches": hooks.switches, "precopies": dict(controller.precopy_counts)}
@@ -234,8 +235,8 @@ class LiveHooks(Hooks):
     def _phase(self, plan: StepPlan, switch) -> str:
         if switch is not None:
             return "switch"
-        prompt = {q.id: self.controller.requests[q.id].prompt_tokens for q in plan.requests}
-        prefill = [q.start < prompt[q.id] for q in plan.requests]
+        requests = self.controller.requests  # a request that stopped the step before may be forgotten already
+        prefill = [q.start < requests[q.id].prompt_tokens for q in plan.requests if q.id in requests]
         return "decode" if not any(prefill) else "prefill" if all(prefill) else "mixed"
 
     def _rejected(self) -> tuple:

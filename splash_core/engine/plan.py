@@ -65,10 +65,12 @@ class StepPlan:
         return StepBatch.build(self.requests, T, page_size)
 
 
-def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torch.Tensor]:
+def exchange(collectives, device, plan: StepPlan | None,
+             previous: torch.Tensor | None = None) -> tuple[StepPlan, torch.Tensor]:
     """Broadcast rank 0's ``plan`` (None on the other ranks) over the host ``collectives``; every
     rank returns the plan and the step's tokens as a tensor on ``device``, copied there
-    asynchronously: nothing here waits for the device (issue 22 §3)."""
+    asynchronously, references to ``previous`` (this rank's greedy tokens [R] of the step before,
+    on ``device``) taken from it there: nothing here waits for the device (issue 22 §3)."""
     header = torch.zeros(_HEADER, dtype=torch.int64)
     body = None
     if plan is not None:
@@ -89,4 +91,17 @@ def exchange(collectives, device, plan: StepPlan | None) -> tuple[StepPlan, torc
                         tuple(StepRequest(*map(int, r)) for r in rows),
                         host[4 * n_req: 4 * n_req + n_tok], tuple(int(i) for i in host[4 * n_req + n_tok:]),
                         bool(report), precopy_steps)
-    return plan, to_device(host[4 * n_req: 4 * n_req + n_tok], device, torch.int64)
+    return plan, _fed(host[4 * n_req: 4 * n_req + n_tok], device, previous, plan.step)
+
+
+def _fed(tokens: np.ndarray, device, previous: torch.Tensor | None, step: int) -> torch.Tensor:
+    """The step's tokens on ``device``, each reference ``-1 - j`` replaced by ``previous[j]``."""
+    refs = np.flatnonzero(tokens < 0)
+    out = to_device(np.where(tokens < 0, 0, tokens), device, torch.int64)
+    if refs.size:
+        rows = -1 - tokens[refs]
+        if previous is None or int(rows.max()) >= previous.numel():
+            raise RuntimeError(f"step {step}: the plan feeds rows {rows.tolist()} of the previous step's tokens, "
+                               f"which this rank does not hold ({0 if previous is None else previous.numel()} rows)")
+        out[to_device(refs, device, torch.int64)] = previous.index_select(0, to_device(rows, device, torch.int64))
+    return out

@@ -15,6 +15,13 @@ request's :class:`~splash_core.engine.sampling.SamplingParams`. A request genera
 none: the paper's protocol generates exactly ``max_new_tokens``); the last generated token is
 never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens.
 
+A step may be booked *ahead* of its tokens (rank 0 plans the next step while the device still
+runs this one, issue 22 §3): :meth:`Request.advance_ahead` records its progress with the output
+unknown, the next step feeds that output as a reference to this step's row on the device, and
+:meth:`Request.confirm` fills it in once the tokens reach the host. A stop id found that late
+finishes the request at the step that emitted it; the one row it got in the step planned
+meanwhile is dropped.
+
 Rank 0 stamps when a request arrived and when each of its tokens was chosen (monotonic clock),
 from which runs and the server report time to first token, inter-token and end-to-end latency.
 """
@@ -56,6 +63,8 @@ class Request:
     finish_reason: str = ""  # "length" (max_new_tokens), "stop" (a stop id) or "abort"
     arrived_at: float = float("nan")  # time.monotonic() when it arrived
     token_times: list[float] = dataclasses.field(default_factory=list)  # time.monotonic() of each generated token
+    ahead: int = 0  # outputs booked ahead of their tokens (not in ``generated`` yet)
+    ahead_row: int = -1  # the row of the last such output in its step's tokens (batch order)
 
     @property
     def id(self) -> int:
@@ -98,6 +107,8 @@ class Request:
                 raise ValueError(f"request {self.id}: {rows} prefill rows with {self.prompt_tokens - self.fed} left")
             return self.prompt[self.fed: self.fed + rows]
         if self.state is State.DECODING and rows == 1:
+            if self.ahead:  # the device has it: a reference to that step's row (StepPlan's wire format)
+                return np.array([-1 - self.ahead_row], dtype=np.int64)
             return np.array(self.generated[-1:], dtype=np.int64)
         raise ValueError(f"request {self.id}: cannot feed {rows} rows while {self.state.value}")
 
@@ -112,6 +123,29 @@ class Request:
             self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "stop"
         elif len(self.generated) >= self.spec.max_new_tokens:
             self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "length"
+
+    def advance_ahead(self, rows: int, step: int, row: int) -> bool:
+        """Record a step that fed ``rows`` tokens before its tokens are known; its output (if any:
+        returned) is row ``row`` of the step's tokens. Finishing by ``max_new_tokens`` is known
+        now; a stop id only at :meth:`confirm`."""
+        self.fed += rows
+        if self.state is State.PREFILLING and self.fed < self.prompt_tokens:
+            return False
+        self.state, self.ahead, self.ahead_row = State.DECODING, self.ahead + 1, row
+        if len(self.generated) + self.ahead >= self.spec.max_new_tokens:
+            self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "length"
+        return True
+
+    def confirm(self, token: int, step: int) -> bool:
+        """The token of an output booked ahead (:meth:`advance_ahead`) at ``step``; False when it is
+        dropped: the request was aborted meanwhile, or stopped at an earlier step."""
+        if self.state is State.ABORTED or self.finish_reason == "stop":
+            return False
+        self.ahead -= 1
+        self.generated.append(int(token))
+        if int(token) in self.sampling.stop_token_ids:
+            self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "stop"
+        return True
 
     def outputs_this_step(self, rows: int) -> bool:
         """Whether a step feeding ``rows`` of this request yields an output token."""

@@ -8,9 +8,13 @@ requests and runs the step: :meth:`Model.step <splash_core.runtime.model.Model.s
 current layout, or, when the plan names another layout, the switch executor's step, during
 which every layer moves to it while the batch keeps computing (with ``switch_mode="precopy"``,
 a pre-copy over ``precopy_steps`` steps first, then the handoff: :mod:`~splash_core.engine.precopies`).
-From the logits (identical on
-every rank) rank 0 chooses each request's next token (:mod:`~splash_core.engine.sampling`:
-greedy or seeded sampling) and books it; the next plan carries it to every rank. A switch the
+Every rank chooses the greedy
+tokens on its device (the logits are identical on every rank); rank 0 books them, or its own
+choice where a request samples (:mod:`~splash_core.engine.sampling`), and the next plan carries
+them to every rank. A step in the current layout with greedy outputs only is booked *ahead*: rank
+0 plans the next step before its tokens reach the host, that plan feeds them by reference to
+the device's tokens, and rank 0 waits for them only once the next step is queued behind it
+(issue 22 §3; ``overlap=False`` books every step first). A switch the
 executor refuses before anything moves (Eq 5) runs the step in the current layout instead.
 What rank 0 does besides (a progress bar, a server's requests and streamed tokens) comes
 through :class:`Hooks`.
@@ -32,6 +36,7 @@ import torch
 from ..checkpoint.source import weight_source
 from ..profiles.deployment import DeploymentProfile
 from ..runtime.model import Model
+from ..runtime.step_tokens import StepTokens
 from ..runtime.switch import SwitchExecutor, SwitchRefused
 from .controller import Controller
 from .plan import Command, StepPlan, exchange
@@ -105,11 +110,35 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_
     return Group(model, executor, load_report)
 
 
+@dataclasses.dataclass
+class _Launched:
+    """A step whose work is queued on the device: its plan, its greedy tokens on their way to the
+    host, and what rank 0 needs to book it."""
+
+    plan: StepPlan
+    tokens: StepTokens
+    started: float  # perf_counter when the step was issued
+    report: object = None  # the switch executor's report, or None
+    refused: str = ""
+    copying: bool = False  # ran beside a pre-copy
+    ran_in: object = None  # the layout the step ended in
+    precopies: tuple = ()  # the pre-copy records that began or ended in the step
+    wait: str = ""  # why rank 0 must book it before planning the next step ("": it may book it ahead)
+    booked: bool = False
+
+
 def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
-              on_step: Callable | None = None, precopy_steps: int = 4) -> list:
+              on_step: Callable | None = None, precopy_steps: int = 4, overlap: bool = True) -> list:
     """Run rank 0's plans on this rank until STOP (``controller`` and ``hooks`` on rank 0 only);
     returns this rank's switch reports as (step, report). ``switch_mode``: splash, blocking,
-    precopy (every switch a pre-copy of ``precopy_steps`` steps) or auto (the plan says)."""
+    precopy (every switch a pre-copy of ``precopy_steps`` steps) or auto (the plan says).
+
+    With ``overlap`` rank 0 plans step k+1 while the device runs step k (issue 22 §3): a step in
+    the current layout whose outputs are all greedy is booked ahead of its tokens
+    (:meth:`Controller.book_ahead`), the next plan feeds its outputs by reference to the device's
+    tokens, and rank 0 waits for step k's tokens only once step k+1 is queued behind it. A
+    switching step, a pre-copy, a sampled token or a plan that is not a step makes rank 0 wait for
+    the tokens first; each step's record says how it was booked."""
     model, executor = group.model, group.executor
     lead = controller is not None
     hooks = hooks or Hooks()
@@ -118,9 +147,23 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
         precopies = PreCopies(executor, precopy_steps, forced=switch_mode == "precopy")
     reports = []
     step = 0
+    flight: _Launched | None = None  # the last step issued, not yet booked (rank 0); its tokens (every rank)
+    booked_until = time.perf_counter()  # when rank 0 last booked a step
     try:
         while True:
-            plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks)
+            if lead and flight is not None:
+                if flight.wait:
+                    booked_until = _book(controller, hooks, flight, booked_until)
+                else:
+                    controller.book_ahead(flight.plan)
+                    if controller.idle:  # nothing to plan ahead of its tokens (a server would wait for work meanwhile)
+                        booked_until = _confirm(controller, hooks, flight, booked_until)
+            previous = flight.tokens.device if flight is not None else None
+            plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks, previous)
+            if lead and flight is not None and not flight.booked and plan.command is not Command.STEP:
+                booked_until = _confirm(controller, hooks, flight, booked_until)
+            if plan.command is not Command.STEP:
+                flight = None
             for rid in plan.releases:
                 model.release(rid)
                 if precopies is not None:
@@ -136,22 +179,14 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
                 continue
             if on_step is not None:
                 on_step(ctx, step)
-            t0 = time.perf_counter()
-            copying = False
-            if precopies is not None:
-                logits, report, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
-                    ctx, executor, controller, plan, model, precopies.mode, precopy))
-            else:
-                switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
-                logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
-            next_tokens = _choose(controller, plan, logits) if lead else None
-            seconds = time.perf_counter() - t0
-            if report is not None:
-                reports.append((step, report))
-            if lead:
-                produced = controller.record(plan, next_tokens, seconds, model.layers[0].layout, refused,
-                                             precopying=copying, precopies=precopies.events if precopies else ())
-                hooks.after_step(plan, produced, seconds, report)
+            launched = _launch(ctx, model, executor, controller, plan, tokens, switch_mode, precopies)
+            if lead and not overlap:
+                launched.wait = launched.wait or "sync"
+            if launched.report is not None:
+                reports.append((step, launched.report))
+            if lead and flight is not None and not flight.booked:  # step k+1 is queued: now wait for step k
+                booked_until = _confirm(controller, hooks, flight, booked_until)
+            flight = launched
             step += 1
     except Exception as exc:
         peers = [r for r in range(ctx.world_size) if r != ctx.rank]
@@ -160,6 +195,54 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
                      f"shows up here as a failed collective")
         raise
     return reports
+
+
+def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mode: str, precopies) -> _Launched:
+    """Issue ``plan``'s step; on rank 0, say whether it must be booked before the next plan."""
+    started = time.perf_counter()
+    current = model.layers[0].layout
+    if plan.layout is current and (precopies is None or precopies.active is None):
+        launched = _Launched(plan, model.step_tokens(plan.batch(model.T, model.page_size), tokens), started)
+    else:
+        if precopies is not None:
+            logits, report, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
+                ctx, executor, controller, plan, model, precopies.mode, precopy))
+        else:
+            switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
+            logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
+            copying = False
+        launched = _Launched(plan, StepTokens.start(logits.argmax(dim=-1), lambda: logits, model.streams), started,
+                             report, refused, copying, precopies=tuple(precopies.events) if precopies else (),
+                             wait="switch" if plan.layout is not current and not copying else "precopy")
+    launched.ran_in = model.layers[0].layout
+    if controller is not None and not launched.wait and not controller.greedy(plan):
+        launched.wait = "sampled"
+    return launched
+
+
+def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
+    """Rank 0 books ``flight`` before planning the next step (its tokens first: chosen, where a
+    request samples); returns when. A step's seconds are its share of the run's wall time: from
+    when it was issued or the step before was booked, whichever is later, to its booking."""
+    next_tokens = _choose(controller, flight.plan, flight.tokens)
+    done = time.perf_counter()
+    seconds = done - max(flight.started, since)
+    flight.booked = True
+    produced = controller.record(flight.plan, next_tokens, seconds, flight.ran_in, flight.refused,
+                                 precopying=flight.copying, precopies=flight.precopies, booked=flight.wait)
+    hooks.after_step(flight.plan, produced, seconds, flight.report)
+    return done
+
+
+def _confirm(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
+    """Rank 0 books the tokens of ``flight``, booked ahead: waits for its event only."""
+    next_tokens = flight.tokens.host()
+    done = time.perf_counter()
+    seconds = done - max(flight.started, since)
+    flight.booked = True
+    produced = controller.confirm(flight.plan, next_tokens, seconds)
+    hooks.after_step(flight.plan, produced, seconds, flight.report)
+    return done
 
 
 def pool_usage(model: Model) -> dict:
@@ -171,11 +254,16 @@ def pool_usage(model: Model) -> dict:
     return {"pages": layers[0].num_pages, "used": used, "free": layers[0].num_pages - used}
 
 
-def _choose(controller: Controller, plan: StepPlan, logits):
-    """Rank 0: each request's next token; rows that yield no output (mid-prompt) take argmax."""
-    reqs = [controller.requests[q.id] for q in plan.requests]
-    params = [r.sampling if r.outputs_this_step(q.rows) else GREEDY for r, q in zip(reqs, plan.requests)]
-    return choose_tokens(logits, params, [r.id for r in reqs], [len(r.generated) for r in reqs])
+def _choose(controller: Controller, plan: StepPlan, tokens: StepTokens):
+    """Rank 0: each request's next token, the device's greedy one unless the request samples
+    (then from the step's logits); rows that yield no output (mid-prompt) take the greedy one."""
+    reqs = [controller.requests.get(q.id) for q in plan.requests]  # None: forgotten (stopped the step before)
+    params = [r.sampling if r is not None and r.outputs_this_step(q.rows) else GREEDY
+              for r, q in zip(reqs, plan.requests)]
+    if all(p.greedy for p in params):
+        return tokens.host()
+    return choose_tokens(tokens.logits(), params, [q.id for q in plan.requests],
+                         [len(r.generated) if r is not None else 0 for r in reqs])
 
 
 def _load_report(source, seconds: float, model: Model) -> dict:
@@ -193,7 +281,7 @@ def _load_report(source, seconds: float, model: Model) -> dict:
             "memory": {**model.nbytes(), "kv_pool": pool}, "dtype": str(model.dtype).removeprefix("torch.")}
 
 
-def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks) -> tuple[StepPlan, object]:
+def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks, previous=None) -> tuple[StepPlan, object]:
     """Rank 0 plans and broadcasts; the others receive. A failure while planning is broadcast
     as ABORT before rank 0 raises, so no rank waits for a step that never comes."""
     mine = None
@@ -206,7 +294,7 @@ def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks) -> tupl
         except Exception:
             exchange(ctx.host_collectives(), ctx.device, StepPlan(Command.ABORT, step, controller.layout))
             raise
-    plan, tokens = exchange(ctx.host_collectives(), ctx.device, mine)
+    plan, tokens = exchange(ctx.host_collectives(), ctx.device, mine, previous)
     if plan.step != step:
         raise EngineError(f"rank {ctx.rank} is at step {step}, rank 0 sent step {plan.step}: the group is out of step")
     if plan.command is Command.ABORT:

@@ -110,6 +110,9 @@ class RunSummary:
     latency: dict = dataclasses.field(default_factory=dict)  # ttft_ms / itl_ms / e2e_ms: :func:`latency`
     precopies: tuple = ()  # every pre-copy begun (PreCopyRecord as a dict), in order
     precopy_counts: dict = dataclasses.field(default_factory=dict)  # begun, handed_off, cancelled, fell_back
+    # steps by how rank 0 booked them: "ahead" (the next step planned while the device ran this one), or
+    # why the host waited for the step's tokens first (controller.StepRecord.booked)
+    booked: dict = dataclasses.field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -158,6 +161,7 @@ def render(s: RunSummary) -> str:
             ("throughput", f"{number(s.tokens_per_s)} tokens/s total, {number(s.output_tokens_per_s)} generated tokens/s"),
             ("latency", latency_line(s.latency)),
             ("steps per layout", ", ".join(f"{k} {v}" for k, v in s.layout_steps.items()) or "none"),
+            ("host", booked_line(s.booked)),
             ("switches", str(len(s.done_switches)) + (f" ({len(s.switches) - len(s.done_switches)} refused)"
                                                       if len(s.switches) > len(s.done_switches) else ""))]
     if s.precopies:
@@ -188,6 +192,17 @@ def render(s: RunSummary) -> str:
     else:
         lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
     return "\n".join(lines)
+
+
+def booked_line(booked: dict) -> str:
+    """``712 steps planned while the device ran the step before; waited for the tokens of 39 (switch 2, sampled 37)``."""
+    ahead = booked.get("ahead", 0)
+    waits = {k: v for k, v in booked.items() if k != "ahead"}
+    line = f"{ahead} steps planned while the device ran the step before"
+    if waits:
+        line += (f"; waited for the tokens of {sum(waits.values())} first ("
+                 + ", ".join(f"{k} {v}" for k, v in sorted(waits.items())) + ")")
+    return line
 
 
 def precopy_counts(records) -> dict:
