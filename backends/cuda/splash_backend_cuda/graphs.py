@@ -65,8 +65,29 @@ class CudaGraphOps:
         graph = torch.cuda.CUDAGraph()
         # thread-local: CUDA calls of other threads (NCCL's watchdog polling earlier work, say)
         # do not invalidate this thread's capture
-        with torch.cuda.graph(graph, pool=getattr(pool, "id", pool), capture_error_mode="thread_local"):
-            outputs = fn()
+        pool_id = getattr(pool, "id", pool)
+        try:
+            with torch.cuda.graph(graph, pool=pool_id, capture_error_mode="thread_local"):
+                outputs = fn()
+        except Exception:
+            _stop_routing_to(self.device, pool_id)
+            raise
         torch.cuda.synchronize(self.device)
         nbytes = max(0, torch.cuda.memory_reserved(self.device) - before)
         return CudaGraph(graph, outputs, time.perf_counter() - t0, nbytes)
+
+
+def _stop_routing_to(device: torch.device, pool_id) -> None:
+    """After a capture that failed: make sure the allocator no longer routes allocations into its
+    pool. Where ending the capture raised before the allocator heard of it, the pool stays marked
+    as recording, and the next ``empty_cache`` or the pool's release aborts the process on the
+    allocator's assert ``captures_underway.empty()`` (seen on torch 2.11 when a step synchronised
+    inside the capture). Where the allocator had been told, there is nothing to end: it says so,
+    which is ignored."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None or pool_id is None:
+        return
+    try:
+        end(device.index if device.index is not None else torch.cuda.current_device(), pool_id)
+    except RuntimeError:
+        pass
