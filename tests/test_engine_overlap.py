@@ -160,7 +160,7 @@ def test_on_a_gpu_overlap_gives_the_tokens_of_waiting_and_replays_its_decode_ste
     # tiny-mla (a dense MLP): the tiny checkpoint's fp32 experts fall back to a matmul that reads
     # counts on the host, which no graph can capture (tests/test_cuda_graphs.py covers that path)
     deployment.update(name="gpu-tiny-overlap", backend="auto", hardware="h200", T=1, memory_fraction=0.2,
-                      model={"builtin": "tiny-mla"})
+                      model="tiny-mla")
     with RankPool(1, backend="auto", timeout_s=600) as pool:
         plain = [SamplingParams()] * len(PROMPTS)
         first = pool.run(_generate, [Job(deployment, policy="TP", prompts=tuple(
