@@ -157,11 +157,11 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
                 else:
                     controller.book_ahead(flight.plan)
                     if controller.idle:  # nothing to plan ahead of its tokens (a server would wait for work meanwhile)
-                        booked_until = _confirm(controller, hooks, flight, booked_until)
+                        booked_until = _book(controller, hooks, flight, booked_until)
             previous = flight.tokens.device if flight is not None else None
             plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks, previous)
             if lead and flight is not None and not flight.booked and plan.command is not Command.STEP:
-                booked_until = _confirm(controller, hooks, flight, booked_until)
+                booked_until = _book(controller, hooks, flight, booked_until)
             if plan.command is not Command.STEP:
                 flight = None
             for rid in plan.releases:
@@ -185,7 +185,7 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
             if launched.report is not None:
                 reports.append((step, launched.report))
             if lead and flight is not None and not flight.booked:  # step k+1 is queued: now wait for step k
-                booked_until = _confirm(controller, hooks, flight, booked_until)
+                booked_until = _book(controller, hooks, flight, booked_until)
             flight = launched
             step += 1
     except Exception as exc:
@@ -221,26 +221,20 @@ def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mod
 
 
 def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
-    """Rank 0 books ``flight`` before planning the next step (its tokens first: chosen, where a
-    request samples); returns when. A step's seconds are its share of the run's wall time: from
-    when it was issued or the step before was booked, whichever is later, to its booking."""
-    next_tokens = _choose(controller, flight.plan, flight.tokens)
+    """Rank 0 books ``flight``; returns when. One that had to wait (``flight.wait``) is booked
+    before the next plan, its tokens chosen first (on the host, where a request samples); one
+    booked ahead gets its tokens confirmed, waiting for its event only. A step's seconds are its
+    share of the run's wall time: from when it was issued or the step before was booked,
+    whichever is later, to its booking."""
+    next_tokens = _choose(controller, flight.plan, flight.tokens) if flight.wait else flight.tokens.host()
     done = time.perf_counter()
     seconds = done - max(flight.started, since)
     flight.booked = True
-    produced = controller.record(flight.plan, next_tokens, seconds, flight.ran_in, flight.refused,
-                                 precopying=flight.copying, precopies=flight.precopies, booked=flight.wait)
-    hooks.after_step(flight.plan, produced, seconds, flight.report)
-    return done
-
-
-def _confirm(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
-    """Rank 0 books the tokens of ``flight``, booked ahead: waits for its event only."""
-    next_tokens = flight.tokens.host()
-    done = time.perf_counter()
-    seconds = done - max(flight.started, since)
-    flight.booked = True
-    produced = controller.confirm(flight.plan, next_tokens, seconds)
+    if flight.wait:
+        produced = controller.record(flight.plan, next_tokens, seconds, flight.ran_in, flight.refused,
+                                     precopying=flight.copying, precopies=flight.precopies, booked=flight.wait)
+    else:
+        produced = controller.confirm(flight.plan, next_tokens, seconds)
     hooks.after_step(flight.plan, produced, seconds, flight.report)
     return done
 
@@ -324,10 +318,8 @@ def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: s
 
 
 def _run_step(model, executor, plan: StepPlan, tokens, mode: str, switch=None):
-    """(logits, switch report or None, why a switch was refused or "")."""
+    """A switching step: (logits, switch report or None, why the switch was refused or "")."""
     batch = plan.batch(model.T, model.page_size)
-    if plan.layout is model.layers[0].layout:
-        return model.step(batch, tokens), None, ""
     try:
         logits, report = executor.step(batch, tokens, plan.layout, mode=mode, plan=switch)
         return logits, report, ""
