@@ -78,6 +78,12 @@ def examples() -> dict[str, tuple[dict, list]]:
                  "switch_host_p50_ms": 9.5, "prepare_p50_ms": 0.5, "bookkeeping_per_layer_us": 250.0,
                  "warm_bookkeeping_per_layer_us": 125.0, "data_p50_ms": 7.0, "runs": 2}]},
             [{"src": "CP", "dst": "TP", "ready_ms": 300.0, "splash_ms": 305.5, "bookkeeping_ms": 2.0, "run": 0}]),
+        "precopy_step": (
+            {"workload": "B=16, 32K context, page 64, tiny widths", "layers": 8, "directions": [
+                {"src": "DP", "dst": "TP", "ordinary_p50_ms": 150.0, "precopy_p50_ms": 162.5, "handoff_p50_ms": 240.0,
+                 "one_step_p50_ms": 330.0, "precopy_extra_p50_ms": 12.5, "precopy_host_p50_ms": 15.5,
+                 "handoff_kv_bytes": 1 << 20, "one_step_kv_bytes": 16 << 20, "paused_steps": 0, "runs": 5}]},
+            [{"src": "DP", "dst": "TP", "run": 0, "kind": "ordinary", "step": 0, "wall_ms": 150.0}]),
         "crossovers": ({"axis": "input_tokens", "batch": 4, "scenario": "profiles/deployments/cpu-tiny.yaml",
                         "predicted": [{"at": 2000.0, "from": "TP", "to": "DP"},
                                       {"at": 20000.0, "from": "DP", "to": "DOP"}]}, []),

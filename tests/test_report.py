@@ -196,6 +196,8 @@ def test_measured_tables_equal_their_inputs(rendered):
     assert timing == [[case["case"], f"{case['p50_us']:.1f}", f"{case['p95_us']:.1f}", str(case["runs"])]]
     (crossovers,) = tables(section(cpu, "Predicted vs measured crossovers"))
     assert [r[3] for r in crossovers] == ["yes", "no"]  # 2,000 in 1,024-4,096; 20,000 not in 4,096-16,384
+    (precopy,) = tables(part(section(cpu, "Host time"), "Host work of a pre-copy across steps"))
+    assert precopy == [["DP→TP", "150.00", "162.50", "12.50", "15.50", "240.00", "330.00", "1.00", "16.00", "0", "5"]]
 
 
 def test_overview_chapters_and_sections_name_source_t_and_machine(rendered):

@@ -51,3 +51,22 @@ def render_switch(result: Result, ctx: Context) -> list[str]:
     if base:
         lines += [f"Baseline kept beside it: {base['label']} ({base['date'][:10]}).", ""]
     return lines
+
+
+def render_precopy(result: Result, _ctx: Context) -> list[str]:
+    summary = result["summary"]
+    lines = [f"Workload: {summary['workload']}. Per direction (p50 over runs, slowest rank): an ordinary step, a "
+             "step of the pre-copy (its extra over the ordinary one, and the pre-copy's own host work inside "
+             "it), the handoff step that ends it and, beside them, the same switch made in one step; the KV "
+             "each of those two steps still moves, and the steps the pre-copy paused for memory.", ""]
+    rows = [[f"{r['src']}→{r['dst']}", ms(r["ordinary_p50_ms"]), ms(r["precopy_p50_ms"]),
+             ms(r["precopy_extra_p50_ms"]), ms(r["precopy_host_p50_ms"]), ms(r["handoff_p50_ms"]),
+             ms(r["one_step_p50_ms"]), _mib(r["handoff_kv_bytes"]), _mib(r["one_step_kv_bytes"]),
+             str(r["paused_steps"]), str(r["runs"])] for r in summary["directions"]]
+    return lines + table(["direction", "ordinary ms", "pre-copy step ms", "extra ms", "pre-copy host ms",
+                          "handoff ms", "one-step switch ms", "handoff KV MiB", "one-step KV MiB", "paused",
+                          "runs"], rows, "lrrrrrrrrrr") + [""]
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.2f}"

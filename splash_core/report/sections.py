@@ -67,6 +67,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("costmodel_check", "Cost model vs runtime step times", "", costmodel_check.render, produced_by="model"),
     Section("runtime_host_profile", "Runtime host time per layer", "", host_time.render_runtime, group=HOST),
     Section("switch_host_profile", "Host work of a live switch", "", host_time.render_switch, group=HOST),
+    Section("precopy_step", "Host work of a pre-copy across steps", "", host_time.render_precopy, group=HOST),
     Section("mla_correctness", "MLA kernels vs the torch reference", "", device_checks.render_mla,
             group=CORRECTNESS),
     Section("kda_correctness", "KDA kernels (fla) vs the torch recurrence", "", device_checks.render_kda,
