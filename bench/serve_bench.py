@@ -53,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--max-running", type=int, default=128, help="splash serve --max-running")
     p.add_argument("--server-args", default="", help="more splash serve flags, one string")
     p.add_argument("--budget-s", type=float, default=330.0, help="start no rate expected to end past this")
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
+    p.add_argument("--name", default="served_bench", help="result file name (<out>/<platform>/<name>.json)")
     return p.parse_args(argv)
 
 
@@ -206,10 +209,11 @@ def _write(state: dict, code: int) -> Path:
                  **({"server_log_tail": tail} if tail.strip() else {}),
                  "workload": {"num_prompts": args.num_prompts, "input_tokens": [int(args.input_len * args.range_ratio),
                                                                                 args.input_len],
-                              "output_tokens": args.output_len}},
+                              "output_tokens": args.output_len, "temperature": args.temperature,
+                              "top_p": args.top_p}},
         notes="sglang.bench_serving (sglang 0.5.9, installed --no-deps) against splash serve; random-init "
               "DeepSeek-V3 widths" + ("; --tiny: small widths on CPU" if args.tiny else ""))
-    return results.write_result(data, args.out)
+    return results.write_result(data, args.out, args.name)
 
 
 _DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
@@ -219,7 +223,8 @@ def bench(args, url: str, folder: str, rate: str):
     """One bench_serving run: (its result with details, seconds, the command)."""
     out = Path(args.workdir) / f"bench-{rate}.jsonl"
     out.unlink(missing_ok=True)
-    every = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}  # the same length for all
+    every = {"max_new_tokens": args.output_len, "temperature": args.temperature, "top_p": args.top_p,
+             "ignore_eos": True}  # the same length for all
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--dataset-name", "random-ids", "--tokenizer", folder, "--num-prompts", str(args.num_prompts),
            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),

@@ -305,6 +305,8 @@ SHAPES: dict[str, Shape] = {
     "plan_speed": _TIMING,
     "precopy_planning": _TIMING,
     "scheduler_speed": _TIMING,
+    "sampling_speed": dataclasses.replace(_TIMING, doc="wall time of choosing one step's sampled tokens per case: "
+                                          "on the logits' device, or row by row on the host, in microseconds"),
     "rollout_serving": Shape(
         doc="one workload served end to end by the engine under SPLASH and under each fixed layout",
         summary={"workload": "text", "output_tokens": "count", "best_fixed": "layout",

@@ -61,6 +61,9 @@ def examples() -> dict[str, tuple[dict, list]]:
                             [{"case": "decide, 256 running", "us": 80.0}]),
         "precopy_planning": ({"cases": [{"case": "policy", "p50_us": 300.0, "p95_us": 13000.0, "runs": 3}]},
                              [{"case": "policy", "us": 300.0, "window": 1, "step": 0}]),
+        "sampling_speed": ({"cases": [{"case": "device: 16 rows, temperature 1", "p50_us": 900.0, "p95_us": 950.0,
+                                        "runs": 2}]},
+                           [{"case": "device: 16 rows, temperature 1", "us": 900.0, "rep": 0}]),
         "rollout_serving": (
             {"workload": "rollout-tiny", "output_tokens": 200, "best_fixed": "TP", "splash_over_best_fixed": 1.25,
              "policies": [

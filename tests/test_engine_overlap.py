@@ -17,7 +17,7 @@ from splash_core.engine.controller import Controller
 from splash_core.engine.plan import Command, exchange
 from splash_core.engine.policy import FixedPolicy, ScriptedPolicy
 from splash_core.engine.requests import GenerationRequest, Request, State
-from splash_core.engine.sampling import SamplingParams
+from splash_core.engine.sampling import RowDraw, SamplingParams, uniform
 from splash_core.layouts import Layout
 from splash_core.profiles.workload import RequestSpec
 
@@ -108,6 +108,27 @@ def test_references_on_the_wire_take_the_previous_steps_device_tokens():
         exchange(_Recorder(), "cpu", second, None)
 
 
+def test_sampled_outputs_travel_as_draws_of_the_index_they_will_have():
+    warm = SamplingParams(temperature=0.8, top_k=7, top_p=0.9, seed=5)
+    reqs = [Request(RequestSpec(0, 3, 4), np.array([1, 2, 3]), sampling=warm),
+            Request(RequestSpec(1, 3, 4), np.array([4, 5, 6]))]
+    cap = KVCapacity(pages=64, page_size=16, T=1, source="test")
+    ctrl = Controller(reqs, FixedPolicy(TP), cap, concurrency=4, prefill_chunk=8, layout=TP)
+    first = ctrl.plan(0, T=1, page_size=16)
+    row = [q.id for q in first.requests].index(0)
+    assert first.draws == (RowDraw(row, warm, uniform(warm, 0, 0)),)  # only the sampled request draws
+    ctrl.book_ahead(first)
+    second = ctrl.plan(1, T=1, page_size=16)  # output 1 of request 0, while output 0 is still in flight
+    assert second.draws == (RowDraw([q.id for q in second.requests].index(0), warm, uniform(warm, 0, 1)),)
+    sender = _Recorder()
+    exchange(sender, "cpu", second, torch.tensor([70, 71]))
+    got, _ = exchange(_Recorder(sender.sent), "cpu", None, torch.tensor([70, 71]))
+    (d,) = got.draws  # the other ranks get row, temperature, top-k, top-p and u bit for bit
+    assert (d.row, d.u, d.params.temperature, d.params.top_k, d.params.top_p) == (
+        second.draws[0].row, uniform(warm, 0, 1), 0.8, 7, 0.9)
+    assert got.releases == second.releases and got.tokens.tolist() == second.tokens.tolist()
+
+
 # ---- the engine on gloo ranks ---------------------------------------------------------
 
 PROMPTS = ((5, 9, 14, 3, 8), (7, 7, 21), (30, 2, 11, 19, 4, 6, 1), (12,))
@@ -124,8 +145,8 @@ def _jobs(sampling, policy, overlap_both=True):
 
 def test_overlap_gives_the_same_tokens_as_waiting_for_every_step(rank_pools):
     """Greedy requests with stop ids taken from their own first run (so some stop a step before
-    the engine learns it), one short sampled request (its steps wait for the host: it chooses
-    there), and forced switches every 3 steps."""
+    the engine learns it), one short sampled request (chosen on every rank's device from the
+    plan's draws, so its steps are booked ahead too), and forced switches every 3 steps."""
     pool = rank_pools(2)
     plain = [SamplingParams()] * len(PROMPTS)
     first = pool.run(_generate, _jobs(plain, "TP", overlap_both=False))[0][0]
@@ -139,7 +160,7 @@ def test_overlap_gives_the_same_tokens_as_waiting_for_every_step(rank_pools):
     assert all(len(o["token_ids"]) <= 4 for o in ahead.outputs[:2])
     assert ahead.check["passed"] and waited.check["passed"]
     assert ahead.booked.get("ahead", 0) > 0 and ahead.booked.get("switch", 0) > 0
-    assert ahead.booked.get("sampled", 0) > 0  # the sampled request's outputs wait for the host
+    assert set(ahead.booked) <= {"ahead", "switch"}  # sampled outputs no longer make the host wait
     assert "ahead" not in waited.booked and waited.booked.get("sync", 0) > 0
     assert sum(waited.booked.values()) == waited.steps
     assert sum(ahead.booked.values()) == ahead.steps

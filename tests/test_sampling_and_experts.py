@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from splash_core.engine.requests import Request, State
-from splash_core.engine.sampling import SamplingParams, choose, kept, next_tokens, uniform
+from splash_core.engine import sampling
+from splash_core.engine.sampling import (RowDraw, SamplingParams, apply_draws, choose, choose_rows, in_kept, kept,
+                                         uniform)
 from splash_core.profiles.workload import RequestSpec
 from splash_core.runtime import experts
 
@@ -37,8 +39,65 @@ def test_sampling_follows_the_distribution_and_replays_from_the_seed():
     assert draws == again and draws != [choose(logits, p, uniform(p, 8, k)) for k in range(4000)]
     warm = SamplingParams(temperature=0.5, seed=11)
     rows = torch.stack([logits, logits.flip(0)])
-    got = next_tokens(rows, [warm, SamplingParams()], [7, 9], [3, 0])
+    got = apply_draws(rows.argmax(-1), rows, [RowDraw(0, warm, uniform(warm, 7, 3))])
     assert got[1] == 3 and got[0] == choose(logits, warm, uniform(warm, 7, 3))
+
+
+def _one_row(logits: torch.Tensor, p: SamplingParams, u: float) -> tuple[int, set]:
+    """The choice spelled out for one row (the test's own oracle): float64 softmax at the
+    temperature, most likely first (ties: lower id first), top-k, then the smallest prefix whose
+    mass reaches top-p, then the inverse CDF of what is kept at u."""
+    probs = torch.softmax(logits.double().cpu() / p.temperature, dim=0)
+    ids = sorted(range(len(probs)), key=lambda i: (-float(probs[i]), i))
+    if p.top_k:
+        ids = ids[:p.top_k]
+    if p.top_p < 1:
+        mass, cut = 0.0, len(ids)
+        for n, i in enumerate(ids):
+            mass += float(probs[i])
+            if mass >= p.top_p:
+                cut = n + 1
+                break
+        ids = ids[:cut]
+    cdf = np.cumsum([float(probs[i]) for i in ids])
+    return ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(ids) - 1)], set(ids)
+
+
+def _mixed_rows(rows: int, vocab: int, seed: int):
+    """Logits with many exact ties (rounded to a coarse grid) and a mix of filters per row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.round(torch.randn(rows, vocab, generator=g) * 8) / 4
+    menu = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_k=5),
+            SamplingParams(temperature=1.3, top_p=0.9), SamplingParams(temperature=0.8, top_k=3 * vocab),
+            SamplingParams(temperature=2.0, top_k=40, top_p=0.5), SamplingParams(temperature=1.0, top_p=1e-9)]
+    params = [menu[r % len(menu)] for r in range(rows)]
+    uniforms = torch.rand(rows, generator=g, dtype=torch.float64).tolist()
+    return logits, params, uniforms
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 300])  # one pass, and passes of 2 rows
+def test_rows_sampled_together_equal_each_row_spelled_out(monkeypatch, chunk):
+    monkeypatch.setattr(sampling, "_CHUNK_ELEMENTS", chunk)
+    logits, params, uniforms = _mixed_rows(24, 150, seed=3)
+    expected = [_one_row(row, p, u) for row, p, u in zip(logits, params, uniforms)]
+    assert choose_rows(logits, params, uniforms).tolist() == [t for t, _ in expected]
+    assert [choose(row, p, u) for row, p, u in zip(logits, params, uniforms)] == [t for t, _ in expected]
+    assert [set(kept(row, p)[1].tolist()) for row, p in zip(logits, params)] == [k for _, k in expected]
+    inside = torch.tensor([t for t, _ in expected])
+    assert in_kept(logits, params, inside).all()
+    filtered = [r for r, (_, k) in enumerate(expected) if len(k) < 150]  # rows whose filters drop tokens
+    outside = torch.tensor([min(set(range(150)) - expected[r][1]) for r in filtered])
+    assert len(filtered) >= 12 and not in_kept(logits[filtered], [params[r] for r in filtered], outside).any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rows_sampled_on_the_device_equal_the_host_choice():
+    logits, params, uniforms = _mixed_rows(64, 129280 // 8, seed=5)
+    draws = [RowDraw(r, p, u) for r, (p, u) in enumerate(zip(params, uniforms)) if r % 4]  # every 4th row greedy
+    host = apply_draws(logits.argmax(-1), logits, draws)
+    assert apply_draws(logits.cuda().argmax(-1), logits.cuda(), draws).tolist() == host.tolist()
+    assert host.tolist() == [_one_row(row, p, u)[0] if r % 4 else int(row.argmax())
+                             for r, (row, p, u) in enumerate(zip(logits, params, uniforms))]
 
 
 def test_a_stop_id_finishes_a_request_early():

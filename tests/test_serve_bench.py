@@ -9,12 +9,13 @@ from splash_core import results
 from splash_core.cli.main import main
 
 
-def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):
+def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):  # requests sample: the server's sampled path
     bench = load_bench("serve_bench")
     args = bench.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"),
-                             "--rates", "8", "inf", "--num-prompts", "12", "--input-len", "256", "--output-len", "12"])
+                             "--rates", "8", "inf", "--num-prompts", "12", "--input-len", "256", "--output-len", "12",
+                             "--temperature", "1.0", "--top-p", "0.9", "--name", "served_bench-sampled"])
     assert bench.run(args) == 0
-    data = results.read_result(tmp_path / "out" / "cpu" / "served_bench.json")
+    data = results.read_result(tmp_path / "out" / "cpu" / "served_bench-sampled.json")
     s = data["summary"]
     assert [r["rate"] for r in s["runs"]] == ["8", "inf"] and not s["skipped"] and s["server_exit_code"] == 0
     for run in s["runs"]:
@@ -29,3 +30,4 @@ def test_tiny_run_writes_every_rate_and_a_clean_exit(tmp_path):
     assert main(["report", "--results", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "README.md").read_text()
     assert "Served: SGLang's benchmark client against splash serve" in report and "| inf " in report
+    assert "12 output tokens each, sampled at temperature 1, top_p 0.9." in report

@@ -35,6 +35,7 @@ from .plan import Command, StepPlan
 from .policy import Choice
 from .precopies import FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
 from .requests import Request, State
+from .sampling import RowDraw, uniform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ class StepRecord:
     rows: int
     seconds: float  # wall time of the step on rank 0, switch included
     # how it was booked: "ahead" (the next step was planned before its tokens were on the host), else why
-    # the host waited for them first: "switch", "sampled", "precopy" or "sync" (overlap off)
+    # the host waited for them first: "switch", "precopy" or "sync" (overlap off)
     booked: str = "ahead"
 
 
@@ -125,7 +126,8 @@ class Controller:
         by_id = {r.id: r for r in self.running}
         tokens = np.concatenate([by_id[q.id].feed(q.rows) for q in batch.requests])
         return StepPlan(Command.STEP, step, layout, batch.requests, tokens, self._take_releases(),
-                        precopy_steps=choice.precopy_steps if layout is choice.layout else 0)
+                        precopy_steps=choice.precopy_steps if layout is choice.layout else 0,
+                        draws=_draws(batch.requests, by_id))
 
     def _arrive(self) -> None:
         now = self._now()
@@ -221,15 +223,10 @@ class Controller:
 
     # ---- after a step -------------------------------------------------------------------
 
-    def greedy(self, plan: StepPlan) -> bool:
-        """Whether every output of ``plan``'s step is a greedy choice (the device's argmax)."""
-        reqs = [(self.requests.get(q.id), q.rows) for q in plan.requests]
-        return all(r.sampling.greedy for r, rows in reqs if r is not None and not r.done and r.outputs_this_step(rows))
-
     def book_ahead(self, plan: StepPlan) -> None:
-        """Book ``plan``'s step (run in the current layout, every output greedy) before its tokens
-        are known, so the next step can be planned now: progress, finishing by length and the
-        releases are known; the tokens and any stop id come with :meth:`confirm`."""
+        """Book ``plan``'s step (run in the current layout) before its tokens are known, so the
+        next step can be planned now: progress, finishing by length and the releases are known;
+        the tokens and any stop id come with :meth:`confirm`."""
         if plan.layout is not self.layout:
             raise RuntimeError(f"step {plan.step}: a switching step cannot be booked ahead of its tokens")
         self.since_switch += 1
@@ -304,3 +301,14 @@ class Controller:
         self.running = [r for r in self.running if r.state is not State.FINISHED]
         self._step_record(plan, ran_in, seconds, booked)
         return produced
+
+
+def _draws(members, by_id) -> tuple[RowDraw, ...]:
+    """The sampled outputs of a step of ``members`` (batch order): each one's uniform number is
+    that of the output index it will have, counting outputs booked ahead and not yet confirmed."""
+    out = []
+    for row, q in enumerate(members):
+        r = by_id[q.id]
+        if not r.sampling.greedy and r.outputs_this_step(q.rows):
+            out.append(RowDraw(row, r.sampling, uniform(r.sampling, r.id, len(r.generated) + r.ahead)))
+    return tuple(out)

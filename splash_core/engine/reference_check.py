@@ -39,7 +39,7 @@ from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..runtime.reference_model import ReferenceModel
 from ..runtime.weights import RoundedWeights
-from .sampling import GREEDY, SamplingParams, choose, kept, uniform
+from .sampling import GREEDY, SamplingParams, choose_rows, in_kept, uniform
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need
@@ -159,9 +159,8 @@ def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams,
     """(differ, decisive, gap) of a sampled request: the reference's choice from the same draws
     must be the engine's; in a lower precision a differing token counts only when the reference
     would never have kept it (outside its top-k / top-p set)."""
-    ref = torch.tensor([choose(row, params, uniform(params, rid, k)) for k, row in enumerate(logits)],
-                       device=engine.device)
+    rows = [params] * len(engine)
+    ref = choose_rows(logits, rows, [uniform(params, rid, k) for k in range(len(engine))]).to(engine.device)
     differ = ref != engine
-    outside = torch.tensor([int(t) not in set(kept(row, params)[1].tolist()) for row, t in zip(logits, engine.tolist())],
-                           device=engine.device)
+    outside = ~in_kept(logits, rows, engine).to(engine.device)
     return differ, differ & (outside | exact), torch.zeros(len(engine), device=engine.device)

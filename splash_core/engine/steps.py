@@ -8,13 +8,13 @@ requests and runs the step: :meth:`Model.step <splash_core.runtime.model.Model.s
 current layout, or, when the plan names another layout, the switch executor's step, during
 which every layer moves to it while the batch keeps computing (with ``switch_mode="precopy"``,
 a pre-copy over ``precopy_steps`` steps first, then the handoff: :mod:`~splash_core.engine.precopies`).
-Every rank chooses the greedy
-tokens on its device (the logits are identical on every rank); rank 0 books them, or its own
-choice where a request samples (:mod:`~splash_core.engine.sampling`), and the next plan carries
-them to every rank. A step in the current layout with greedy outputs only is booked *ahead*: rank
-0 plans the next step before its tokens reach the host, that plan feeds them by reference to
-the device's tokens, and rank 0 waits for them only once the next step is queued behind it
-(issue 22 §3; ``overlap=False`` books every step first). A switch the
+Every rank chooses the step's
+tokens on its device (the logits are identical on every rank): the argmax, or for a sampled
+output the draw the plan carries (:mod:`~splash_core.engine.sampling`); rank 0 books them. A
+step in the current layout is booked *ahead*: rank 0 plans the next step before its tokens
+reach the host, that plan feeds them by reference to the device's tokens, and rank 0 waits for
+them only once the next step is queued behind it (issue 22 §3; ``overlap=False`` books every
+step first). A switch the
 executor refuses before anything moves (Eq 5) runs the step in the current layout instead.
 What rank 0 does besides (a progress bar, a server's requests and streamed tokens) comes
 through :class:`Hooks`.
@@ -41,7 +41,7 @@ from ..runtime.switch import SwitchExecutor, SwitchRefused
 from .controller import Controller
 from .plan import Command, StepPlan, exchange
 from .precopies import PreCopies
-from .sampling import GREEDY, next_tokens as choose_tokens
+from .sampling import apply_draws
 
 
 class EngineError(RuntimeError):
@@ -112,7 +112,7 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_
 
 @dataclasses.dataclass
 class _Launched:
-    """A step whose work is queued on the device: its plan, its greedy tokens on their way to the
+    """A step whose work is queued on the device: its plan, its tokens on their way to the
     host, and what rank 0 needs to book it."""
 
     plan: StepPlan
@@ -134,10 +134,10 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
     precopy (every switch a pre-copy of ``precopy_steps`` steps) or auto (the plan says).
 
     With ``overlap`` rank 0 plans step k+1 while the device runs step k (issue 22 §3): a step in
-    the current layout whose outputs are all greedy is booked ahead of its tokens
+    the current layout is booked ahead of its tokens
     (:meth:`Controller.book_ahead`), the next plan feeds its outputs by reference to the device's
     tokens, and rank 0 waits for step k's tokens only once step k+1 is queued behind it. A
-    switching step, a pre-copy, a sampled token or a plan that is not a step makes rank 0 wait for
+    switching step, a pre-copy or a plan that is not a step makes rank 0 wait for
     the tokens first; each step's record says how it was booked."""
     model, executor = group.model, group.executor
     lead = controller is not None
@@ -201,8 +201,9 @@ def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mod
     """Issue ``plan``'s step; on rank 0, say whether it must be booked before the next plan."""
     started = time.perf_counter()
     current = model.layers[0].layout
+    pick = (lambda greedy, logits: apply_draws(greedy, logits, plan.draws)) if plan.draws else None
     if plan.layout is current and (precopies is None or precopies.active is None):
-        launched = _Launched(plan, model.step_tokens(plan.batch(model.T, model.page_size), tokens), started)
+        launched = _Launched(plan, model.step_tokens(plan.batch(model.T, model.page_size), tokens, pick), started)
     else:
         if precopies is not None:
             logits, report, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
@@ -211,22 +212,21 @@ def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mod
             switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
             logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
             copying = False
-        launched = _Launched(plan, StepTokens.start(logits.argmax(dim=-1), lambda: logits, model.streams), started,
+        launched = _Launched(plan, StepTokens.start(apply_draws(logits.argmax(dim=-1), logits, plan.draws),
+                                                    lambda: logits, model.streams), started,
                              report, refused, copying, precopies=tuple(precopies.events) if precopies else (),
                              wait="switch" if plan.layout is not current and not copying else "precopy")
     launched.ran_in = model.layers[0].layout
-    if controller is not None and not launched.wait and not controller.greedy(plan):
-        launched.wait = "sampled"
     return launched
 
 
 def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
     """Rank 0 books ``flight``; returns when. One that had to wait (``flight.wait``) is booked
-    before the next plan, its tokens chosen first (on the host, where a request samples); one
-    booked ahead gets its tokens confirmed, waiting for its event only. A step's seconds are its
+    before the next plan; one booked ahead gets its tokens confirmed. Either waits for the
+    step's event only (its tokens, greedy or sampled, were chosen on the device). A step's seconds are its
     share of the run's wall time: from when it was issued or the step before was booked,
     whichever is later, to its booking."""
-    next_tokens = _choose(controller, flight.plan, flight.tokens) if flight.wait else flight.tokens.host()
+    next_tokens = flight.tokens.host()
     done = time.perf_counter()
     seconds = done - max(flight.started, since)
     flight.booked = True
@@ -246,18 +246,6 @@ def pool_usage(model: Model) -> dict:
         return {"pages": 0, "used": 0, "free": 0}
     used = max(kv.used_pages for kv in layers)
     return {"pages": layers[0].num_pages, "used": used, "free": layers[0].num_pages - used}
-
-
-def _choose(controller: Controller, plan: StepPlan, tokens: StepTokens):
-    """Rank 0: each request's next token, the device's greedy one unless the request samples
-    (then from the step's logits); rows that yield no output (mid-prompt) take the greedy one."""
-    reqs = [controller.requests.get(q.id) for q in plan.requests]  # None: forgotten (stopped the step before)
-    params = [r.sampling if r is not None and r.outputs_this_step(q.rows) else GREEDY
-              for r, q in zip(reqs, plan.requests)]
-    if all(p.greedy for p in params):
-        return tokens.host()
-    return choose_tokens(tokens.logits(), params, [q.id for q in plan.requests],
-                         [len(r.generated) if r is not None else 0 for r in reqs])
 
 
 def _load_report(source, seconds: float, model: Model) -> dict:

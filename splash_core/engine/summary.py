@@ -195,7 +195,7 @@ def render(s: RunSummary) -> str:
 
 
 def booked_line(booked: dict) -> str:
-    """``712 steps planned while the device ran the step before; waited for the tokens of 39 (switch 2, sampled 37)``."""
+    """``712 steps planned while the device ran the step before; waited for the tokens of 39 (switch 2, precopy 37)``."""
     ahead = booked.get("ahead", 0)
     waits = {k: v for k, v in booked.items() if k != "ahead"}
     line = f"{ahead} steps planned while the device ran the step before"

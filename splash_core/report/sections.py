@@ -79,5 +79,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("plan_speed", "Switch planner speed", "", timings.render),
     Section("scheduler_speed", "Scheduler decision speed", "", timings.render),
     Section("precopy_planning", "Decisions beside a pre-copy (--switch-mode auto)", "", timings.render),
+    Section("sampling_speed", "Choosing sampled tokens: on the device or row by row on the host", "", timings.render),
 )
 BY_BENCHMARK = {s.benchmark: s for s in SECTIONS}

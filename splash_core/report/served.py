@@ -19,7 +19,8 @@ def render(result: Result, ctx: Context) -> list[str]:
     ended = "still serving when this was written" if code == -1 else f"exit code {code} after SIGTERM"
     lines = [f"`{s['server_command']}` (ready after {s['server_ready_s']:.0f} s; {ended}), driven by `python -m sglang.bench_serving --backend sglang`: "
              f"{w.get('num_prompts')} prompts of {w.get('input_tokens', ['?', '?'])[0]}–"
-             f"{w.get('input_tokens', ['?', '?'])[1]} random tokens, {w.get('output_tokens')} output tokens each.", ""]
+             f"{w.get('input_tokens', ['?', '?'])[1]} random tokens, {w.get('output_tokens')} output tokens each, "
+             f"{_sampling(w)}.", ""]
     rows = []
     for run in s["runs"]:
         b = run["bench_serving"]
@@ -32,6 +33,12 @@ def render(result: Result, ctx: Context) -> list[str]:
     for why in s["skipped"]:
         lines.append(f"Skipped: {why}.")
     return lines + ([""] if s["skipped"] else [])
+
+
+def _sampling(workload: dict) -> str:
+    """How the requests chose tokens (results before the option existed were greedy)."""
+    t, p = workload.get("temperature", 0), workload.get("top_p", 1)
+    return "greedy" if not t else f"sampled at temperature {t:g}" + (f", top_p {p:g}" if p < 1 else "")
 
 
 def _n(values: dict, key: str, digits: int) -> str:

@@ -205,17 +205,20 @@ class Model:
             return replayed.logits()
         return self._eager(batch, tokens, before_layer)
 
-    def step_tokens(self, batch: StepBatch, tokens: torch.Tensor) -> StepTokens:
-        """:meth:`step`, plus each request's greedy next token chosen on the device (inside the
-        captured graph where the step replays one) and copied to pinned host memory behind an
-        event: the host reads them (:meth:`StepTokens.host`) once the device got there, without
-        draining anything else, and ``tokens`` may be the previous step's device tokens (they
-        never visit the host). The logits stay available for sampled requests."""
+    def step_tokens(self, batch: StepBatch, tokens: torch.Tensor, pick=None) -> StepTokens:
+        """:meth:`step`, plus each request's next token chosen on the device and copied to pinned
+        host memory behind an event: the host reads them (:meth:`StepTokens.host`) once the
+        device got there, without draining anything else, and ``tokens`` may be the previous
+        step's device tokens (they never visit the host). The token is the greedy one (chosen
+        inside the captured graph where the step replays one), or ``pick(greedy, logits)``'s
+        [R] device tensor where given (the engine's sampled rows)."""
         replayed = self._begin(batch, tokens, None, None)
         if replayed is not None:
-            return StepTokens.start(replayed.tokens(), replayed.logits, self.streams)
-        logits = self._eager(batch, tokens)
-        return StepTokens.start(logits.argmax(dim=-1), lambda: logits, self.streams)
+            greedy, logits = replayed.tokens(), replayed.logits
+        else:
+            out = self._eager(batch, tokens)
+            greedy, logits = out.argmax(dim=-1), (lambda: out)
+        return StepTokens.start(greedy if pick is None else pick(greedy, logits()), logits, self.streams)
 
     def _begin(self, batch: StepBatch, tokens: torch.Tensor, layouts, before_layer) -> DecodeOutputs | None:
         """Check the batch and reserve its pages; replay it where it is a decode step the graphs take."""
