@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8 expanded forms overlap graphmem
+# serve graphs decode theta fp8 expanded forms overlap graphmem sampling
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -105,6 +105,17 @@ for s in "${sections[@]}"; do
               python3 bench/prefill_forms.py --forms auto --overlap on,off --out $RES/overlap" ;;
     # graph memory at real widths and, through forced switches, the re-captures a switch costs (one GPU)
     graphmem) section graphmem 400 python3 bench/graph_memory.py --out "$RES/graphmem" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem)"; exit 2 ;;
+    # sampled tokens chosen on the device (one GPU): the GPU tests, the choice's speed on the device and row by
+    # row on the host, then splash serve under sglang.bench_serving greedy and sampled, and sampled with the
+    # server of the tree in .oldtree (git archive of the commit before, which sampled on the host) where present
+    sampling) section sampling 580 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_sampling_and_experts.py -k device;
+                python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_engine_overlap.py;
+                python3 bench/sampling_speed.py --out $RES/sampling;
+                A='--layers 4 --num-prompts 64 --rates inf --input-len 2048 --range-ratio 0.5 --output-len 64 --budget-s 150 --workdir /tmp/rw --out $RES/sampling';
+                python3 bench/serve_bench.py \$A --keep --name served_bench-ab-greedy;
+                python3 bench/serve_bench.py \$A --reuse --keep --temperature 1.0 --name served_bench-ab-sampled;
+                [ -d .oldtree ] && SPLASH_GIT_COMMIT=\${OLD_COMMIT:-old} PYTHONPATH=\$PWD/.oldtree \
+                  python3 bench/serve_bench.py \$A --reuse --temperature 1.0 --name served_bench-ab-sampled-before" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling)"; exit 2 ;;
   esac
 done

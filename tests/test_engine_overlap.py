@@ -170,8 +170,8 @@ def test_overlap_gives_the_same_tokens_as_waiting_for_every_step(rank_pools):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_overlap_gives_the_tokens_of_waiting_and_replays_its_decode_steps():
     """A tiny model on one GPU (the accelerator backend, decode graphs captured at start-up):
-    greedy requests with a stop id, served with and without overlap, equal each other and the
-    single-device reference."""
+    greedy requests with a stop id and a sampled one, served with and without overlap, equal
+    each other and the single-device reference."""
     import yaml
 
     from splash_core.profiles.loader import builtin_root
@@ -189,10 +189,13 @@ def test_on_a_gpu_overlap_gives_the_tokens_of_waiting_and_replays_its_decode_ste
         if first.backend == "reference":
             pytest.skip("no accelerator backend installed")
         stop = SamplingParams(stop_token_ids=(first.outputs[0]["token_ids"][3],))
-        prompts = tuple(GenerationRequest(p, 9, stop if i == 0 else SamplingParams()) for i, p in enumerate(PROMPTS))
+        warm = SamplingParams(temperature=0.9, top_p=0.95, seed=4)  # chosen on the GPU from the plan's draws
+        prompts = tuple(GenerationRequest(p, 9, (stop, warm)[i] if i < 2 else SamplingParams())
+                        for i, p in enumerate(PROMPTS))
         ahead, waited = pool.run(_generate, [Job(deployment, policy="TP", prompts=prompts, overlap=o)
                                              for o in (True, False)])[0]
     assert [o["token_ids"] for o in ahead.outputs] == [o["token_ids"] for o in waited.outputs]
     assert ahead.outputs[0]["finish_reason"] == "stop" and ahead.check["passed"] and waited.check["passed"]
+    assert set(ahead.booked) == {"ahead"} and ahead.outputs[1]["token_ids"] != first.outputs[1]["token_ids"]
     assert ahead.booked.get("ahead", 0) > 0 and "ahead" not in waited.booked
     assert ahead.load.get("graphs"), "the start-up captured no decode graphs"
