@@ -112,7 +112,8 @@ for s in "${sections[@]}"; do
                 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_engine_overlap.py;
                 python3 bench/sampling_speed.py --out $RES/sampling;
                 A='--layers 4 --num-prompts 64 --rates inf --input-len 2048 --range-ratio 0.5 --output-len 64 --budget-s 150 --workdir /tmp/rw --out $RES/sampling';
-                python3 bench/serve_bench.py \$A --keep --name served_bench-ab-greedy;
+                python3 bench/serve_bench.py \$A --keep --num-prompts 16 --out /tmp/warm-up;  # writes the checkpoint, compiles the kernels
+                python3 bench/serve_bench.py \$A --reuse --keep --name served_bench-ab-greedy;
                 python3 bench/serve_bench.py \$A --reuse --keep --temperature 1.0 --name served_bench-ab-sampled;
                 [ -d .oldtree ] && SPLASH_GIT_COMMIT=\${OLD_COMMIT:-old} PYTHONPATH=\$PWD/.oldtree \
                   python3 bench/serve_bench.py \$A --reuse --temperature 1.0 --name served_bench-ab-sampled-before" ;;

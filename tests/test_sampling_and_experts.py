@@ -43,12 +43,15 @@ def test_sampling_follows_the_distribution_and_replays_from_the_seed():
     assert got[1] == 3 and got[0] == choose(logits, warm, uniform(warm, 7, 3))
 
 
-def _one_row(logits: torch.Tensor, p: SamplingParams, u: float) -> tuple[int, set]:
+def _one_row(logits: torch.Tensor, p: SamplingParams, u: float) -> tuple[int, list]:
     """The choice spelled out for one row (the test's own oracle): float64 softmax at the
-    temperature, most likely first (ties: lower id first), top-k, then the smallest prefix whose
-    mass reaches top-p, then the inverse CDF of what is kept at u."""
+    temperature; with a filter, most likely first (ties: lower id first), top-k, then the smallest
+    prefix whose mass reaches top-p; without one, every token in vocabulary order; then the
+    inverse CDF of what is kept at u."""
     probs = torch.softmax(logits.double().cpu() / p.temperature, dim=0)
-    ids = sorted(range(len(probs)), key=lambda i: (-float(probs[i]), i))
+    ids = list(range(len(probs)))
+    if p.top_k or p.top_p < 1:
+        ids.sort(key=lambda i: (-float(probs[i]), i))
     if p.top_k:
         ids = ids[:p.top_k]
     if p.top_p < 1:
@@ -60,7 +63,7 @@ def _one_row(logits: torch.Tensor, p: SamplingParams, u: float) -> tuple[int, se
                 break
         ids = ids[:cut]
     cdf = np.cumsum([float(probs[i]) for i in ids])
-    return ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(ids) - 1)], set(ids)
+    return ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(ids) - 1)], ids
 
 
 def _mixed_rows(rows: int, vocab: int, seed: int):
@@ -68,6 +71,7 @@ def _mixed_rows(rows: int, vocab: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     logits = torch.round(torch.randn(rows, vocab, generator=g) * 8) / 4
     menu = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_k=5),
+            SamplingParams(temperature=1.0, top_k=17), SamplingParams(temperature=0.5, top_k=1),
             SamplingParams(temperature=1.3, top_p=0.9), SamplingParams(temperature=0.8, top_k=3 * vocab),
             SamplingParams(temperature=2.0, top_k=40, top_p=0.5), SamplingParams(temperature=1.0, top_p=1e-9)]
     params = [menu[r % len(menu)] for r in range(rows)]
@@ -78,15 +82,15 @@ def _mixed_rows(rows: int, vocab: int, seed: int):
 @pytest.mark.parametrize("chunk", [1 << 22, 300])  # one pass, and passes of 2 rows
 def test_rows_sampled_together_equal_each_row_spelled_out(monkeypatch, chunk):
     monkeypatch.setattr(sampling, "_CHUNK_ELEMENTS", chunk)
-    logits, params, uniforms = _mixed_rows(24, 150, seed=3)
+    logits, params, uniforms = _mixed_rows(32, 150, seed=3)
     expected = [_one_row(row, p, u) for row, p, u in zip(logits, params, uniforms)]
     assert choose_rows(logits, params, uniforms).tolist() == [t for t, _ in expected]
     assert [choose(row, p, u) for row, p, u in zip(logits, params, uniforms)] == [t for t, _ in expected]
-    assert [set(kept(row, p)[1].tolist()) for row, p in zip(logits, params)] == [k for _, k in expected]
+    assert [kept(row, p)[1].tolist() for row, p in zip(logits, params)] == [k for _, k in expected]  # and in order
     inside = torch.tensor([t for t, _ in expected])
     assert in_kept(logits, params, inside).all()
     filtered = [r for r, (_, k) in enumerate(expected) if len(k) < 150]  # rows whose filters drop tokens
-    outside = torch.tensor([min(set(range(150)) - expected[r][1]) for r in filtered])
+    outside = torch.tensor([min(set(range(150)) - set(expected[r][1])) for r in filtered])
     assert len(filtered) >= 12 and not in_kept(logits[filtered], [params[r] for r in filtered], outside).any()
 
 

@@ -53,39 +53,47 @@ def uniform(params: SamplingParams, request_id: int, index: int) -> float:
 
 def choose(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
     """One token from ``logits`` [V]: greedy, or the inverse CDF at ``u`` of the temperature-scaled,
-    top-k and top-p filtered distribution (most likely tokens first)."""
+    top-k and top-p filtered distribution over the kept tokens in :func:`kept`'s order."""
     if params.greedy:
         return int(logits.argmax())
     return int(choose_rows(logits[None], [params], [u])[0])
 
 
 def kept(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probabilities, token ids) of the tokens a sampled request may choose, most likely first."""
-    probs, order, keep = _filtered(logits[None], [params])
-    return probs[0, :keep[0]], order[0, :keep[0]]
+    """(probabilities, token ids) of the tokens a sampled request may choose, in the order its
+    inverse CDF walks them: most likely first (ties: lower id first) where a top-k or top-p
+    filter applies, else every token in vocabulary order (the same distribution, without a sort)."""
+    probs, ids, keep = _kept(logits[None], [params])
+    n = int(keep[0])
+    return probs[0, :n], (torch.arange(n, device=logits.device) if ids is None else ids[0, :n])
 
 
 def choose_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:
     """:func:`choose` of every row of ``logits`` [R, V] (all sampling), on the logits' device:
-    tokens [R] int64 there."""
-    out = []
-    for rows in _chunks(logits):
-        probs, order, keep = _filtered(logits[rows], params[rows])
+    tokens [R] int64 there, without waiting for the host."""
+
+    def pick(rows, probs, ids, keep):
         cdf = probs.cumsum(-1)
-        u = torch.tensor(uniforms[rows], dtype=torch.float64, device=logits.device)[:, None]
+        u = torch.tensor([uniforms[r] for r in rows], dtype=torch.float64, device=logits.device)[:, None]
         at = torch.searchsorted(cdf, u * cdf.gather(1, keep[:, None] - 1), right=True)[:, 0]
-        out.append(order.gather(1, torch.minimum(at, keep - 1)[:, None])[:, 0])
-    return torch.cat(out)
+        at = torch.minimum(at, keep - 1)
+        return at if ids is None else ids.gather(1, at[:, None])[:, 0]
+
+    return _by_rows(logits, params, pick)
 
 
 def in_kept(logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor) -> torch.Tensor:
     """Whether each row's token [R] is among the tokens :func:`kept` leaves that row (bool [R])."""
-    out = []
-    for rows in _chunks(logits):
-        _, order, keep = _filtered(logits[rows], params[rows])
-        rank = (order == tokens[rows, None].to(order.device)).int().argmax(-1)  # every id appears once
-        out.append(rank < keep)
-    return torch.cat(out)
+    tokens = tokens.to(logits.device)
+
+    def inside(rows, probs, ids, keep):
+        t = tokens[rows]
+        if ids is None:
+            return t < keep
+        first = torch.arange(ids.shape[1], device=ids.device)[None] < keep[:, None]
+        return ((ids == t[:, None]) & first).any(-1)
+
+    return _by_rows(logits, params, inside)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,23 +120,59 @@ def apply_draws(greedy: torch.Tensor, logits: torch.Tensor, draws: Sequence[RowD
 _CHUNK_ELEMENTS = 1 << 22  # rows per pass hold ~32 MiB of float64 each (a vocabulary of 129K: 32 rows)
 
 
-def _chunks(logits: torch.Tensor) -> list[slice]:
-    """Row ranges whose float64 copies stay small: the pool fills the rest of device memory."""
+def _by_rows(logits: torch.Tensor, params: Sequence[SamplingParams], fn) -> torch.Tensor:
+    """``fn(rows, probs, ids, keep)`` over groups of rows kept alike (:func:`_kept`), in passes
+    whose float64 copies stay small (the KV pool fills the rest of device memory); the results
+    [R] in row order."""
+    plain = [i for i, p in enumerate(params) if not p.top_k and p.top_p >= 1]
+    top_k = [i for i, p in enumerate(params) if p.top_k]
+    sorted_all = [i for i, p in enumerate(params) if not p.top_k and p.top_p < 1]
     step = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    return [slice(i, i + step) for i in range(0, logits.shape[0], step)]
+    order, parts = [], []
+    for group in (plain, top_k, sorted_all):
+        for start in range(0, len(group), step):
+            rows = group[start: start + step]
+            parts.append(fn(rows, *_kept(logits[rows], [params[r] for r in rows])))
+            order += rows
+    out = parts[0].new_empty(len(params))
+    out[torch.tensor(order, device=out.device)] = torch.cat(parts)
+    return out
 
 
-def _filtered(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(probabilities [R, V] most likely first, their token ids [R, V], tokens kept [R]) of each
-    row's temperature-scaled distribution after its top-k and top-p filters, in float64 on the
-    logits' device (the smallest prefix reaching top_p, at least one token)."""
+def _kept(logits: torch.Tensor, params: Sequence[SamplingParams]):
+    """(probabilities [r, C], token ids [r, C] or None for vocabulary order, tokens kept [r]) of
+    rows that all take no filter, or all a top-k, or all top-p alone: float64 on the logits'
+    device. A top-k row needs only its k most likely tokens (C = the rows' largest k); top-p alone
+    needs them all sorted; the kept prefix is the top-k, cut to the smallest reaching top-p."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
-    probs, order = torch.softmax(logits.double() / temperature[:, None], dim=-1).sort(dim=-1, descending=True, stable=True)
+    probs = torch.softmax(logits.double() / temperature[:, None], dim=-1)
     vocab = probs.shape[-1]
-    keep = torch.tensor([min(p.top_k, vocab) if p.top_k else vocab for p in params], device=device)
+    if all(not p.top_k and p.top_p >= 1 for p in params):
+        return probs, None, torch.full((len(params),), vocab, device=device)
+    width = min(vocab, max(p.top_k for p in params) or vocab)
+    probs, ids = _most_likely(probs, width)
+    keep = torch.tensor([min(p.top_k, width) if p.top_k else width for p in params], device=device)
     top_p = [p.top_p for p in params]
     if min(top_p) < 1:
         reach = torch.searchsorted(probs.cumsum(-1), torch.tensor(top_p, dtype=torch.float64, device=device)[:, None])
         keep = torch.where(torch.tensor(top_p, device=device) < 1, torch.minimum(keep, reach[:, 0] + 1), keep)
-    return probs, order, keep
+    return probs, ids, keep
+
+
+def _most_likely(probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``width`` tokens of each row in (probability descending, id ascending) order:
+    (their probabilities, their ids), [r, width] each. Below the whole vocabulary, a top-k finds
+    the width-th largest value and the lowest ids among the tokens tied at it fill the set exactly,
+    so no row sorts its whole vocabulary (nor asks the host how many tied)."""
+    vocab = probs.shape[-1]
+    if width >= vocab:
+        return probs.sort(dim=-1, descending=True, stable=True)
+    edge = probs.topk(width, dim=-1, sorted=False).values.min(-1, keepdim=True).values
+    above = probs > edge
+    tied = probs == edge
+    take = above | (tied & (tied.cumsum(-1) <= width - above.sum(-1, keepdim=True)))
+    position = torch.arange(vocab, device=probs.device)
+    ids = torch.where(take, position, position + vocab).topk(width, dim=-1, largest=False, sorted=True).values
+    chosen, order = probs.gather(1, ids).sort(dim=-1, descending=True, stable=True)
+    return chosen, ids.gather(1, order)
