@@ -35,7 +35,7 @@ from .plan import Command, StepPlan
 from .policy import Choice
 from .precopies import FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
 from .requests import Request, State
-from .sampling import RowDraw, uniform
+from .sampling import RowDraw, uniforms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,9 +306,9 @@ class Controller:
 def _draws(members, by_id) -> tuple[RowDraw, ...]:
     """The sampled outputs of a step of ``members`` (batch order): each one's uniform number is
     that of the output index it will have, counting outputs booked ahead and not yet confirmed."""
-    out = []
-    for row, q in enumerate(members):
-        r = by_id[q.id]
-        if not r.sampling.greedy and r.outputs_this_step(q.rows):
-            out.append(RowDraw(row, r.sampling, uniform(r.sampling, r.id, len(r.generated) + r.ahead)))
-    return tuple(out)
+    rows = [(row, by_id[q.id]) for row, q in enumerate(members)
+            if not by_id[q.id].sampling.greedy and by_id[q.id].outputs_this_step(q.rows)]
+    if not rows:
+        return ()
+    draws = uniforms([r.sampling for _, r in rows], [r.id for _, r in rows], [len(r.generated) + r.ahead for _, r in rows])
+    return tuple(RowDraw(row, r.sampling, float(u)) for (row, r), u in zip(rows, draws))

@@ -39,7 +39,7 @@ from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..runtime.reference_model import ReferenceModel
 from ..runtime.weights import RoundedWeights
-from .sampling import GREEDY, SamplingParams, choose_rows, in_kept, uniform
+from .sampling import GREEDY, SamplingParams, choose_rows, in_kept, uniforms
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need
@@ -160,7 +160,7 @@ def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams,
     must be the engine's; in a lower precision a differing token counts only when the reference
     would never have kept it (outside its top-k / top-p set)."""
     rows = [params] * len(engine)
-    ref = choose_rows(logits, rows, [uniform(params, rid, k) for k in range(len(engine))]).to(engine.device)
+    ref = choose_rows(logits, rows, uniforms(rows, [rid] * len(rows), range(len(rows)))).to(engine.device)
     differ = ref != engine
     outside = ~in_kept(logits, rows, engine).to(engine.device)
     return differ, differ & (outside | exact), torch.zeros(len(engine), device=engine.device)

@@ -18,6 +18,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..runtime.kv_pool import to_device
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -47,8 +49,26 @@ GREEDY = SamplingParams()
 
 def uniform(params: SamplingParams, request_id: int, index: int) -> float:
     """The uniform draw of output ``index`` of request ``request_id``."""
-    key = [params.seed, index] if params.seed_alone else [params.seed, request_id, index]
-    return float(np.random.default_rng(key).random())
+    return float(uniforms([params], [request_id], [index])[0])
+
+
+def uniforms(params: Sequence[SamplingParams], request_ids: Sequence[int], indexes: Sequence[int]) -> np.ndarray:
+    """Each row's :func:`uniform` at once, in [0, 1): a counter-based hash (SplitMix64's mixer)
+    of (seed, request id, output index), so planning a step of many sampled rows costs
+    microseconds and any output's draw can be recomputed alone."""
+    u64 = lambda values: np.array([v % (1 << 64) for v in values], dtype=np.uint64)
+    h = _mix(u64([p.seed for p in params]) ^ np.uint64(0x9E3779B97F4A7C15))
+    alone = np.array([p.seed_alone for p in params], dtype=bool)
+    h = np.where(alone, h, _mix(h ^ u64(request_ids)))
+    h = _mix(h ^ u64(indexes) ^ np.uint64(0xD1B54A32D192ED03))
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as the mixer intends
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
@@ -68,13 +88,14 @@ def kept(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, to
     return probs[0, :n], (torch.arange(n, device=logits.device) if ids is None else ids[0, :n])
 
 
-def choose_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:
-    """:func:`choose` of every row of ``logits`` [R, V] (all sampling), on the logits' device:
-    tokens [R] int64 there, without waiting for the host."""
+def choose_rows(logits: torch.Tensor, params: Sequence[SamplingParams], draws: Sequence[float]) -> torch.Tensor:
+    """:func:`choose` of every row of ``logits`` [R, V] (all sampling) at its uniform number
+    ``draws[i]``, on the logits' device: tokens [R] int64 there, without waiting for the device
+    (small host arrays go over by :func:`to_device`: a plain copy would drain the stream)."""
 
     def pick(rows, probs, ids, keep):
         cdf = probs.cumsum(-1)
-        u = torch.tensor([uniforms[r] for r in rows], dtype=torch.float64, device=logits.device)[:, None]
+        u = to_device(np.array([draws[r] for r in rows]), logits.device, torch.float64)[:, None]
         at = torch.searchsorted(cdf, u * cdf.gather(1, keep[:, None] - 1), right=True)[:, 0]
         at = torch.minimum(at, keep - 1)
         return at if ids is None else ids.gather(1, at[:, None])[:, 0]
@@ -87,7 +108,7 @@ def in_kept(logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torc
     tokens = tokens.to(logits.device)
 
     def inside(rows, probs, ids, keep):
-        t = tokens[rows]
+        t = tokens.index_select(0, to_device(np.array(rows), logits.device, torch.int64))
         if ids is None:
             return t < keep
         first = torch.arange(ids.shape[1], device=ids.device)[None] < keep[:, None]
@@ -111,10 +132,9 @@ def apply_draws(greedy: torch.Tensor, logits: torch.Tensor, draws: Sequence[RowD
     :func:`choose_rows` of ``logits`` [R, V], on their device; nothing waits for the host."""
     if not draws:
         return greedy
-    rows = [d.row for d in draws]
-    out = greedy.clone()
-    out[rows] = choose_rows(logits[rows], [d.params for d in draws], [d.u for d in draws])
-    return out
+    rows = to_device(np.array([d.row for d in draws]), greedy.device, torch.int64)
+    chosen = choose_rows(logits.index_select(0, rows), [d.params for d in draws], [d.u for d in draws])
+    return greedy.index_copy(0, rows, chosen)
 
 
 _CHUNK_ELEMENTS = 1 << 22  # rows per pass hold ~32 MiB of float64 each (a vocabulary of 129K: 32 rows)
@@ -132,11 +152,10 @@ def _by_rows(logits: torch.Tensor, params: Sequence[SamplingParams], fn) -> torc
     for group in (plain, top_k, sorted_all):
         for start in range(0, len(group), step):
             rows = group[start: start + step]
-            parts.append(fn(rows, *_kept(logits[rows], [params[r] for r in rows])))
+            part = logits.index_select(0, to_device(np.array(rows), logits.device, torch.int64))
+            parts.append(fn(rows, *_kept(part, [params[r] for r in rows])))
             order += rows
-    out = parts[0].new_empty(len(params))
-    out[torch.tensor(order, device=out.device)] = torch.cat(parts)
-    return out
+    return torch.cat(parts).index_select(0, to_device(np.argsort(order), logits.device, torch.int64))
 
 
 def _kept(logits: torch.Tensor, params: Sequence[SamplingParams]):
@@ -145,18 +164,18 @@ def _kept(logits: torch.Tensor, params: Sequence[SamplingParams]):
     device. A top-k row needs only its k most likely tokens (C = the rows' largest k); top-p alone
     needs them all sorted; the kept prefix is the top-k, cut to the smallest reaching top-p."""
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
+    temperature = to_device(np.array([p.temperature for p in params]), device, torch.float64)
     probs = torch.softmax(logits.double() / temperature[:, None], dim=-1)
     vocab = probs.shape[-1]
     if all(not p.top_k and p.top_p >= 1 for p in params):
         return probs, None, torch.full((len(params),), vocab, device=device)
     width = min(vocab, max(p.top_k for p in params) or vocab)
     probs, ids = _most_likely(probs, width)
-    keep = torch.tensor([min(p.top_k, width) if p.top_k else width for p in params], device=device)
-    top_p = [p.top_p for p in params]
-    if min(top_p) < 1:
-        reach = torch.searchsorted(probs.cumsum(-1), torch.tensor(top_p, dtype=torch.float64, device=device)[:, None])
-        keep = torch.where(torch.tensor(top_p, device=device) < 1, torch.minimum(keep, reach[:, 0] + 1), keep)
+    keep = to_device(np.array([min(p.top_k, width) if p.top_k else width for p in params]), device, torch.int64)
+    if min(p.top_p for p in params) < 1:
+        top_p = to_device(np.array([p.top_p for p in params]), device, torch.float64)
+        reach = torch.searchsorted(probs.cumsum(-1), top_p[:, None])[:, 0] + 1
+        keep = torch.where(top_p < 1, torch.minimum(keep, reach), keep)
     return probs, ids, keep
 
 
