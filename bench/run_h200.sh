@@ -115,8 +115,8 @@ for s in "${sections[@]}"; do
                 python3 bench/serve_bench.py \$A --keep --num-prompts 16 --out /tmp/warm-up;  # writes the checkpoint, compiles the kernels
                 python3 bench/serve_bench.py \$A --reuse --keep --name served_bench-ab-greedy;
                 python3 bench/serve_bench.py \$A --reuse --keep --temperature 1.0 --name served_bench-ab-sampled;
-                [ -d .oldtree ] && SPLASH_GIT_COMMIT=\${OLD_COMMIT:-old} PYTHONPATH=\$PWD/.oldtree \
-                  python3 bench/serve_bench.py \$A --reuse --temperature 1.0 --name served_bench-ab-sampled-before" ;;
+                if [ -d .oldtree ]; then SPLASH_GIT_COMMIT=\${OLD_COMMIT:-old} PYTHONPATH=\$PWD/.oldtree \
+                  python3 bench/serve_bench.py \$A --reuse --temperature 1.0 --name served_bench-ab-sampled-before; fi" ;;
     *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling)"; exit 2 ;;
   esac
 done

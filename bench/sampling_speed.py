@@ -1,7 +1,8 @@
 """How long choosing one step's sampled tokens takes: every row at once on the logits' device
 (``splash_core.engine.sampling.apply_draws``, what every rank runs after a step), against the
-same choice made row by row on the host CPU (each row's logits copied over, then sorted there:
-what rank 0 did before stop 32).
+same choice made row by row on the host CPU, each row's logits copied over (where rank 0 chose
+them until stop 32; then every row sorted its whole vocabulary: ``h200/sampling_speed-sorted.json``
+is this benchmark at that algorithm, commit 57f019e).
 
 Rows of random logits over DeepSeek-V3's vocabulary (129,280), per batch (``--rows``) and
 sampling setting (temperature 1; temperature 0.7 with top_p 0.95; temperature 1 with top_k 50),
