@@ -56,12 +56,16 @@ def uniforms(params: Sequence[SamplingParams], request_ids: Sequence[int], index
     """Each row's :func:`uniform` at once, in [0, 1): a counter-based hash (SplitMix64's mixer)
     of (seed, request id, output index), so planning a step of many sampled rows costs
     microseconds and any output's draw can be recomputed alone."""
-    u64 = lambda values: np.array([v % (1 << 64) for v in values], dtype=np.uint64)
-    h = _mix(u64([p.seed for p in params]) ^ np.uint64(0x9E3779B97F4A7C15))
+    h = _mix(_u64([p.seed for p in params]) ^ np.uint64(0x9E3779B97F4A7C15))
     alone = np.array([p.seed_alone for p in params], dtype=bool)
-    h = np.where(alone, h, _mix(h ^ u64(request_ids)))
-    h = _mix(h ^ u64(indexes) ^ np.uint64(0xD1B54A32D192ED03))
+    h = np.where(alone, h, _mix(h ^ _u64(request_ids)))
+    h = _mix(h ^ _u64(indexes) ^ np.uint64(0xD1B54A32D192ED03))
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def _u64(values) -> np.ndarray:
+    """Python integers (any sign or size) as uint64, modulo 2^64."""
+    return np.array([v % (1 << 64) for v in values], dtype=np.uint64)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
