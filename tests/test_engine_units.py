@@ -237,3 +237,17 @@ def test_the_kv_tolerance_is_the_formats_unit_roundoff():
     assert reference_check.kv_tolerance(torch.bfloat16) == 1 / 256
     with pytest.raises(ValueError, match="floating-point"):
         reference_check.kv_tolerance(torch.int8)
+
+
+def test_a_sampled_token_that_differs_is_decisive_only_outside_the_kept_set_below_float32():
+    from splash_core.engine.sampling import SamplingParams, choose_rows, uniforms
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, -5.0, -6.0]] * 3)
+    p = SamplingParams(temperature=1.0, top_k=3, seed=2)
+    ref = choose_rows(logits, [p] * 3, uniforms([p] * 3, [7] * 3, range(3)))
+    other = next(t for t in (0, 1, 2) if t != int(ref[1]))  # kept by top-k, but not the reference's draw
+    engine = torch.tensor([int(ref[0]), other, 4])  # row 2: outside the top-3
+    differ, decisive, _ = reference_check._sampled(logits, engine, p, 7, exact=False)
+    assert differ.tolist() == [False, True, True] and decisive.tolist() == [False, False, True]
+    _, decisive, _ = reference_check._sampled(logits, engine, p, 7, exact=True)
+    assert decisive.tolist() == [False, True, True]

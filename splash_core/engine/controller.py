@@ -7,9 +7,9 @@ against the KV pool. A request that has fed any token holds KV, so it gets at le
 in every step until it finishes: a switch moves exactly the histories of the step's batch.
 After the step, :meth:`Controller.record` turns the chosen tokens into progress and finished
 requests, whose pages the next plan releases. Or, where the step can be booked before its tokens
-are known (:meth:`Controller.book_ahead`: no switch, every output greedy), the next step is
-planned while the device still runs this one and :meth:`Controller.confirm` books the tokens
-once they reach the host.
+are known (:meth:`Controller.book_ahead`: a step in the current layout, its sampled outputs
+drawn in the plan), the next step is planned while the device still runs this one and
+:meth:`Controller.confirm` books the tokens once they reach the host.
 
 A workload's requests arrive at their ``arrival_s``; with nothing to run before the next
 arrival the controller waits (at most ``idle_s``) and plans an IDLE step. A server's controller
@@ -306,8 +306,11 @@ class Controller:
 def _draws(members, by_id) -> tuple[RowDraw, ...]:
     """The sampled outputs of a step of ``members`` (batch order): each one's uniform number is
     that of the output index it will have, counting outputs booked ahead and not yet confirmed."""
-    rows = [(row, by_id[q.id]) for row, q in enumerate(members)
-            if not by_id[q.id].sampling.greedy and by_id[q.id].outputs_this_step(q.rows)]
+    rows = []
+    for row, q in enumerate(members):
+        r = by_id[q.id]
+        if not r.sampling.greedy and r.outputs_this_step(q.rows):
+            rows.append((row, r))
     if not rows:
         return ()
     draws = uniforms([r.sampling for _, r in rows], [r.id for _, r in rows], [len(r.generated) + r.ahead for _, r in rows])

@@ -74,7 +74,7 @@ def exchange(collectives, device, plan: StepPlan | None,
              previous: torch.Tensor | None = None) -> tuple[StepPlan, torch.Tensor]:
     """Broadcast rank 0's ``plan`` (None on the other ranks) over the host ``collectives``; every
     rank returns the plan and the step's tokens as a tensor on ``device``, copied there
-    asynchronously, references to ``previous`` (this rank's greedy tokens [R] of the step before,
+    asynchronously, references to ``previous`` (this rank's tokens [R] of the step before,
     on ``device``) taken from it there: nothing here waits for the device (issue 22 §3)."""
     header = torch.zeros(_HEADER, dtype=torch.int64)
     body = None

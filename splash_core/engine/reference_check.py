@@ -162,5 +162,8 @@ def _sampled(logits: torch.Tensor, engine: torch.Tensor, params: SamplingParams,
     rows = [params] * len(engine)
     ref = choose_rows(logits, rows, uniforms(rows, [rid] * len(rows), range(len(rows)))).to(engine.device)
     differ = ref != engine
-    outside = ~in_kept(logits, rows, engine).to(engine.device)
-    return differ, differ & (outside | exact), torch.zeros(len(engine), device=engine.device)
+    decisive = differ.clone()
+    if not exact and differ.any():  # only a differing token needs the kept set's verdict
+        at = torch.nonzero(differ)[:, 0]
+        decisive[at] = ~in_kept(logits[at], [params] * len(at), engine[at]).to(engine.device)
+    return differ, decisive, torch.zeros(len(engine), device=engine.device)

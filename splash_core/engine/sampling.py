@@ -159,7 +159,10 @@ def _by_rows(logits: torch.Tensor, params: Sequence[SamplingParams], fn) -> torc
             part = logits.index_select(0, to_device(np.array(rows), logits.device, torch.int64))
             parts.append(fn(rows, *_kept(part, [params[r] for r in rows])))
             order += rows
-    return torch.cat(parts).index_select(0, to_device(np.argsort(order), logits.device, torch.int64))
+    out = torch.cat(parts)
+    if order == sorted(order):  # one group (the usual step): already in row order
+        return out
+    return out.index_select(0, to_device(np.argsort(order), logits.device, torch.int64))
 
 
 def _kept(logits: torch.Tensor, params: Sequence[SamplingParams]):
