@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 
-from splash_core import results  # noqa: E402
 from splash_bench import step as step_bench  # noqa: E402
-from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench.copy_interference import measure, run_lengths  # noqa: E402
+from splash_core import results  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -37,9 +37,10 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-from splash_core import host_overhead, results  # noqa: E402
-from splash_core.costmodel import CostModel  # noqa: E402
+from splash_core import results  # noqa: E402
 from splash_core.layouts import LAYOUTS, Layout  # noqa: E402
+from splash_core.planning import host_overhead  # noqa: E402
+from splash_core.planning.costmodel import CostModel  # noqa: E402
 from splash_core.profiles.deployment import SchedulerConfig  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
 

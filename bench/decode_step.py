@@ -36,12 +36,12 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
+from splash_bench import decode_step as rank_side  # noqa: E402
+from splash_bench import step as step_bench  # noqa: E402
 from splash_core import dtypes, results  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_bench import decode_step as rank_side  # noqa: E402
-from splash_bench import step as step_bench  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

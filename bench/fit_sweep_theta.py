@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from splash_core.profiles import load  # noqa: E402
 from splash_core.profiles.loader import find  # noqa: E402
 from splash_core.profiles.quantity import Quantity  # noqa: E402
-from splash_core.sweep import predict  # noqa: E402
-from splash_core.sweep_paper import TABLES, paper_positions  # noqa: E402
+from splash_core.studies.sweep import predict  # noqa: E402
+from splash_core.studies.sweep_paper import TABLES, paper_positions  # noqa: E402
 
 # (key, lower bound as a fraction of the starting value's upper bound, upper bound key)
 RATES = ("matmul_tflops", "attention_tflops", "hbm_gbps", "step_overhead_us", "all_to_all_gbps")

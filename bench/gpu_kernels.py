@@ -40,10 +40,10 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 import gpu_timing as gt
+import torch
 from gpu_sweep import Sweep
+
 from splash_core.kernels import fla_kda_kernels, triton_mla_kernels
 from splash_core.reference import kda as ref_kda
 from splash_core.reference import mla as ref_mla

@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import gpu_timing as gt
 import torch
 
-import gpu_timing as gt
 from splash_core.kernels import AttentionTile, MLAKernelConfig, TileRule, triton_mla_kernels
 
 

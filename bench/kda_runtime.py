@@ -27,16 +27,16 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from splash_bench.driver import Prompt, generate  # noqa: E402
 from splash_core import results  # noqa: E402
 from splash_core.dtypes import torch_dtype  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
+from splash_core.model.weights import RoundedWeights  # noqa: E402
+from splash_core.model.weights import SeededWeights  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
-from splash_core.runtime.driver import Prompt, generate  # noqa: E402
 from splash_core.runtime.model import Model  # noqa: E402
 from splash_core.runtime.reference_model import ReferenceModel  # noqa: E402
 from splash_core.runtime.spawn import RankError, RankPool  # noqa: E402
-from splash_core.runtime.weights import RoundedWeights  # noqa: E402
-from splash_core.runtime.weights import SeededWeights  # noqa: E402
 
 TP, DP, DOP, CP = "TP", "DP", "DOP", "CP"
 

@@ -42,14 +42,14 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-import torch  # noqa: E402
-
 import gpu_timing as gt  # noqa: E402
+import torch  # noqa: E402
 from splash_backend_hopper.providers import thresholds  # noqa: E402
+
+from splash_core.model.fp8_cache import quantize  # noqa: E402
+from splash_core.model.kv_format import ScaledFP8  # noqa: E402
 from splash_core.reference import mla as ref_mla  # noqa: E402
 from splash_core.results import machine_description, make_result, write_result  # noqa: E402
-from splash_core.reference.fp8_cache import quantize  # noqa: E402
-from splash_core.runtime.kv_format import ScaledFP8  # noqa: E402
 from splash_core.testing.mla_inputs import decode_case, scaled_fp8_case, tolerance  # noqa: E402
 
 BATCHES, HEADS, CONTEXTS = (1, 16, 64), (16, 64, 128), (4096, 32768, 131072)
@@ -75,6 +75,7 @@ def splash_decode(device):
     if device.type == "cpu":
         return ref_mla.attention, "reference (CPU smoke)"
     from splash_backend_hopper import tuned
+
     from splash_core.kernels import triton_mla_kernels
 
     config, _ = tuned.load()

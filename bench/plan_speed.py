@@ -3,7 +3,7 @@ layers, T = 8, 256 requests).
 
 For each of the 12 directions it times, over several repeats:
 
-- ``plan``: :func:`splash_core.manifest.plan_switch` for every layer of the model, with
+- ``plan``: :func:`splash_core.planning.manifest.plan_switch` for every layer of the model, with
   per-rank bytes, primitives and the Eq 5 peak, from a batch of requests with random
   contexts (uniform in [1, max_context], seeded) and round-robin owners;
 - ``plan + rank arrays``: the same plus the explicit key arrays one rank's executor needs
@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 from splash_core.layouts import DIRECTIONS
-from splash_core.manifest import plan_switch
-from splash_core.ownership import Batch, Request
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.ownership import Batch, Request
 from splash_core.profiles import load
 from splash_core.results import make_result, write_result
 

@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from splash_core.costmodel import BatchArrays
 from splash_core.engine.policy import SchedulerPolicy
 from splash_core.layouts import LAYOUTS
-from splash_core.precopy_time import plan_transition
+from splash_core.planning.costmodel import BatchArrays
+from splash_core.planning.precopy_time import plan_transition
 from splash_core.profiles import load
 from splash_core.results import make_result, write_result
 

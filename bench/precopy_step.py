@@ -25,12 +25,13 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
+from switch_host_profile import tiny_model  # noqa: E402
+
+from splash_bench import precopy_step as rank_side  # noqa: E402
 from splash_core import results  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
+from splash_core.results.stats import percentile  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
-from splash_core.stats import percentile  # noqa: E402
-from splash_bench import precopy_step as rank_side  # noqa: E402
-from switch_host_profile import tiny_model  # noqa: E402
 
 T = 2
 KINDS = ("ordinary", "precopy", "handoff", "one_step")

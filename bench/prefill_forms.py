@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """``splash run``'s code path on one rollout with prefill attending absorbed and with the
-per-request form choice (``prefill_attention: auto``, :mod:`splash_core.attention_forms`): tokens/s
+per-request form choice (``prefill_attention: auto``, :mod:`splash_core.planning.attention_forms`): tokens/s
 and the step times of prefill and decode steps, the same requests, admission and batches; and
 (``--overlap on,off``) with the host planning step k+1 while the device runs step k and without.
 

@@ -31,7 +31,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from splash_core import results  # noqa: E402
 from splash_core.layouts import LAYOUTS  # noqa: E402
 from splash_core.profiles import load  # noqa: E402
-from splash_core.simulator import ORACLE, SPLASH, simulate  # noqa: E402
+from splash_core.studies.simulator import ORACLE, SPLASH, simulate  # noqa: E402
 
 VARIANTS = ("calibrated", "device-only", "paper")
 

@@ -91,7 +91,7 @@ def parse_args(argv=None):
 # ---- sizing -----------------------------------------------------------------------------
 
 def layer_bytes(profile, layer: int, elem: int) -> int:
-    from splash_core.runtime.weights import layer_tensor_shapes
+    from splash_core.model.weights import layer_tensor_shapes
 
     return sum(elem * _numel(s) for s in layer_tensor_shapes(profile, layer).values())
 
@@ -106,7 +106,7 @@ def _numel(shape) -> int:
 def sizing(args, config: dict, free_disk: int) -> tuple[int, dict]:
     """(layers, the accounting): the most layers (<= 61) whose bf16 weights + KV fit the device
     and whose FP8 files fit the disk."""
-    from splash_core.checkpoint.config import profile_from_checkpoint
+    from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     probe = Path(args.workdir) / "probe"
     probe.mkdir(parents=True, exist_ok=True)
@@ -139,9 +139,9 @@ def write_checkpoint(folder: Path, seed: int = 0) -> dict:
     from safetensors.torch import save_file
 
     from splash_core.checkpoint import fp8
-    from splash_core.checkpoint.config import profile_from_checkpoint
     from splash_core.checkpoint.tiny import write_tokenizer
-    from splash_core.runtime.weights import layer_tensor_shapes
+    from splash_core.model.weights import layer_tensor_shapes
+    from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profile = profile_from_checkpoint(folder)
@@ -259,7 +259,7 @@ def run(args) -> int:
             return 1
         written = json.loads(child.stdout.strip().splitlines()[-1])
         print(f"wrote {written['bytes'] / 1e9:.1f} GB in {time.perf_counter() - t0:.0f} s", flush=True)
-    from splash_core.checkpoint.config import profile_from_checkpoint
+    from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
     held = sum(layer_bytes(profile, i, 2) for i in range(layers))  # M0 of Eq 6: the layers' weights
@@ -327,7 +327,7 @@ def _estimate(last: dict, context: int, args) -> float:
 
 
 def results_p50(values) -> float:
-    from splash_core.stats import percentile
+    from splash_core.results.stats import percentile
 
     return percentile(list(values), 50) if values else 0.0
 

@@ -44,14 +44,14 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
+from splash_bench import step as step_bench  # noqa: E402
 from splash_core import dtypes, results  # noqa: E402
-from splash_core.backend import get_backend  # noqa: E402
-from splash_core.calibrate_runtime import GRAPH_MODES  # noqa: E402
 from splash_core.cli.main import main as splash  # noqa: E402
 from splash_core.layouts import Layout  # noqa: E402
+from splash_core.platform.backend import get_backend  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
-from splash_bench import step as step_bench  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
+from splash_core.studies.calibrate_runtime import GRAPH_MODES  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

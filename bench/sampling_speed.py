@@ -1,5 +1,5 @@
 """How long choosing one step's sampled tokens takes: every row at once on the logits' device
-(``splash_core.engine.sampling.apply_draws``, what every rank runs after a step), against the
+(``splash_core.runtime.sampling.apply_draws``, what every rank runs after a step), against the
 same choice made row by row on the host CPU, each row's logits copied over (where rank 0 chose
 them until stop 32; then every row sorted its whole vocabulary: ``h200/sampling_speed-sorted.json``
 is this benchmark at that algorithm, commit 57f019e).
@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # an uninstalled c
 import torch  # noqa: E402
 
 from splash_core import results  # noqa: E402
-from splash_core.engine.sampling import RowDraw, SamplingParams, apply_draws, choose, uniform  # noqa: E402
-from splash_core.stats import percentile  # noqa: E402
+from splash_core.engine.draws import uniform  # noqa: E402
+from splash_core.results.stats import percentile  # noqa: E402
+from splash_core.runtime.sampling import RowDraw, SamplingParams, apply_draws, choose  # noqa: E402
 
 SETTINGS = {"temperature 1": SamplingParams(temperature=1.0, seed=1),
             "temperature 0.7, top_p 0.95": SamplingParams(temperature=0.7, top_p=0.95, seed=1),

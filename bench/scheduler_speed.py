@@ -26,11 +26,11 @@ import time
 
 import numpy as np
 
-from splash_core.costmodel import BatchArrays
 from splash_core.layouts import Layout
+from splash_core.planning.costmodel import BatchArrays
+from splash_core.planning.scheduler import Scheduler
 from splash_core.profiles import load
 from splash_core.results import make_result, write_result
-from splash_core.scheduler import Scheduler
 
 TARGET_US = 100.0
 

@@ -87,7 +87,7 @@ def checkpoint(args) -> tuple[str, str]:
         subprocess.run([sys.executable, str(ROOT / "bench" / "real_widths.py"), "--write-only", str(folder)],
                        check=True, capture_output=True, text=True)
     cover_vocabulary(folder)
-    from splash_core.checkpoint.config import profile_from_checkpoint
+    from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
     layers = profile.num_layers

@@ -36,16 +36,17 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-from splash_core import dtypes, ownership, results  # noqa: E402
-from splash_core.layouts import DIRECTIONS  # noqa: E402
-from splash_core.profiles.loader import load  # noqa: E402
-from splash_core.result_shapes import switch_overhead_summary  # noqa: E402
-from splash_core.stats import percentile  # noqa: E402
 from splash_bench import step as step_bench  # noqa: E402
-from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench import switch as bench  # noqa: E402
-from splash_core.runtime.weights import tensor_shapes  # noqa: E402
 from splash_bench.options import add_transfer_option, transfer_config, transfer_overrides  # noqa: E402
+from splash_core import dtypes, results  # noqa: E402
+from splash_core.layouts import DIRECTIONS  # noqa: E402
+from splash_core.model.weights import tensor_shapes  # noqa: E402
+from splash_core.planning import ownership  # noqa: E402
+from splash_core.profiles.loader import load  # noqa: E402
+from splash_core.results.shapes import switch_overhead_summary  # noqa: E402
+from splash_core.results.stats import percentile  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 GIB = 1 << 30
 QUIET_MS = 2.0  # per timed step, beyond the step itself: barrier, synchronisation, the switch check

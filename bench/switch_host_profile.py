@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-from splash_core import results  # noqa: E402
-from splash_core.layouts import Layout  # noqa: E402
-from splash_core.stats import percentile  # noqa: E402
-from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench import switch_host_profile as host_profile  # noqa: E402
 from splash_bench.options import add_transfer_option, transfer_overrides  # noqa: E402
+from splash_core import results  # noqa: E402
+from splash_core.layouts import Layout  # noqa: E402
+from splash_core.results.stats import percentile  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 T = 2
 BUCKETS = (*host_profile.BUCKETS, "bookkeeping_ms")

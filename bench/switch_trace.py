@@ -25,11 +25,11 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-from splash_core import results  # noqa: E402
-from splash_bench import step as step_bench  # noqa: E402
-from splash_core.runtime.spawn import RankPool  # noqa: E402
 from splash_bench import device_trace  # noqa: E402
+from splash_bench import step as step_bench  # noqa: E402
 from splash_bench.options import add_transfer_option, transfer_overrides  # noqa: E402
+from splash_core import results  # noqa: E402
+from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

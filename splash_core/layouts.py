@@ -93,3 +93,16 @@ LAYOUTS: tuple[Layout, ...] = tuple(Layout)
 DIRECTIONS: tuple[tuple[Layout, Layout], ...] = tuple(
     (a, b) for a, b in itertools.permutations(LAYOUTS, 2)
 )
+
+
+def weight_share(layout: Layout, T: int) -> float:
+    """Fraction of the attention projections each rank holds: 1/T sharded, 1 replicated."""
+    return 1.0 / T if layout.placement is Placement.SHARDED else 1.0
+
+
+def pool_from_budget(layout: Layout, budget_bytes: float, attention_weights_bytes: float,
+                     kv_bytes_per_token: float, T: int) -> int:
+    """Tokens one rank holds when ``budget_bytes`` covers its attention weights (whole, or a 1/T
+    shard in sharded layouts) and its KV."""
+    weights = attention_weights_bytes * weight_share(layout, T)
+    return max(0, int((budget_bytes - weights) // kv_bytes_per_token))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from switch_scenarios import PAGE
 
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.switch.precopy import shadow_id
-
-from switch_scenarios import PAGE
 
 
 def precopy_problems(model, precopy, batch, rank: int) -> list[str]:

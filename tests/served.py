@@ -14,9 +14,8 @@ import time
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from processes import alive, cmdline, descendants
+from prometheus_client.parser import text_string_to_metric_families
 
 READY = re.compile(r"ready on (http://127\.0\.0\.1:\d+)")
 

@@ -9,14 +9,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from splash_core import ownership
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.switch import Mode
-from splash_core.runtime.weights import SeededWeights
 
 PAGE, CHUNK, SEED = 16, 16, 7
 MODEL = "tiny-mla"

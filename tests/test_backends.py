@@ -9,10 +9,10 @@ import types
 import pytest
 import torch
 
-from splash_core import plugins
-from splash_core.backend import Backend
-from splash_core.profiles.transfer import TransferConfig
 from splash_core.cli.main import main
+from splash_core.platform import plugins
+from splash_core.platform.backend import Backend
+from splash_core.profiles.transfer import TransferConfig
 
 GIB = 1 << 30
 
@@ -169,7 +169,6 @@ def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monke
     import sys
 
     import torch.distributed as dist
-
     from splash_backend_cuda import common
 
     calls = []
@@ -192,7 +191,7 @@ def test_side_collectives_stage_all_gathers_in_registered_symmetric_memory(monke
 
 
 def test_transfer_buffers_grow_keep_what_they_outgrew_and_release():
-    from splash_core.collectives import TransferBuffers
+    from splash_core.platform.collectives import TransferBuffers
 
     made = []
     buffers = TransferBuffers(lambda n: made.append(n) or torch.zeros(n, dtype=torch.uint8))

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import blocks
 import numpy as np
 import pytest
-
-from splash_core import blocks
-from splash_core.layouts import LAYOUTS, Layout, State
-from splash_core.ownership import (Batch, Request, cp_pages_per_rank, cp_tokens_per_rank, footprint,
-                                   kv_pages_per_rank, kv_tokens_per_rank)
-from splash_core.weights import projections
-
 from test_manifest import HYBRID, MLA
+
+from splash_core.layouts import LAYOUTS, Layout, State
+from splash_core.planning.ownership import (Batch, Request, cp_pages_per_rank, cp_tokens_per_rank, footprint,
+                                            kv_pages_per_rank, kv_tokens_per_rank)
+from splash_core.profiles.projections import projections
 
 PAGE = 4
 BATCH = Batch((Request(11, 37, 2), Request(5, 4, 0), Request(8, 0, 1), Request(2, 9, 2)))  # rank 3 owns nothing

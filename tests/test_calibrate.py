@@ -8,10 +8,11 @@ import pytest
 import torch
 import yaml
 
-from splash_core import calibrate, calibrate_runtime, host_overhead
 from splash_core.cli.main import main
 from splash_core.layouts import LAYOUTS, Layout
+from splash_core.planning import host_overhead
 from splash_core.profiles import loader
+from splash_core.studies import calibrate, calibrate_runtime
 
 KEYS = ("matmul_tflops", "weight_read_gbps", "kv_read_gbps", "all_gather_gbps", "all_to_all_gbps",
         "all_reduce_gbps", "collective_latency_us")
@@ -198,7 +199,7 @@ def _with_graph_terms(profile, graph_us: float, t0_us: float):
 
 
 def test_cost_model_charges_replayed_decode_steps_their_own_terms():
-    from splash_core.costmodel import CostModel
+    from splash_core.planning.costmodel import CostModel
 
     model = loader.load("model", "deepseek-v3")
     base = loader.load("hardware", "h200").without_host_overheads()
@@ -264,7 +265,7 @@ def test_decode_and_prefill_attention_run_at_their_own_kernels_rates():
     step's attention is charged the first, a step with chunks the second (absent: the same)."""
     import dataclasses
 
-    from splash_core.costmodel import CostModel
+    from splash_core.planning.costmodel import CostModel
     from splash_core.profiles.quantity import Quantity
 
     model = loader.load("model", "deepseek-v3")
@@ -286,7 +287,7 @@ def test_decode_and_prefill_attention_run_at_their_own_kernels_rates():
 def test_fit_theta_tells_replayed_decode_from_eager_prefill():
     """Steps made by the cost model's own law (eager prefill: t0 + L (d + [h - η d]+) + ffn;
     replayed decode: t0_g + L (d + g) + ffn) give back its constants."""
-    from splash_core.costmodel import CostModel
+    from splash_core.planning.costmodel import CostModel
 
     spec = calibrate_runtime.RuntimeSpec.choose(accelerator=True, quick=True)  # DeepSeek-V3 dims, 4 and 1 layers
     hw = loader.load("hardware", "h200").without_host_overheads()

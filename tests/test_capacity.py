@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from splash_core.capacity import draw_cohorts, fit_fraction, residency_limit
-from splash_core.ownership import pool_from_budget
-from splash_core.layouts import Layout
+from splash_core.layouts import Layout, pool_from_budget
+from splash_core.studies.capacity import draw_cohorts, fit_fraction, residency_limit
 
 GIB = 1 << 30
 

@@ -9,17 +9,17 @@ import json
 import shutil
 import subprocess
 
+import hf_checkpoints as hf
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import hf_checkpoints as hf
 from splash_core.checkpoint import fp8, tiny
-from splash_core.checkpoint.config import profile_from_checkpoint
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.checkpoint.tokenizer import Tokenizer
 from splash_core.cli.main import main
 from splash_core.profiles import load
+from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 from splash_core.runtime.reference_model import ReferenceModel
 
 
@@ -139,9 +139,9 @@ def test_splash_run_serves_a_checkpoint_folder(v2_folder, tmp_path, capsys):
 
 
 def test_each_rank_reads_only_its_shard(v2_folder):
+    from splash_core.model.mla import MLAWeights
+    from splash_core.model.weights import head_shard
     from splash_core.runtime.feed_forward import MoE
-    from splash_core.runtime.mla import MLAWeights
-    from splash_core.runtime.weights import head_shard
 
     profile = profile_from_checkpoint(v2_folder)
 

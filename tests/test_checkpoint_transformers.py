@@ -22,20 +22,20 @@ from __future__ import annotations
 
 import shutil
 
+import hf_checkpoints as hf
 import numpy as np
 import pytest
 import torch
 
-import hf_checkpoints as hf
-from splash_core.checkpoint.config import profile_from_checkpoint
+from splash_bench.driver import Prompt, generate
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.engine import Job, serve
 from splash_core.engine.policy import ScriptedPolicy
 from splash_core.engine.requests import GenerationRequest
-from splash_core.engine.sampling import SamplingParams
 from splash_core.layouts import Layout
-from splash_core.runtime.driver import Prompt, generate
+from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 from splash_core.runtime.model import Model
+from splash_core.runtime.sampling import SamplingParams
 
 PAGE, CHUNK, NEW = 16, 8, 32
 PROMPTS = ([3, 17, 5, 99, 23, 8, 41, 2, 77, 120, 15, 64, 33, 9, 101, 44, 58, 7, 150, 6, 12], [88, 4, 131, 27, 60, 19, 2, 140, 70])

@@ -11,8 +11,8 @@ import pytest
 
 from splash_core.cli.main import main
 from splash_core.layouts import Layout, State
-from splash_core.manifest import plan_switch
-from splash_core.ownership import Batch
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.ownership import Batch
 from splash_core.profiles import load
 
 MIB = 1 << 20

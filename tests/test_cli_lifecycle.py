@@ -16,12 +16,13 @@ import time
 from importlib import metadata
 
 import pytest
+from processes import alive as _alive
+from processes import cmdline as _cmdline
+from processes import descendants as _descendants
 
 from splash_core import __version__
 from splash_core.cli.main import main
 from splash_core.engine.progress import Progress
-
-from processes import alive as _alive, cmdline as _cmdline, descendants as _descendants
 
 # a run long enough to be interrupted: 4 requests of 3,000 generated tokens on T = 2
 LONG_WORKLOAD = ("kind: workload\nseed: 1\nrollout: {requests: 4, prompt_tokens: [16, 32], "

@@ -1,4 +1,4 @@
-"""The cost model: the vectorised loads equal splash_core.loads (Table 2), Eq 10's
+"""The cost model: the vectorised loads equal table2_loads (Table 2), Eq 10's
 arithmetic on round numbers, Eq 4, Eq 7, and monotonic properties."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import re
 
 import numpy as np
 import pytest
+from table2_loads import loads
 
-from splash_core.costmodel import (BatchArrays, CostModel, dop_exchange_bytes, eq4_volume, exposed_switch_time,
-                                   rank_loads, switch_cost)
-from splash_core import weights
 from splash_core.layouts import LAYOUTS, Layout
-from splash_core.loads import loads
-from splash_core.manifest import plan_switch
-from splash_core.ownership import Batch, Request, footprint
+from splash_core.planning.costmodel import (BatchArrays, CostModel, dop_exchange_bytes, eq4_volume, exposed_switch_time,
+                                            rank_loads, switch_cost)
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.ownership import Batch, Request, footprint
 from splash_core.profiles import load
+from splash_core.profiles.projections import layer_weight_bytes
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 
@@ -119,7 +119,7 @@ def test_switch_cost_from_a_manifest(dsv32):
     assert discard.exposed_s == discard.blocking_s == 0  # two discards: nothing crosses the network
     gather = plan_switch(DOP, DP, batch, dsv32, 8, 64)  # weights all-gather only
     cost = switch_cost(gather, cm, cm.step_time(DP, x))
-    per_layer = 7 / 8 * weights.layer_weight_bytes(dsv32, dsv32.layer_kinds[0]) / 100e9 + 10e-6
+    per_layer = 7 / 8 * layer_weight_bytes(dsv32, dsv32.layer_kinds[0]) / 100e9 + 10e-6
     assert cost.transfer_s[0] == pytest.approx(per_layer)
     assert cost.blocking_s == pytest.approx(61 * per_layer)
     assert cost.exposed_s == pytest.approx(per_layer + 60 * max(0.0, per_layer - cost.compute_s[0]))
@@ -253,6 +253,7 @@ def test_costmodel_check_fits_only_its_fit_points(tmp_path):
     at the fit context (and lowers their error), every other point is held out, and the summary
     is computed from the held-out points."""
     from bench_scripts import BENCH, load_bench
+
     from splash_core.results import read_result
 
     bench = load_bench("costmodel_check")

@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from splash_core.costmodel import BatchArrays, CostModel, rank_loads, switch_cost
-from splash_core.ffn_costs import ffn_costs
-from splash_core.layer_costs import sparse_pairs
 from splash_core.layouts import LAYOUTS, Layout
-from splash_core.manifest import plan_switch
-from splash_core.ownership import Batch, cp_rank_of_page
+from splash_core.planning.costmodel import BatchArrays, CostModel, rank_loads, switch_cost
+from splash_core.planning.ffn_costs import ffn_costs
+from splash_core.planning.layer_costs import sparse_pairs
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.ownership import Batch, cp_rank_of_page
 from splash_core.profiles import load
 from splash_core.profiles.model import LayerKind
 
@@ -104,7 +104,7 @@ def test_scratch_counts_the_heads_a_rank_computes(dsv32):
 
 def test_tp_and_dop_fit_a_prefill_chunk_where_the_paper_ran_them(paper_h200):
     """16 requests prefilling 8,192 rows each at 32K: every layout fits Eq 6 on the paper's group."""
-    from splash_core.scheduler import Scheduler
+    from splash_core.planning.scheduler import Scheduler
 
     s = Scheduler(paper_h200)
     x = BatchArrays.of([32768] * 16, np.arange(16) % 8, query_rows=[8192] * 16, reserved=[32768 + 1024] * 16)
@@ -176,7 +176,7 @@ def test_decode_choice_follows_the_load_on_the_papers_group(paper_h200):
     """Without the measured T = 2 runtime's host overheads (1.3-2.2 ms per layer, which made DP
     win every decode), the paper's H200 group decodes a few short requests in TP, and long
     histories that TP cannot hold in a layout that can."""
-    from splash_core.scheduler import Scheduler
+    from splash_core.planning.scheduler import Scheduler
 
     s = Scheduler(paper_h200)
     few = s.decide(BatchArrays.of([1024] * 4, np.arange(4)), DP)

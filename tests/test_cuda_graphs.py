@@ -20,14 +20,14 @@ MOVE_AT = 9  # the step before which the graphed model's weights move to new ten
 
 
 def _serve(ctx, layout: str) -> dict:
+    from switch_scenarios import PAGE, SEED, serve
+    from test_decode_graphs import JOINING
+
     from splash_core.layouts import Layout
+    from splash_core.model.weights import SeededWeights
     from splash_core.profiles.graphs import GraphConfig
     from splash_core.profiles.loader import load
     from splash_core.runtime.model import Model
-    from splash_core.runtime.weights import SeededWeights
-
-    from switch_scenarios import PAGE, SEED, serve
-    from test_decode_graphs import JOINING
 
     profile = load("model", "tiny-mla")
     models = {name: Model.from_context(ctx, profile, SeededWeights(SEED), Layout(layout), pages_per_layer=32,
@@ -57,9 +57,9 @@ def _serve(ctx, layout: str) -> dict:
 
 @pytest.mark.parametrize("layout", ["TP", "DP", "DOP", "CP"])
 def test_replayed_decode_steps_give_the_eager_tokens(layout):
-    from splash_core.runtime.spawn import RankPool
-
     from switch_scenarios import assert_matches
+
+    from splash_core.runtime.spawn import RankPool
 
     with RankPool(1, backend="auto", timeout_s=600) as pool:
         if pool.run(_backend)[0] == "reference":
@@ -77,14 +77,14 @@ def _backend(ctx) -> str:
 
 
 def _wide_step(ctx) -> dict:
+    from splash_bench.decode_step import agreement
     from splash_core.layouts import Layout
+    from splash_core.model.weights import SeededWeights
     from splash_core.profiles.graphs import GraphConfig
     from splash_core.profiles.loader import load
     from splash_core.runtime.model import Model
     from splash_core.runtime.step_batch import StepBatch, StepRequest
     from splash_core.runtime.step_timing import fill_histories
-    from splash_core.runtime.weights import SeededWeights
-    from splash_bench.decode_step import agreement
 
     profile, out = load("model", "deepseek-v3"), {}
     for layout in ("TP", "DP"):

@@ -26,8 +26,8 @@ def _rank(rank: int, world: int, port: int, conn, case: str = "conformance") -> 
     try:
         from splash_backend_cuda.peer_memory import CudaPeerMemory
 
-        from splash_core.collectives import DistCollectives
-        from splash_core.device_streams import DeviceStreamOps
+        from splash_core.platform.collectives import DistCollectives
+        from splash_core.platform.device_streams import DeviceStreamOps
         from splash_core.testing import cases
 
         device = torch.device("cuda", rank % torch.cuda.device_count())

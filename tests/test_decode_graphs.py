@@ -11,8 +11,10 @@ import weakref
 
 import pytest
 import torch
+from switch_scenarios import MODEL, PAGE, SEED, Req, assert_matches, prompt, reference, serve
 
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles import schema
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
@@ -21,9 +23,6 @@ from splash_core.runtime.device_tables import DeviceTables
 from splash_core.runtime.kv_pool import LayerKV, PageFormat
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import MODEL, PAGE, SEED, Req, assert_matches, prompt, reference, serve
 
 TP, DP, DOP, CP = Layout.TP, Layout.DP, Layout.DOP, Layout.CP
 
@@ -61,7 +60,7 @@ class _Recorded:
 
 
 class HostGraphOps:
-    """:class:`~splash_core.interfaces.GraphOps` on the host with a graph's contract: warm-up
+    """:class:`~splash_core.platform.interfaces.GraphOps` on the host with a graph's contract: warm-up
     runs, then a recorded call whose outputs later replays rewrite in place."""
 
     def __init__(self, model):

@@ -4,6 +4,7 @@ call does not fail on a bug a CPU could have caught."""
 from __future__ import annotations
 
 from bench_scripts import load_bench
+
 from splash_core import results
 
 

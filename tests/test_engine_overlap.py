@@ -10,18 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_engine_units import _Recorder
 
 from splash_core.engine import Job, serve
 from splash_core.engine.admission import KVCapacity
 from splash_core.engine.controller import Controller
+from splash_core.engine.draws import uniform
 from splash_core.engine.plan import Command, exchange
 from splash_core.engine.policy import FixedPolicy, ScriptedPolicy
 from splash_core.engine.requests import GenerationRequest, Request, State
-from splash_core.engine.sampling import RowDraw, SamplingParams, uniform
 from splash_core.layouts import Layout
 from splash_core.profiles.workload import RequestSpec
-
-from test_engine_units import _Recorder
+from splash_core.runtime.sampling import RowDraw, SamplingParams
 
 TP, DP = Layout.TP, Layout.DP
 

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from splash_bench.driver import Prompt, generate
+from splash_core.checkpoint.source import weight_source
 from splash_core.engine import reference_check
 from splash_core.engine.admission import Admission, KVCapacity, plan_capacity
 from splash_core.engine.controller import Controller
@@ -20,10 +22,8 @@ from splash_core.engine.summary import RunSummary, render
 from splash_core.layouts import LAYOUTS, Layout
 from splash_core.profiles import load
 from splash_core.profiles.workload import RequestSpec
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_batch import StepRequest
-from splash_core.checkpoint.source import weight_source
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 
@@ -240,7 +240,8 @@ def test_the_kv_tolerance_is_the_formats_unit_roundoff():
 
 
 def test_a_sampled_token_that_differs_is_decisive_only_outside_the_kept_set_below_float32():
-    from splash_core.engine.sampling import SamplingParams, choose_rows, uniforms
+    from splash_core.engine.draws import uniforms
+    from splash_core.runtime.sampling import SamplingParams, choose_rows
 
     logits = torch.tensor([[4.0, 3.0, 2.0, -5.0, -6.0]] * 3)
     p = SamplingParams(temperature=1.0, top_k=3, seed=2)

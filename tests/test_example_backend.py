@@ -39,8 +39,8 @@ def test_conformance_suite_passes_for_the_simulated_backend(tmp_path):
 
 
 def test_auto_never_picks_the_simulated_backend():
-    from splash_core import plugins
-    from splash_core.backend import get_backend
+    from splash_core.platform import plugins
+    from splash_core.platform.backend import get_backend
 
     registry = plugins.load()
     assert registry.check("simulated") is None and not registry.info("simulated").accelerator
@@ -54,7 +54,6 @@ def _counted_exchange(ctx):
     """The example's counting collectives over the pool's group: an uneven all-to-all (rank s
     sends s + 2d rows of 3 float32 to rank d) and an all-gather of 2 rows each; the counts."""
     import torch
-
     from splash_backend_simulated.collectives import CountingCollectives
 
     coll = CountingCollectives(ctx.group, ctx.device)

@@ -10,11 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from test_gpu_fp8_kv import _DrawnOnCPU
 
 from splash_core.reference.expanded import expanded_attention
 from splash_core.testing.mla_inputs import expanded_case, tolerance
-
-from test_gpu_fp8_kv import _DrawnOnCPU
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -33,12 +32,12 @@ def test_triton_expanded_kernel_in_bf16(heads):
 
 
 def _serve(ctx, form, layout):
-    from splash_core.profiles.loader import load
-    from splash_core.runtime.driver import generate
-    from splash_core.runtime.model import Model
-    from splash_core.runtime.weights import SeededWeights
-
     from test_runtime_expanded import PROMPTS, RUN
+
+    from splash_bench.driver import generate
+    from splash_core.model.weights import SeededWeights
+    from splash_core.profiles.loader import load
+    from splash_core.runtime.model import Model
 
     model = Model.from_context(ctx, load("model", "tiny-mla"), _DrawnOnCPU(SeededWeights(3)), layout,
                                pages_per_layer=40, page_size=RUN["page_size"], attention_form=form)
@@ -48,14 +47,14 @@ def _serve(ctx, form, layout):
 
 
 def test_a_model_prefilling_in_each_form_gives_the_reference_tokens():
+    from test_runtime_expanded import PROMPTS, RUN
+
+    from splash_bench.driver import generate
     from splash_core.layouts import Layout
+    from splash_core.model.weights import SeededWeights
     from splash_core.profiles.loader import load
-    from splash_core.runtime.driver import generate
     from splash_core.runtime.reference_model import ReferenceModel
     from splash_core.runtime.spawn import RankPool
-    from splash_core.runtime.weights import SeededWeights
-
-    from test_runtime_expanded import PROMPTS, RUN
 
     ref_model = ReferenceModel(load("model", "tiny-mla"), SeededWeights(3))
     ref = generate(ref_model.step, [dataclasses.replace(p, owner=0) for p in PROMPTS], T=1, release=ref_model.release,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splash_core.reference import fused as ref_fused
+from splash_core.model import ops as ref_fused
+from splash_core.model.fp8_cache import dequantize
+from splash_core.model.kv_format import ScaledFP8
 from splash_core.reference import mla as ref_mla
-from splash_core.reference.fp8_cache import dequantize
-from splash_core.runtime.kv_format import ScaledFP8
 from splash_core.testing.mla_inputs import decode_case, extend_case, scaled_fp8_case, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -52,7 +52,7 @@ def test_triton_cache_write_quantizes_as_the_reference():
     """bf16 KV-A rows through the fused write: the scales and rotary bytes are the reference's;
     an e4m3 code may differ by one step where the GPU's norm rounds a value across a boundary."""
     from splash_core.kernels import triton_fused_kernels
-    from splash_core.runtime.rotary import Rotary
+    from splash_core.model.rotary import Rotary
 
     g = torch.Generator().manual_seed(0)
     n = 300
@@ -107,14 +107,14 @@ class _DrawnOnCPU:
 def _forced_fp8(ctx, forced):
     import dataclasses
 
+    from test_runtime_fp8_kv import PROMPTS, SEED
+
+    from splash_bench.driver import generate
     from splash_core.layouts import Layout
+    from splash_core.model.weights import SeededWeights
     from splash_core.profiles.loader import load
     from splash_core.profiles.model import KVCacheFormat
-    from splash_core.runtime.driver import generate
     from splash_core.runtime.model import Model
-    from splash_core.runtime.weights import SeededWeights
-
-    from test_runtime_fp8_kv import PROMPTS, SEED
 
     profile = dataclasses.replace(load("model", "tiny-mla"), kv_cache=KVCacheFormat("fp8", "bf16", 16))
     model = Model.from_context(ctx, profile, _DrawnOnCPU(SeededWeights(SEED)), Layout.TP, pages_per_layer=24, page_size=16,
@@ -128,12 +128,12 @@ def _forced_fp8(ctx, forced):
 def test_a_model_on_the_gpu_stays_within_e4m3_roundoff_of_float32():
     import dataclasses
 
-    from splash_core.runtime.driver import generate
+    from test_runtime_fp8_kv import PROMPTS, SEED, TINY, _check_close
+
+    from splash_bench.driver import generate
+    from splash_core.model.weights import SeededWeights
     from splash_core.runtime.reference_model import ReferenceModel
     from splash_core.runtime.spawn import RankPool
-    from splash_core.runtime.weights import SeededWeights
-
-    from test_runtime_fp8_kv import PROMPTS, SEED, TINY, _check_close
 
     ref_model = ReferenceModel(TINY, SeededWeights(SEED))
     prompts = [dataclasses.replace(p, owner=0) for p in PROMPTS]

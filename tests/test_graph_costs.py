@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 
 from splash_core.cli.main import main
-from splash_core.costmodel import BatchArrays, CostModel
-from splash_core.graph_costs import HeldGraphs, capture_costs_from_samples, moves_weights, weight_sharing
 from splash_core.layouts import LAYOUTS, Layout
-from splash_core.manifest import plan_switch
+from splash_core.planning.costmodel import BatchArrays, CostModel
+from splash_core.planning.graph_costs import HeldGraphs, capture_costs_from_samples, moves_weights, weight_sharing
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.scheduler import Scheduler
+from splash_core.planning.switch_time import switch_cost
 from splash_core.profiles import load
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load_file
 from splash_core.profiles.schema import ProfileError
-from splash_core.scheduler import Scheduler
-from splash_core.simulator import simulate
-from splash_core.switch_time import switch_cost
+from splash_core.studies.simulator import simulate
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_graph_memory_without_capture_time_is_refused(tmp_path):
 
 def test_precopy_choice_charges_the_recapture_to_every_way_of_switching(deployment):
     """The handoff lands the weights like the one-step switch: both pay the one capture."""
-    from splash_core.precopy_time import plan_transition
+    from splash_core.planning.precopy_time import plan_transition
 
     x = decode_batch(n=16, context=32768)
     cost = CostModel.from_deployment(deployment)

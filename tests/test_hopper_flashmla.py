@@ -13,8 +13,8 @@ import types
 
 import pytest
 import torch
-
 from splash_backend_hopper import flashmla, providers
+
 from splash_core.reference import mla as ref_mla
 from splash_core.testing.mla_inputs import decode_case
 
@@ -116,8 +116,8 @@ def test_thresholds_start_where_flashmla_wins_every_larger_point():
 def _fp8_stand_in(calls: list):
     """FlashMLA's fp8 decode as documented: sparse attention over ``indices`` (flat cache slots,
     -1 skipped) of a cache of 656-byte V3.2 entries (e4m3 latent x 4 float32 scales, bf16 rotary)."""
-    from splash_core.reference.fp8_cache import dequantize
-    from splash_core.runtime.kv_format import ScaledFP8
+    from splash_core.model.fp8_cache import dequantize
+    from splash_core.model.kv_format import ScaledFP8
 
     module = types.ModuleType("flash_mla")
     module.get_mla_metadata = lambda: (object(), None)

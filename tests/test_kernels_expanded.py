@@ -215,6 +215,7 @@ def test_benchmark_dry_run_writes_its_result(tmp_path):
     """bench/expanded_attention.py --tiny: the GPU benchmark's whole logic on CPU, including its
     bf16-style correctness check (in fp16 here) and a readable result file."""
     from bench_scripts import load_bench
+
     from splash_core.results import read_result
 
     bench = load_bench("expanded_attention")

@@ -12,8 +12,8 @@ import triton.language as tl
 
 from splash_core.kernels import fused
 from splash_core.kernels.fp8_cache import _e4m3_codes
-from splash_core.reference import fused as ref
-from splash_core.runtime.rotary import Rotary
+from splash_core.model import ops as ref
+from splash_core.model.rotary import Rotary
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
@@ -91,8 +91,8 @@ def test_latent_write_quantizes_into_a_scaled_fp8_cache(dtype, d_c, d_r, groups)
     and bf16 roundings, both to nearest even), rows of very different magnitudes and an all-zero
     row included; read back, each latent is within e4m3's unit roundoff (2**-4) of its row's
     largest magnitude, and nothing outside the slots is written."""
-    from splash_core.reference.fp8_cache import dequantize
-    from splash_core.runtime.kv_format import ScaledFP8
+    from splash_core.model.fp8_cache import dequantize
+    from splash_core.model.kv_format import ScaledFP8
 
     layout = ScaledFP8(d_c, d_r, groups)
     kv, w, rot = _latent_case(dtype, d_c=d_c, d_r=d_r)

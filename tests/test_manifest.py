@@ -1,4 +1,4 @@
-"""The switch planner against the one-block-at-a-time oracle of splash_core.blocks.
+"""The switch planner against the one-block-at-a-time oracle of blocks.
 
 For random batches (unequal contexts, arbitrary request ids, idle ranks), every group size
 in {1, 2, 3, 4, 8} and all 12 directions: applying a manifest to the source block sets gives
@@ -9,15 +9,15 @@ the receive matrix. The primitives are checked against the paper's Figure 3 (rig
 
 from __future__ import annotations
 
+import blocks
 import numpy as np
 import pytest
 
-from splash_core import blocks
 from splash_core.layouts import DIRECTIONS, LAYOUTS, Layout, Primitive, State
-from splash_core.manifest import plan_switch
-from splash_core.manifest.diff import BlockDiff
-from splash_core.manifest.universe import Universe, rank_bits
-from splash_core.ownership import Batch, Request, footprint
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.manifest.diff import BlockDiff
+from splash_core.planning.manifest.universe import Universe, rank_bits
+from splash_core.planning.ownership import Batch, Request, footprint
 from splash_core.profiles import load
 from splash_core.profiles.model import LayerKind
 
@@ -55,7 +55,7 @@ def random_batch(rng, T, max_requests=6, max_context=40):
 
 
 def as_ids(plan, layer, keys):
-    """Manifest keys of one state of one layer as splash_core.blocks ids."""
+    """Manifest keys of one state of one layer as blocks ids."""
     if plan.state is State.WEIGHTS:
         return [(layer, plan.matrices[int(m)], int(s)) for m, s in keys]
     return [(layer, str(plan.state), int(a), int(b)) for a, b in keys]

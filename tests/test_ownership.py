@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import math
 
+import blocks
 import numpy as np
 import pytest
-
-from splash_core import blocks
-from splash_core.layouts import LAYOUTS, Layout
-from splash_core.loads import causal_pairs, loads
-from splash_core.ownership import (Batch, Request, assign_owner, assign_owners, cp_prefix_matrix,
-                                   cp_rank_of_page, eq1_footprint, eq1_longest_context, footprint,
-                                   longest_balanced_context)
-from splash_core.profiles import load
-from splash_core.weights import weight_report
-
+from table2_loads import causal_pairs, loads
 from test_manifest import HYBRID, MLA
+
+from splash_core.layouts import LAYOUTS, Layout
+from splash_core.planning.ownership import (Batch, Request, assign_owner, assign_owners, cp_prefix_matrix,
+                                            cp_rank_of_page, eq1_footprint, eq1_longest_context, footprint,
+                                            longest_balanced_context)
+from splash_core.planning.weight_bytes import weight_report
+from splash_core.profiles import load
 
 GIB = 1 << 30
 

@@ -7,12 +7,11 @@ and :meth:`BlockTables.placement` answers what the allocation then gives."""
 from __future__ import annotations
 
 import numpy as np
+from bench_scripts import load_bench
 
 from splash_core.runtime.block_tables import BlockTables, PageKeys, PoolFullError
 from splash_core.runtime.page_placement import continue_runs, place
 from splash_core.runtime.switch.page_pulls import runs
-
-from bench_scripts import load_bench
 
 
 def test_histories_grown_page_by_page_side_by_side_stay_in_one_run_each():

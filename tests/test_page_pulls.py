@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from splash_core import ownership
-from splash_core.interfaces import PeerMemoryError
 from splash_core.layouts import DIRECTIONS, Primitive, State
-from splash_core.manifest import plan_switch
+from splash_core.planning import ownership
+from splash_core.planning.manifest import plan_switch
+from splash_core.platform.interfaces import PeerMemoryError
 from splash_core.profiles.loader import load
 from splash_core.reference import peer_memory
 from splash_core.runtime.block_tables import PageKeys

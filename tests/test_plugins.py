@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from splash_core import hookspecs, plugins
-from splash_core.backend import Backend
 from splash_core.cli.main import main
-from splash_core.interfaces import BackendInfo
+from splash_core.platform import hookspecs, plugins
+from splash_core.platform.backend import Backend
+from splash_core.platform.interfaces import BackendInfo
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

@@ -1,4 +1,4 @@
-"""Eq 7 extended to pre-copies (splash_core.precopy_time): the cost of each way to switch, and
+"""Eq 7 extended to pre-copies (splash_core.planning.precopy_time): the cost of each way to switch, and
 the scheduler's choice between them, on the 8-H200 DeepSeek-V3.2 deployment's cost model (θ
 as profiled; the interference coefficient α is a placeholder, so the tests sweep it)."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from splash_core.costmodel import BatchArrays, CostModel
 from splash_core.layouts import Layout
-from splash_core.precopy_time import (ONE_STEP, PRECOPY, candidate_steps, interference_from_probe, plan_transition,
-                                      precopy_cost)
+from splash_core.planning.costmodel import BatchArrays, CostModel
+from splash_core.planning.precopy_time import (ONE_STEP, PRECOPY, candidate_steps, interference_from_probe,
+                                               plan_transition, precopy_cost)
+from splash_core.planning.switch_time import SwitchCost
 from splash_core.profiles import load
-from splash_core.switch_time import SwitchCost
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 

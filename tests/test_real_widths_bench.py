@@ -4,6 +4,7 @@ does not fail on a bug a CPU could have caught; and its sizing at DeepSeek-V3's 
 from __future__ import annotations
 
 from bench_scripts import load_bench
+
 from splash_core import results
 
 GIB = 1 << 30

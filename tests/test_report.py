@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from result_examples import examples, make, write_all
+
 from splash_core.cli.main import main
 from splash_core.report.sections import SECTIONS
 from splash_core.results import make_result, write_result

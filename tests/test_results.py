@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from result_examples import examples, make
-from splash_core.result_shapes import SHAPES, switch_overhead_summary
+
 from splash_core.results import ResultError, make_result, read_result, read_results, validate, write_result
-from splash_core.stats import percentile
+from splash_core.results.shapes import SHAPES, switch_overhead_summary
+from splash_core.results.stats import percentile
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 

@@ -4,10 +4,11 @@ fail on a bug a CPU could have caught; and its memory planning."""
 from __future__ import annotations
 
 from bench_scripts import load_bench
+
+from splash_bench.step import layers_that_fit
 from splash_core import results
 from splash_core.layouts import Layout
 from splash_core.profiles.loader import load
-from splash_bench.step import layers_that_fit
 
 
 def test_smoke_run_writes_valid_results(rank_pools, tmp_path):

@@ -17,14 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splash_core import ownership
+from splash_bench.driver import Prompt, generate
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.weights import SeededWeights
 
 PAGE, CHUNK, NEW_TOKENS, SEED = 16, 16, 22, 7
 TP, DP, DOP, CP = Layout.TP, Layout.DP, Layout.DOP, Layout.CP

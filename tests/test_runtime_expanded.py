@@ -9,14 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from splash_core.attention_forms import MLADims, expanded_requests, form_flops
+from splash_bench.driver import Prompt, generate
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
+from splash_core.planning.attention_forms import MLADims, expanded_requests, form_flops
 from splash_core.profiles.loader import load
 from splash_core.runtime import expanded_attention
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.weights import SeededWeights
 
 V3 = MLADims(d_c=512, d_r=64, d_n=128, d_v=128)
 PROMPTS = [Prompt(0, 0, tuple(range(3, 60))), Prompt(1, 1, (5, 6, 7, 8, 9)), Prompt(2, 1, tuple(range(100, 131)))]

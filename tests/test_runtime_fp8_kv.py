@@ -20,19 +20,18 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from switch_scenarios import PAGE, PULLS, SEED, accounting_problems, planned_bytes
 
+from splash_bench.driver import Prompt, generate
 from splash_core.layouts import DIRECTIONS, Layout, State
+from splash_core.model.kv_format import ScaledFP8, scaled_layout
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.profiles.model import KVCacheFormat, LayerKind
-from splash_core.runtime.driver import Prompt, generate
-from splash_core.runtime.kv_format import ScaledFP8, scaled_layout
 from splash_core.runtime.kv_pool import KVPool, PageFormat
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.switch import Mode, SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import PAGE, PULLS, SEED, accounting_problems, planned_bytes
 
 U = 2.0 ** -4  # e4m3's unit roundoff: 3 mantissa bits
 TINY = load("model", "tiny-mla")
@@ -193,7 +192,7 @@ def test_the_pool_stores_what_the_profile_declares():
     """DeepSeek-V3.2's profile declares 512 fp8 + 16 scale + 64 x 2 rotary bytes: 656 a token and
     layer, FlashMLA's layout, and the pool's page is exactly that, so Eq 1's k and Eq 2's bytes
     (both from the profile) are the pool's; the tiny fp8 model likewise at 64 bytes."""
-    from splash_core.runtime.kv_format import indexer_layout
+    from splash_core.model.kv_format import indexer_layout
     from splash_core.runtime.model import _indexer_format
 
     for model in (load("model", "deepseek-v3.2"), FP8):

@@ -11,17 +11,17 @@ import sys
 import types
 
 import torch
-
 from bench_scripts import BENCH, load_bench
+
 from splash_core import results
 from splash_core.layouts import Layout
+from splash_core.model.mla import MLAMath, MLAWeights, Rotary
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.runtime import exchange
 from splash_core.runtime.kv_pool import LayerKV, PageFormat
-from splash_core.runtime.mla import MLAMath, MLAWeights, Rotary
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_context import StepContext
-from splash_core.runtime.weights import SeededWeights
 
 # The benchmark's rank-side module lives beside it; ranks find it through the path they were
 # started with, and pytest imports this module before any test starts the session's pools.

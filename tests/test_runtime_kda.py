@@ -19,19 +19,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from splash_core import ownership
-from splash_core.interfaces import KDAKernels
+from splash_bench.driver import Prompt, generate
 from splash_core.layouts import DIRECTIONS, Layout, State
+from splash_core.model.kda import KDAMath, KDAWeights
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
+from splash_core.platform.interfaces import KDAKernels
 from splash_core.profiles.loader import load
 from splash_core.reference import kda as reference_kda
-from splash_core.runtime.driver import Prompt, generate
-from splash_core.runtime.kda import KDAMath, KDAWeights
 from splash_core.runtime.kda_layer import KDALayer
 from splash_core.runtime.kda_recurrence import DeviceRowPlan, RowPlan, recur
 from splash_core.runtime.model import Model
 from splash_core.runtime.recurrent_pool import LayerRecurrent, RecurrentFormat
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.weights import SeededWeights
 
 PAGE, CHUNK, NEW_TOKENS, SEED = 16, 16, 22, 3
 TP, DP, DOP, CP = Layout.TP, Layout.DP, Layout.DOP, Layout.CP

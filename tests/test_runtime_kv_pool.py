@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from splash_core import ownership
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
+from splash_core.platform.interfaces import MLAKernels
 from splash_core.profiles.loader import load
 from splash_core.reference import mla as ref_mla
-from splash_core.interfaces import MLAKernels
 from splash_core.runtime.kv_pool import KVPool, LayerKV, PageFormat, PoolFullError, held_pages
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch
-from splash_core.runtime.weights import SeededWeights
 
 KERNELS = MLAKernels(decode=ref_mla.attention, extend=ref_mla.attention, merge=ref_mla.merge,
                      pack=ref_mla.pack, unpack=ref_mla.unpack)
@@ -92,8 +92,8 @@ def test_pool_sizing_and_release():
 def test_a_scaled_fp8_pool_quantizes_on_write_and_moves_bytes():
     """Scaled-fp8 pages (uint8, 64 bytes a token for d_c 32, 4 scales, d_r 8): a write stores
     the quantized entries, pack/unpack move them byte for byte, and the sizes are the format's."""
-    from splash_core.reference.fp8_cache import dequantize, quantize
-    from splash_core.runtime.kv_format import ScaledFP8
+    from splash_core.model.fp8_cache import dequantize, quantize
+    from splash_core.model.kv_format import ScaledFP8
 
     layout = ScaledFP8(32, 8, 4)
     fmt = PageFormat.scaled_fp8(4, layout, indexer_width=3)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from splash_bench.driver import Prompt, generate
 from splash_core.checkpoint.source import weight_source
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.weights import SeededWeights
 
 PROMPTS = [Prompt(0, 1, tuple(range(3, 40))), Prompt(1, 1, (5, 6, 7))]
 RUN = dict(T=2, page_size=16, chunk=16, new_tokens=8)

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
+from splash_bench.driver import Prompt, generate
 from splash_core.layouts import Layout
+from splash_core.model.mla import MLAMath, MLAWeights
+from splash_core.model.weights import SafetensorsWeights, SeededWeights, head_shard, save_checkpoint, tensor_shapes
 from splash_core.profiles.loader import load
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.kv_pool import LayerKV, PageFormat
-from splash_core.runtime.mla import MLAMath, MLAWeights
 from splash_core.runtime.mla_layer import MLALayer
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
-from splash_core.runtime.weights import SafetensorsWeights, SeededWeights, head_shard, save_checkpoint, tensor_shapes
 
 PROFILE = load("model", "tiny-mla")
 

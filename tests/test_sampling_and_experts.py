@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from splash_core.engine.draws import uniform
 from splash_core.engine.requests import Request, State
-from splash_core.engine import sampling
-from splash_core.engine.sampling import (RowDraw, SamplingParams, apply_draws, choose, choose_rows, in_kept, kept,
-                                         uniform)
+from splash_core.model import experts
 from splash_core.profiles.workload import RequestSpec
-from splash_core.runtime import experts
+from splash_core.runtime import sampling
+from splash_core.runtime.sampling import RowDraw, SamplingParams, apply_draws, choose, choose_rows, in_kept, kept
 
 
 def test_greedy_and_filters():

@@ -9,11 +9,11 @@ import json
 import pytest
 import yaml
 
-from splash_core.capacity import scenario_limits
 from splash_core.cli.main import main
 from splash_core.layouts import Layout
 from splash_core.profiles import ProfileError, find, load
-from splash_core.timing_law import compile_law, crossovers
+from splash_core.studies.capacity import scenario_limits
+from splash_core.studies.timing_law import compile_law, crossovers
 
 TP, DP, CP, DOP = Layout.TP, Layout.DP, Layout.CP, Layout.DOP
 # Printed in the paper (1k = 1024 tokens): Figure 6 / appendix B.1, Figure 7, Figure 1.

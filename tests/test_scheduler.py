@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from splash_core.cli.main import main
-from splash_core.costmodel import BatchArrays
 from splash_core.layouts import LAYOUTS, Layout
-from splash_core.manifest import plan_switch
+from splash_core.planning.costmodel import BatchArrays
+from splash_core.planning.manifest import plan_switch
+from splash_core.planning.scheduler import FORCED, HOLD, STAY, SWITCH, Scheduler
 from splash_core.profiles import load
-from splash_core.scheduler import FORCED, HOLD, STAY, SWITCH, Scheduler
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 GIB = float(1 << 30)

@@ -5,6 +5,7 @@ bug a CPU could have caught."""
 from __future__ import annotations
 
 from bench_scripts import load_bench
+
 from splash_core import results
 from splash_core.cli.main import main
 

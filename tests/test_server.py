@@ -20,9 +20,9 @@ import numpy as np
 import openai
 import pytest
 import requests
+from served import Served, metric, wait_for
 from transformers import AutoTokenizer
 
-from served import Served, metric, wait_for
 from splash_core.checkpoint.tiny import ensure
 from splash_core.cli.main import main
 from splash_core.engine import reference_check

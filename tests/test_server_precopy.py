@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-
 from served import Served
+
 from splash_core.engine import reference_check
 from splash_core.profiles import load
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from splash_core.cli.main import main
-from splash_core.costmodel import BatchArrays, CostModel
 from splash_core.layouts import LAYOUTS
+from splash_core.planning.costmodel import BatchArrays, CostModel
 from splash_core.profiles import ProfileError, load
-from splash_core.simulator import ORACLE, SPLASH, simulate
+from splash_core.studies.simulator import ORACLE, SPLASH, simulate
 
 # The CPU profile as first calibrated here (2-core VM), frozen so these tests do not move
 # when profiles/hardware/cpu.yaml is recalibrated.

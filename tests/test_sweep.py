@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from splash_core import sweep_paper
 from splash_core.cli.main import main
 from splash_core.layouts import LAYOUTS, Layout
 from splash_core.profiles import load
 from splash_core.profiles.deployment import Disaggregation
-from splash_core.sweep import predict
-from splash_core.sweep_paper import PaperPosition, agreement, paper_positions
+from splash_core.studies import sweep_paper
+from splash_core.studies.sweep import predict
+from splash_core.studies.sweep_paper import PaperPosition, agreement, paper_positions
 
 CPU = {"memory_gib": 16, "matmul_tflops": 0.0723, "weight_read_gbps": 6.5852, "kv_read_gbps": 1.2208,
        "all_gather_gbps": 0.5487, "all_to_all_gbps": 0.8666, "all_reduce_gbps": 0.8077,

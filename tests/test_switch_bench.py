@@ -5,6 +5,7 @@ runs by time)."""
 from __future__ import annotations
 
 from bench_scripts import load_bench
+
 from splash_core import results
 from splash_core.layouts import DIRECTIONS
 from splash_core.profiles.loader import load

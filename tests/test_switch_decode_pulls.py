@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, assert_matches, prompt, reference, serve
+
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor
 from splash_core.runtime.switch.page_pulls import runs
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, assert_matches, prompt, reference, serve
 
 SWITCH_AT = 50
 # three requests: one page of prompt, then 4 pages of decode; a fourth that leaves early and frees its pages

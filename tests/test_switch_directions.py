@@ -18,16 +18,15 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, planned_bytes, prompt,
+                              reference, serve)
 
 from splash_core.layouts import DIRECTIONS, Layout, State
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, planned_bytes,
-                              prompt, reference, serve)
 
 SWITCH_AT = 4
 COLLECTIVES = TransferConfig()
@@ -157,7 +156,7 @@ def _with_transfer_buffers(ctx, runs, transfer, peer_barrier=True):
     (fenced by the peer memory's barrier, or where not ``peer_barrier`` by collectives, as for a
     peer memory that has none); the sizes allocated, the roles held at the end, and how many
     all-gathers, all-to-alls, all-reduces and peer barriers they ran."""
-    from splash_core.collectives import DistCollectives, TransferBuffers
+    from splash_core.platform.collectives import DistCollectives, TransferBuffers
 
     class Counted(DistCollectives):
         def all_reduce(self, *args, **kwargs):

@@ -5,15 +5,14 @@ switch on every rank before anything moves; a plan made for another step is reje
 from __future__ import annotations
 
 import pytest
+from switch_scenarios import MODEL, PAGE, SEED, Req, assert_matches, prompt, reference, serve, snapshot, snapshot_diff
 
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch
 from splash_core.runtime.switch import Mode, SwitchExecutor, SwitchRefused
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import MODEL, PAGE, SEED, Req, assert_matches, prompt, reference, serve, snapshot, snapshot_diff
 
 REQUESTS = [Req(0, 0, prompt(40, 31), 6), Req(1, 1, prompt(35, 32), 6), Req(2, 1, prompt(4, 33), 3, arrives=2)]
 

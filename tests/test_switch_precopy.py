@@ -18,16 +18,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from precopy_scenarios import precopy_problems
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, prompt, reference,
+                              serve)
 
 from splash_core.layouts import DIRECTIONS, Layout, State
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from precopy_scenarios import precopy_problems
-from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
 
 START, STEPS = 4, 2
 HANDOFF = START + STEPS
@@ -131,7 +131,7 @@ def test_precopy_all_directions_t2(rank_pools, references, pulls):
 def _through_transfer_buffers(ctx, directions, transfer):
     """``_precopy_runs`` with side collectives that gather in place in reused transfer buffers (as
     copy engines' registered memory): each copy must land before the next layer's reuses them."""
-    from splash_core.collectives import DistCollectives, TransferBuffers
+    from splash_core.platform.collectives import DistCollectives, TransferBuffers
 
     side = ctx.side_collectives()
     ctx._side = DistCollectives(side.group, ctx.device, transfer_buffers=TransferBuffers(

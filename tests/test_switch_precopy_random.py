@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from precopy_scenarios import precopy_problems
+from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
 
 from splash_core.layouts import LAYOUTS
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from precopy_scenarios import precopy_problems
-from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
 
 FIRST = 3
 

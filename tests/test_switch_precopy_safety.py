@@ -21,17 +21,16 @@ exceeding Eq 5 or the KV pool, and a failure leaves every history intact.
 from __future__ import annotations
 
 import pytest
+from precopy_scenarios import precopy_problems
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, history_problems,
+                              prompt, reference, serve)
 
 from splash_core.layouts import Layout, State
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Fault, SwitchExecutor, SwitchFailed, SwitchRefused
-from splash_core.runtime.weights import SeededWeights
-
-from precopy_scenarios import precopy_problems
-from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, history_problems,
-                              prompt, reference, serve)
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 

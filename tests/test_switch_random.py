@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
 
 from splash_core.layouts import LAYOUTS
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.switch import Mode, SwitchExecutor
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import MODEL, PAGE, SEED, Req, accounting_problems, assert_matches, prompt, reference, serve
 
 SWITCHES, FIRST = 50, 3  # switch at every step from step 3 (the prompts are in by then) on
 

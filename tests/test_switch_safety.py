@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, history_problems,
+                              prompt, reference, serve, snapshot, snapshot_diff)
 
 from splash_core.layouts import Layout, State
+from splash_core.model.weights import SeededWeights
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch
 from splash_core.runtime.switch import Fault, Mode, SwitchExecutor, SwitchFailed, SwitchRefused
-from splash_core.runtime.weights import SeededWeights
-
-from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, history_problems,
-                              prompt, reference, serve, snapshot, snapshot_diff)
 
 TP, CP, DP, DOP = Layout.TP, Layout.CP, Layout.DP, Layout.DOP
 
@@ -182,7 +181,7 @@ def test_failed_collective_rolls_back(rank_pools, src, dst, state, mode, layer, 
 def _buffer_failure(ctx, src, dst, mode):
     """Side collectives whose transfer buffers cannot be made in the first switch (as when
     registering memory with the communicator fails), then can."""
-    from splash_core.collectives import DistCollectives, TransferBuffers
+    from splash_core.platform.collectives import DistCollectives, TransferBuffers
 
     model = _model(ctx, Layout(src), pulls=False)
     broken = {"on": True}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from bench_scripts import load_bench
-from splash_core import results
+
 from splash_bench.device_trace import category, timeline
+from splash_core import results
 
 COMPUTE, SIDE = 7, 21
 
@@ -89,8 +89,8 @@ def test_report_renders_a_row_per_variant_and_direction(rank_pools, tmp_path):
 
 
 def test_layer_probe_times_each_boundary_the_executor_shows_it():
-    from splash_core.reference.streams import HostStreamOps
     from splash_bench.layer_probe import LayerProbe, summarize
+    from splash_core.reference.streams import HostStreamOps
 
     probe = LayerProbe(HostStreamOps())
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from splash_core.layouts import Layout
-from splash_core.expressions import Expression, ExpressionError
-from splash_core.timing_law import CompiledLaw, crossovers
+from splash_core.profiles.expressions import Expression, ExpressionError
+from splash_core.studies.timing_law import CompiledLaw, crossovers
 
 PAPER = {  # appendix B.1, Eq 11
     Layout.TP: "0.40 + 0.25*x + pos(0.15 - 0.0625*x)",

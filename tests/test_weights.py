@@ -7,9 +7,10 @@ import json
 import pytest
 
 from splash_core.cli.main import main
+from splash_core.planning.weight_bytes import weight_report
 from splash_core.profiles import load
 from splash_core.profiles.model import LayerKind
-from splash_core.weights import projections, weight_report
+from splash_core.profiles.projections import projections
 
 MIB = 1 << 20
 

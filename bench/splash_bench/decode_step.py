@@ -14,15 +14,16 @@ import time
 
 import torch
 
-from splash_core import dtypes, ownership
+from splash_core import dtypes
 from splash_core.layouts import Layout
+from splash_core.model import ops as reference_fused
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
-from splash_core.reference import fused as reference_fused
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
-from splash_core.runtime.weights import SeededWeights
 
 from .kernels import kernels_for
 

@@ -42,15 +42,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import splash_core
-from splash_core import dtypes, ownership
-from splash_core.interfaces import MLAKernels
+from splash_core import dtypes
 from splash_core.layouts import Layout
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
+from splash_core.platform.interfaces import MLAKernels
 from splash_core.profiles.model import LayerStack, MLAConfig, ModelProfile
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.model import Model
 from splash_core.runtime.step_batch import StepBatch, StepRequest
+
 from .kernels import kernels_for
-from splash_core.runtime.weights import SeededWeights
 
 PHASES = ("decode", "decode_open", "prefill")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from splash_core.interfaces import MLAKernels
+from splash_core.platform.interfaces import MLAKernels
 
 
 def kernels_for(ctx, dtype: torch.dtype, which: str) -> MLAKernels:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splash_core import dtypes, ownership
+from splash_bench.driver import Prompt, generate
+from splash_core import dtypes
 from splash_core.layouts import Layout
+from splash_core.model.weights import RoundedWeights, SeededWeights, tensor_shapes
+from splash_core.planning import ownership
 from splash_core.profiles.loader import load
 from splash_core.profiles.model import ModelProfile
-from splash_core.runtime.driver import Prompt, generate
 from splash_core.runtime.model import Model
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_timing import release_cached_memory, time_layout, timing_graphs
-from splash_core.runtime.weights import RoundedWeights, SeededWeights, tensor_shapes
 
 from .kernels import kernels_for
 

@@ -31,8 +31,10 @@ import time
 import numpy as np
 import torch
 
-from splash_core import dtypes, ownership
+from splash_core import dtypes
 from splash_core.layouts import LAYOUTS, Layout, Primitive, State
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
 from splash_core.profiles.loader import load
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.model import Model
@@ -40,11 +42,10 @@ from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import past_deadline, release_cached_memory
 from splash_core.runtime.switch import Mode, SwitchExecutor
 from splash_core.runtime.switch.planning import layer_plans
-from splash_core.runtime.weights import SeededWeights
 
+from .kernels import kernels_for
 from .layer_probe import LayerProbe
 from .options import transfer_config
-from .kernels import kernels_for
 
 NETWORK_STATES = (State.WEIGHTS, State.KV)
 

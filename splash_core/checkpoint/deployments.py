@@ -8,9 +8,10 @@ import dataclasses
 
 from ..layouts import Layout
 from ..profiles import load
+from ..profiles.checkpoint_config import profile_from_checkpoint
 from ..profiles.deployment import DeploymentProfile
 from ..profiles.schema import ProfileError
-from .config import profile_from_checkpoint
+from .tiny import ensure_written
 
 
 def resolve(ref, *, model: str | None = None, T: int | None = None, layout: str | None = None) -> DeploymentProfile:
@@ -36,12 +37,13 @@ def resolve(ref, *, model: str | None = None, T: int | None = None, layout: str 
 
 
 def check_checkpoint(deployment: DeploymentProfile) -> None:
-    """Raise :class:`~splash_core.checkpoint.config.CheckpointError` naming the first tensor the
+    """Raise :class:`~splash_core.profiles.checkpoint_config.CheckpointError` naming the first tensor the
     deployment's model would read that its checkpoint lacks or shapes otherwise (headers only)."""
     profile = deployment.model
-    if not profile.checkpoint:
+    folder = ensure_written(profile)
+    if folder is None:
         return
-    from ..runtime.weights import tensor_shapes
+    from ..model.weights import tensor_shapes
     from .source import CheckpointWeights
 
-    CheckpointWeights(profile.checkpoint, profile).check(tensor_shapes(profile, deployment.layers))
+    CheckpointWeights(folder, profile).check(tensor_shapes(profile, deployment.layers))

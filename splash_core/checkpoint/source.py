@@ -1,5 +1,5 @@
 """A checkpoint folder as the runtime's weight source (the slice-reading interface of
-:class:`~splash_core.runtime.weights.WeightSource`).
+:class:`~splash_core.model.weights.WeightSource`).
 
 Tensors are found through ``model.safetensors.index.json`` when the folder has one, else in
 every ``*.safetensors`` file (headers only are read to list them). ``get`` reads exactly the
@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..profiles.checkpoint_config import CheckpointError, profile_fields, profile_from_checkpoint
 from . import fp8
-from .config import CheckpointError, profile_fields, profile_from_checkpoint
+from .tiny import ensure_written
 
 _ELEMENT = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
 
@@ -167,8 +168,9 @@ class CheckpointWeights:
 
 def weight_source(profile, seed: int = 0):
     """The weights of ``profile``: its checkpoint folder's, else drawn from ``seed``."""
-    if profile.checkpoint:
-        return CheckpointWeights(profile.checkpoint, profile)
-    from ..runtime.weights import SeededWeights
+    folder = ensure_written(profile)
+    if folder is not None:
+        return CheckpointWeights(folder, profile)
+    from ..model.weights import SeededWeights
 
     return SeededWeights(seed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import CheckpointError, read_config
+from ..profiles.checkpoint_config import CheckpointError, read_config
 
 
 def _json(path: Path) -> dict:

@@ -9,6 +9,10 @@ from pathlib import Path
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # what the plots are written as (matplotlib picks by suffix)
 
 
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
 def _number(text: str, kind: type):
     try:
         return kind(text)

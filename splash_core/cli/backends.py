@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import plugins
+from ..platform import plugins
 from .output import print_json, table
 
 

@@ -2,7 +2,7 @@
 
 Besides the microbenchmarks (matmul, weight and KV reads, prefill attention, collectives),
 calibration times the runtime itself unless ``--no-runtime``: decode steps and prefill chunks of
-a few layers of a model in every layout (:mod:`splash_core.calibrate_runtime`), which give the
+a few layers of a model in every layout (:mod:`splash_core.studies.calibrate_runtime`), which give the
 cost model's host term — t0 (``step_overhead_us``), the host time per layer of each layout on
 eagerly run steps (``layer_overhead_us``) and how much of it hides behind device work
 (``host_overlap``) — and, where decode steps replay captured graphs (``--graphs``, as the
@@ -16,12 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from .. import calibrate, calibrate_runtime
-from ..backend import get_backend
+from ..platform.backend import get_backend
 from ..profiles import loader
 from ..results import machine_description
-from .args import at_least
-from .main import UsageError
+from ..studies import calibrate, calibrate_runtime
+from .args import UsageError, at_least
 from .output import print_json, table
 
 DTYPES = ("bf16", "fp16", "fp32")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from .. import capacity
 from ..formatting import number, percent
 from ..profiles import load
+from ..studies import capacity
 from .output import print_json, table
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import capacity
 from ..profiles import load
-from ..timing_law import compile_law, crossovers
+from ..studies import capacity
+from ..studies.timing_law import compile_law, crossovers
 from .args import figure_path
 from .capacity import fmt_k, limit_rows
 from .output import print_json, table

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 
-from ..costmodel import BatchArrays
 from ..formatting import percent, size
 from ..layouts import LAYOUTS, Layout
-from ..ownership import assign_owners
+from ..planning.costmodel import BatchArrays
+from ..planning.ownership import assign_owners
+from ..planning.scheduler import Scheduler
 from ..profiles import load
-from ..scheduler import Scheduler
-from .args import at_least
-from .main import UsageError
+from .args import UsageError, at_least
 from .output import GIB, print_json, table
 from .plan import parse_tokens
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from ..backend import get_backend
+from ..platform.backend import get_backend
 from ..profiles import ProfileError
-from .main import UsageError
+from .args import UsageError
 
 
 def deployment_for(args):

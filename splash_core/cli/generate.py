@@ -10,8 +10,8 @@ checked against the single-device reference unless ``--no-check``.
 
 from __future__ import annotations
 
+from .args import UsageError
 from .engine_job import deployment_for, run_group
-from .main import UsageError
 from .output import print_json
 
 DEFAULT_DEPLOYMENT = "cpu-tiny"
@@ -57,12 +57,13 @@ def _ids(text: str, flag: str) -> list[int]:
 
 
 def run(args) -> int:
+    from ..checkpoint.tiny import ensure_written
     from ..checkpoint.tokenizer import Tokenizer
     from ..engine import Job
     from ..engine.policy import make_policy
     from ..engine.requests import GenerationRequest
-    from ..engine.sampling import SamplingParams
     from ..engine.summary import load_line
+    from ..runtime.sampling import SamplingParams
 
     if args.layout and args.policy:
         raise UsageError("give --layout or --policy, not both")
@@ -73,7 +74,8 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     model = deployment.model
-    tokenizer = Tokenizer(model.checkpoint) if model.checkpoint else None
+    folder = ensure_written(model)
+    tokenizer = Tokenizer(folder) if folder else None
     if args.prompt is not None:
         if tokenizer is None:
             raise UsageError(f"--prompt: model {model.name!r} has no checkpoint, so no tokenizer; give --prompt-ids")

@@ -18,8 +18,9 @@ import sys
 import threading
 
 from .. import __version__
-from ..plugins import BackendError
+from ..platform.plugins import BackendError
 from ..profiles import ProfileError
+from .args import UsageError
 
 # Subcommand modules, in the order ``splash --help`` lists them.
 COMMANDS = (
@@ -41,10 +42,6 @@ COMMANDS = (
 
 
 DISTRIBUTION = "splash-serve"  # what `pip install` calls this package (the import package is splash_core)
-
-
-class UsageError(ValueError):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -6,10 +6,9 @@ import numpy as np
 
 from .. import profiles
 from ..layouts import Layout
-from ..manifest import plan_switch
-from ..ownership import Batch, Request
-from .args import at_least, non_negative_float, positive_float
-from .main import UsageError
+from ..planning.manifest import plan_switch
+from ..planning.ownership import Batch, Request
+from .args import UsageError, at_least, non_negative_float, positive_float
 from .output import GIB, MIB, print_json, table
 
 

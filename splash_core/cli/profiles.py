@@ -16,11 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from .. import plugins, profiles
+from .. import profiles
+from ..model.kv_format import kv_format_problem
+from ..platform import plugins
 from ..profiles import loader
 from ..profiles.quantity import Quantity
-from ..runtime.kv_format import kv_format_problem
-from .main import UsageError
+from .args import UsageError
 from .output import jsonable, print_json, table
 
 # folder names under a profile root, so `check` can tell a file's kind when it has no `kind:`

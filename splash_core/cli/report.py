@@ -11,8 +11,7 @@ from pathlib import Path
 
 from ..paths import project_path
 from ..results import ResultError
-from .args import existing_dir
-from .main import UsageError
+from .args import UsageError, existing_dir
 from .output import print_json, table
 
 DEFAULT_RESULTS, DEFAULT_REFERENCE = "bench/results", "bench/reference"

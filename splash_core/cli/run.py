@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 
 from ..profiles import load
-from .args import add_switch_options, at_least, positive_float
+from .args import UsageError, add_switch_options, at_least, positive_float
 from .engine_job import deployment_for, run_group
-from .main import UsageError
 from .output import print_json
 
 DEFAULT_DEPLOYMENT, DEFAULT_WORKLOAD = "cpu-tiny", "rollout-tiny"

@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .args import add_switch_options, at_least, positive_float
+from .args import UsageError, add_switch_options, at_least, positive_float
 from .engine_job import deployment_for
-from .main import UsageError
 
 DEFAULT_DEPLOYMENT = "cpu-tiny"
 DEFAULT_CONTEXT = 4096  # for a deployment whose model has no checkpoint (seeded weights): nothing says more
@@ -61,7 +60,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..engine.launch import under_torchrun
     from ..engine.policy import make_policy
-    from ..runtime.kv_format import kv_format_problem
+    from ..model.kv_format import kv_format_problem
     from ..server.launcher import ServerConfig, listen, run_server
 
     deployment = deployment_for(args)
@@ -108,14 +107,15 @@ def _served(args, deployment, policy):
 
     import numpy as np
 
-    from ..checkpoint.config import read_config
+    from ..checkpoint.tiny import ensure_written
     from ..checkpoint.tokenizer import Tokenizer
     from ..engine.admission import Admission, plan_capacity
     from ..engine.requests import Request
+    from ..profiles.checkpoint_config import read_config
     from ..profiles.workload import RequestSpec
     from ..server.protocol import Served
 
-    folder = deployment.model.checkpoint
+    folder = ensure_written(deployment.model)
     tokenizer = Tokenizer(folder) if folder and os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
     context = args.context_length
     if context is None:

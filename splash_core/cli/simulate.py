@@ -6,9 +6,8 @@ from __future__ import annotations
 from ..formatting import number, size
 from ..layouts import LAYOUTS
 from ..profiles import load
-from ..simulator import ORACLE, SPLASH, simulate
+from ..studies.simulator import ORACLE, SPLASH, simulate
 from .args import at_least, figure_path
-from .main import UsageError
 from .output import print_json, table
 
 _COLORS = {"TP": "#1f77b4", "DP": "#2ca02c", "CP": "#d62728", "DOP": "#9467bd", SPLASH: "#ff7f0e", ORACLE: "#7f7f7f"}

@@ -5,7 +5,7 @@
     splash sweep --deployment h200-x8-deepseek-v3.2 --paper      # every position of Table 6, beside it
 
 Each position is B requests of L input tokens at concurrency B; every layout's total
-throughput B(L + output)/T_batch is predicted, the best marked (:mod:`splash_core.sweep`).
+throughput B(L + output)/T_batch is predicted, the best marked (:mod:`splash_core.studies.sweep`).
 ``--paper`` takes the positions of the paper's table for the deployment's platform and model
 and prints the paper's values and the agreement beside the predictions; ``--out`` writes the
 predictions as a ``fixed_layout_sweep`` result (source ``model``) for ``splash report``."""
@@ -17,9 +17,9 @@ import dataclasses
 from .. import results
 from ..layouts import LAYOUTS
 from ..profiles import load
-from ..sweep import MODES, NOTE, predict
-from ..sweep_paper import TABLES, agreement, paper_positions
-from .main import UsageError
+from ..studies.sweep import MODES, NOTE, predict
+from ..studies.sweep_paper import TABLES, agreement, paper_positions
+from .args import UsageError
 from .output import print_json, table
 from .plan import parse_tokens
 

@@ -4,9 +4,8 @@ sharded→replicated switch (TP or DOP into DP or CP) receives per rank and acro
 from __future__ import annotations
 
 from .. import dtypes, profiles
-from ..weights import MIB, weight_report
-from .args import at_least
-from .main import UsageError
+from ..planning.weight_bytes import MIB, weight_report
+from .args import UsageError, at_least
 from .output import print_json, table
 
 LABEL = "analytical sizes (paper appendix A, Eq 9), not measurements; quantization scales not counted"

@@ -2,12 +2,12 @@
 
 The KV pool gives every MLA layer ``pages`` pages on every rank. A set of requests fits a
 layout when, on every rank, the pages its placement assigns there at the requests' reserved
-lengths (prompt + output; :func:`splash_core.costmodel.rank_loads`, the scheduler's Eq 6
+lengths (prompt + output; :func:`splash_core.planning.costmodel.rank_loads`, the scheduler's Eq 6
 accounting) are at most ``pages``: then the batch keeps fitting as it decodes, and
 :meth:`~splash_core.runtime.model.Model.reserve` never runs out.
 
 Admission is first come, first served. The head of the queue gets its owner from projected
-KV growth (:func:`~splash_core.ownership.assign_owner`) and is
+KV growth (:func:`~splash_core.planning.ownership.assign_owner`) and is
 
 - rejected, with the reason, when no layout the policy may run could hold it even alone;
 - admitted when the running requests plus it fit the current layout;
@@ -26,9 +26,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..costmodel import BatchArrays, rank_loads
 from ..layouts import LAYOUTS, Layout
-from ..ownership import assign_owner, pages_for
+from ..planning.costmodel import BatchArrays, rank_loads
+from ..planning.ownership import assign_owner, pages_for
 from .requests import Request
 
 

@@ -27,15 +27,16 @@ import time
 
 import numpy as np
 
-from ..costmodel import BatchArrays
 from ..layouts import LAYOUTS, Layout
+from ..planning.costmodel import BatchArrays
+from ..runtime.sampling import RowDraw
 from ..runtime.step_batch import StepBatch, StepRequest
 from .admission import Admission, KVCapacity
+from .draws import uniforms
 from .plan import Command, StepPlan
 from .policy import Choice
 from .precopies import FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
 from .requests import Request, State
-from .sampling import RowDraw, uniforms
 
 
 @dataclasses.dataclass(frozen=True)

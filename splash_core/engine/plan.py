@@ -6,7 +6,7 @@ never waits for the device): a fixed header
 holding, in order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed
 (rows in batch order), the ids of finished requests whose pages every rank frees before the
 step, and ``draws`` x (row, temperature, top_k, top_p, u): the step's sampled outputs
-(:class:`~splash_core.engine.sampling.RowDraw`; the three reals as the int64 bits of their
+(:class:`~splash_core.runtime.sampling.RowDraw`; the three reals as the int64 bits of their
 float64). The tokens reach the device by an asynchronous copy.
 
 Commands: STEP runs a step; IDLE frees the releases and runs nothing (rank 0 has nothing to run
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from ..layouts import LAYOUTS, Layout
-from ..runtime.kv_pool import to_device
+from ..platform.device import to_device
+from ..runtime.sampling import RowDraw, SamplingParams
 from ..runtime.step_batch import StepBatch, StepRequest
-from .sampling import RowDraw, SamplingParams
 
 _HEADER = 9
 

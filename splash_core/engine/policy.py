@@ -1,6 +1,6 @@
 """Who picks the layout of each step (rank 0): the scheduler, a fixed layout, or a script.
 
-A policy sees the step's batch as the scheduler does (:class:`~splash_core.costmodel.BatchArrays`:
+A policy sees the step's batch as the scheduler does (:class:`~splash_core.planning.costmodel.BatchArrays`:
 contexts including this step's rows, query rows, owners, reserved lengths) and returns a
 :class:`Choice`. ``layouts`` lists every layout it may run, fastest-first where it knows
 (the engine falls back along it when the choice does not fit the KV pool).
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..costmodel import BatchArrays
 from ..layouts import LAYOUTS, Layout
-from ..precopy_time import TransitionCost, plan_transition
-from ..scheduler import HOLD, Scheduler
+from ..planning.costmodel import BatchArrays
+from ..planning.precopy_time import TransitionCost, plan_transition
+from ..planning.scheduler import HOLD, Scheduler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,7 @@ class _PlannedPreCopy:
 class SchedulerPolicy:
     """SPLASH: the transition-aware scheduler π(x; θ) (paper §4.2) decides every step; with
     ``precopy_steps``, each switch it decides is made in one step or as a pre-copy of up to that
-    many steps, whichever Eq 7 extended (:mod:`splash_core.precopy_time`) finds cheaper.
+    many steps, whichever Eq 7 extended (:mod:`splash_core.planning.precopy_time`) finds cheaper.
 
     The scheduler keeps asking for the switch on every step of the pre-copy it chose; those steps
     run beside that pre-copy whatever the plan's ``precopy_steps`` say, so until its handoff step

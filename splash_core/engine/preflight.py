@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.kv_format import kv_format_problem
+from ..model.kv_format import kv_format_problem
 from .admission import Admission, KVCapacity, plan_capacity
 from .requests import Request
 

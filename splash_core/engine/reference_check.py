@@ -37,9 +37,10 @@ import torch
 
 from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
+from ..model.weights import RoundedWeights
 from ..runtime.reference_model import ReferenceModel
-from ..runtime.weights import RoundedWeights
-from .sampling import GREEDY, SamplingParams, choose_rows, in_kept, uniforms
+from ..runtime.sampling import GREEDY, SamplingParams, choose_rows, in_kept
+from .draws import uniforms
 
 DEFAULT_TOLERANCE = 0.05  # for formats below float32 (bf16 accumulates ~1% logit error over 4 layers)
 DEFAULT_FLOP_BUDGET = 2e14  # about 5 s of float32 work on an H200; far above what the CPU jobs need

@@ -7,10 +7,10 @@
     (any unfinished state) ──abort (a served client went away or the server stops)──> aborted
 
 A request is admitted with its owner rank (chosen from projected KV growth,
-:func:`splash_core.ownership.assign_owner`) and keeps it in every layout. Prefill feeds the
+:func:`splash_core.planning.ownership.assign_owner`) and keeps it in every layout. Prefill feeds the
 prompt in chunks; the step that feeds the last prompt token yields the first generated token,
 and every decode step feeds the last generated token and yields the next, chosen by the
-request's :class:`~splash_core.engine.sampling.SamplingParams`. A request generates
+request's :class:`~splash_core.runtime.sampling.SamplingParams`. A request generates
 ``max_new_tokens`` tokens, or fewer when it emits one of its stop ids (EOS; workload requests have
 none: the paper's protocol generates exactly ``max_new_tokens``); the last generated token is
 never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens.
@@ -34,7 +34,7 @@ import enum
 import numpy as np
 
 from ..profiles.workload import RequestSpec
-from .sampling import GREEDY, SamplingParams
+from ..runtime.sampling import GREEDY, SamplingParams
 
 
 class State(enum.Enum):

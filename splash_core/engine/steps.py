@@ -10,7 +10,7 @@ which every layer moves to it while the batch keeps computing (with ``switch_mod
 a pre-copy over ``precopy_steps`` steps first, then the handoff: :mod:`~splash_core.engine.precopies`).
 Every rank chooses the step's
 tokens on its device (the logits are identical on every rank): the argmax, or for a sampled
-output the draw the plan carries (:mod:`~splash_core.engine.sampling`); rank 0 books them. A
+output the draw the plan carries (:mod:`~splash_core.runtime.sampling`); rank 0 books them. A
 step in the current layout is booked *ahead*: rank 0 plans the next step before its tokens
 reach the host, that plan feeds them by reference to the device's tokens, and rank 0 waits for
 them only once the next step is queued behind it (issue 22 §3; ``overlap=False`` books every
@@ -36,12 +36,12 @@ import torch
 from ..checkpoint.source import weight_source
 from ..profiles.deployment import DeploymentProfile
 from ..runtime.model import Model
+from ..runtime.sampling import apply_draws
 from ..runtime.step_tokens import StepTokens
 from ..runtime.switch import SwitchExecutor, SwitchRefused
 from .controller import Controller
 from .plan import Command, StepPlan, exchange
 from .precopies import PreCopies
-from .sampling import apply_draws
 
 
 class EngineError(RuntimeError):

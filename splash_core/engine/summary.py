@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..formatting import number, table
-from ..stats import percentile
+from ..results.stats import percentile
 
 MIB = float(1 << 20)
 LATENCY_PERCENTILES = (50, 90, 99)

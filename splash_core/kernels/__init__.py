@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 
-from ..interfaces import FusedKernels, MLAKernels
+from ..platform.interfaces import FusedKernels, MLAKernels
 from .config import PORTABLE, AttentionTile, ExpandedTile, MLAKernelConfig, TileRule
 from .kda import fla_kda_kernels, fla_missing_reason
 
 
 def triton_mla_kernels(config: MLAKernelConfig = PORTABLE, expanded_tile: ExpandedTile = ExpandedTile()) -> MLAKernels:
-    """:class:`~splash_core.interfaces.MLAKernels` running the Triton kernels with ``config`` (the
+    """:class:`~splash_core.platform.interfaces.MLAKernels` running the Triton kernels with ``config`` (the
     expanded form with ``expanded_tile``)."""
     from . import attention, interpreter, merge, pages
 
@@ -47,7 +47,7 @@ def triton_expanded_attention(config: ExpandedTile = ExpandedTile()):
 
 
 def triton_fused_kernels() -> FusedKernels:
-    """:class:`~splash_core.interfaces.FusedKernels` in Triton (residual add + RMSNorm, RoPE with
+    """:class:`~splash_core.platform.interfaces.FusedKernels` in Triton (residual add + RMSNorm, RoPE with
     the latent-cache write, SiLU·mul), one program per row: nothing a device must tune."""
     from . import fused, interpreter
 

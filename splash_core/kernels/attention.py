@@ -1,6 +1,6 @@
 """Absorbed-MLA attention over the paged latent cache, in Triton (decode and extend).
 
-One kernel serves both entry points of :class:`splash_core.interfaces.MLAKernels`. A program
+One kernel serves both entry points of :class:`splash_core.platform.interfaces.MLAKernels`. A program
 takes ``tile.rows`` query rows of one request times ``tile.heads`` heads (the M side of the
 matrix multiplies: every head of a row reads the same latent keys, so a key tile loaded once
 serves them all), ``1/tile.value_split`` of the value columns, and one of ``splits`` ranges of
@@ -20,7 +20,7 @@ the key load counts as indirect and runs at most one iteration ahead.
 Integer offsets into the cache and the outputs are 64-bit: B = 64 requests of 128K tokens
 hold more than 2**31 cache elements.
 
-A uint8 cache holds the scaled-fp8 format (:mod:`splash_core.runtime.kv_format`): a key tile's
+A uint8 cache holds the scaled-fp8 format (:mod:`splash_core.model.kv_format`): a key tile's
 e4m3 latent codes are multiplied by their group's float32 scale and the bf16 rotary key read
 as it is, both converted to the query's format right after the load, so the rest of the kernel
 is the same for every format.
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime.kv_format import ScaledFP8
+from ..model.kv_format import ScaledFP8
 from .config import AttentionTile, MLAKernelConfig, block
 from .merge import merge_into
 

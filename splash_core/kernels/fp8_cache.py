@@ -2,7 +2,7 @@
 :func:`splash_core.kernels.fused.latent_write`): one program per row normalises the latent,
 finds each group's power-of-two scale, stores the e4m3 codes, the float32 scales and the
 rotated rotary key in bf16 straight into the row's cache slot; the same bytes as
-:func:`splash_core.reference.fp8_cache.quantize`.
+:func:`splash_core.model.fp8_cache.quantize`.
 
 The e4m3 codes and the bf16 rotary key are rounded in integer arithmetic on the float32 bits
 (nearest, ties to even), not by casts: Triton's interpreter rounds a float8 cast wrongly where
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..runtime.kv_format import ScaledFP8
+from ..model.kv_format import ScaledFP8
 
 
 @triton.jit

@@ -1,6 +1,6 @@
-"""The fused small ops of a step in Triton (:class:`splash_core.interfaces.FusedKernels`): one
+"""The fused small ops of a step in Triton (:class:`splash_core.platform.interfaces.FusedKernels`): one
 program per row, the whole row in registers, float32 arithmetic rounded where the torch
-reference (:mod:`splash_core.reference.fused`) rounds.
+reference (:mod:`splash_core.model.ops`) rounds.
 
 - residual add + RMSNorm: one read of each input, one write of each output, where torch runs
   an add and a norm (two launches, the sum written and read back);
@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..interfaces import FusedKernels
-from ..reference import fused as reference
-from ..runtime.kv_format import ScaledFP8
+from ..model import ops as reference
+from ..model.kv_format import ScaledFP8
+from ..platform.interfaces import FusedKernels
 from . import fp8_cache
 
 MAX_BLOCK = 1 << 15  # channels one program holds
@@ -91,7 +91,7 @@ def _unit(t: torch.Tensor) -> torch.Tensor:
 
 
 def add_rms_norm(x, residual, weight, eps):
-    """:func:`splash_core.reference.fused.add_rms_norm` in one kernel (residual None: a plain
+    """:func:`splash_core.model.ops.add_rms_norm` in one kernel (residual None: a plain
     RMSNorm, returned as (normed, x))."""
     n, cols = x.shape
     if cols > MAX_BLOCK or n == 0:
@@ -121,7 +121,7 @@ def _latent(kv, weight, cos, sin, eps, out, slots):
 
 
 def latent(kv, weight, cos, sin, eps):
-    """:func:`splash_core.reference.fused.latent` in one kernel."""
+    """:func:`splash_core.model.ops.latent` in one kernel."""
     if kv.shape[1] > MAX_BLOCK or kv.shape[0] == 0:
         return reference.latent(kv, weight, cos, sin, eps)
     out = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
@@ -130,7 +130,7 @@ def latent(kv, weight, cos, sin, eps):
 
 
 def latent_write(kv, weight, cos, sin, eps, cache, slots) -> None:
-    """:func:`splash_core.reference.fused.latent_write` in one kernel: RoPE fused with the cache write."""
+    """:func:`splash_core.model.ops.latent_write` in one kernel: RoPE fused with the cache write."""
     if cache.dtype == torch.uint8 and kv.shape[1] <= MAX_BLOCK and cache.is_contiguous():
         d_c = weight.numel()
         layout = ScaledFP8.of_width(cache.shape[-1], d_c, kv.shape[1] - d_c)
@@ -142,7 +142,7 @@ def latent_write(kv, weight, cos, sin, eps, cache, slots) -> None:
 
 
 def silu_mul(gate_up):
-    """:func:`splash_core.reference.fused.silu_mul` in one kernel."""
+    """:func:`splash_core.model.ops.silu_mul` in one kernel."""
     n, both = gate_up.shape
     width = both // 2
     out = torch.empty(n, width, dtype=gate_up.dtype, device=gate_up.device)

@@ -8,7 +8,7 @@ moves for KDA layers.
 
 from __future__ import annotations
 
-from ..interfaces import KDAKernels
+from ..platform.interfaces import KDAKernels
 
 
 def fla_missing_reason() -> str | None:
@@ -37,7 +37,7 @@ def _step(q, k, v, g, beta, state, scale):
 
 
 def fla_kda_kernels() -> KDAKernels | None:
-    """:class:`~splash_core.interfaces.KDAKernels` through fla, or None if fla is missing."""
+    """:class:`~splash_core.platform.interfaces.KDAKernels` through fla, or None if fla is missing."""
     if fla_missing_reason() is not None:
         return None
     return KDAKernels(chunk=_chunk, step=_step, name="fla")

@@ -6,15 +6,18 @@ import dataclasses
 import types
 
 from .. import dtypes
-from ..attention_forms import FORMS
 from ..formatting import size
 from ..layouts import Layout
+from .checkpoint_config import model_from_yaml
+from .graphs import GraphConfig
 from .hardware import GIB, HardwareProfile
 from .model import LayerKind, ModelProfile
+from .projections import layer_weight_bytes
 from .quantity import Quantity
 from .schema import Problem, field, fraction, non_negative, one_of, positive, unit_interval
-from .graphs import GraphConfig
 from .transfer import TransferConfig
+
+FORMS = ("auto", "absorbed", "expanded")  # how prefill rows attend (splash_core.planning.attention_forms)
 
 
 def _default_overlap():
@@ -40,7 +43,7 @@ class SchedulerConfig:
     )
     precopy_interference: float = field(
         "α: fraction of a pre-copy's background copy time that the step it runs beside loses to it "
-        "(splash_core.precopy_time); the default is what page copies cost the decode steps pre-copies run "
+        "(splash_core.planning.precopy_time); the default is what page copies cost the decode steps pre-copies run "
         "beside on one H200 (B = 16, 128K: bench/results/h200/copy_interference-decode.json; 0.75 beside a "
         "128K prefill step)",
         default=0.48,
@@ -84,7 +87,8 @@ class DeploymentProfile:
 
     name: str = field("profile name")
     hardware: HardwareProfile = field("hardware profile (name or path)")
-    model: ModelProfile = field("model profile (name or path)")
+    model: ModelProfile = field("model profile: its name or path, its keys, a checkpoint folder {path: DIR} or "
+                                "the tiny checkpoint SPLASH writes, {builtin: NAME}", parse=model_from_yaml)
     T: int = field("ranks in the group that switches together", checks=[positive])
     backend: str = field("backend plugin name, or auto", default="auto")
     memory_fraction: float = field("fraction of device memory SPLASH may use", default=0.9, checks=[fraction])
@@ -104,7 +108,7 @@ class DeploymentProfile:
     prefill_attention: str = field(
         "how prefill rows attend: absorbed (MQA over the latent cache), expanded (MHA over keys expanded "
         "through kv_b, as transformers and SGLang prefill), or auto (per request, the form with fewer FLOPs "
-        "(splash_core.attention_forms): at DeepSeek-V3's widths a fresh prompt's chunk, or a chunk of more than "
+        "(splash_core.planning.attention_forms): at DeepSeek-V3's widths a fresh prompt's chunk, or a chunk of more than "
         "about 170 rows after a long history). DOP always attends "
         "absorbed; a backend without an expanded kernel too", default="auto", checks=[one_of(*FORMS)])
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
@@ -172,8 +176,6 @@ class DeploymentProfile:
     def attention_weight_bytes(self) -> float:
         """W_r of Eq 6 in a replicated layout (DP, CP): the head-indexed projections of every layer
         that runs, whole (TP and DOP hold 1/T of them)."""
-        from ..weights import layer_weight_bytes  # Eq 9's sizes: a pure function of the model's dims
-
         return float(sum(layer_weight_bytes(self.model, kind) for kind in self.layer_kinds))
 
     @property

@@ -145,7 +145,7 @@ class HardwareProfile:
     graph_capture_ms_per_layer: Quantity | None = field(
         "host time of capturing one decode graph (one layout, one bucket: warm-up runs included, as the "
         "runtime records it), ms per layer of the step; a switch that moves weights is charged one capture "
-        "(Eq 7, splash_core.graph_costs). Absent: the backend captures no graphs, nothing is charged",
+        "(Eq 7, splash_core.planning.graph_costs). Absent: the backend captures no graphs, nothing is charged",
         default=None)
     graph_pool_mib: Quantity | None = field(
         "device memory of a rank's captured decode graphs, MiB: they share one pool, sized by the largest "

@@ -6,10 +6,8 @@ import dataclasses
 import enum
 import functools
 
-from typing import Any
-
 from .. import dtypes
-from .schema import Problem, build, field, non_negative, one_of, positive
+from .schema import Problem, field, non_negative, one_of, positive
 
 _DTYPE = one_of(*dtypes.NAMES)
 
@@ -168,6 +166,8 @@ class ModelProfile:
         "them into the rotate-half order the runtime computes in", default=False)
     checkpoint: str = field("Hugging Face checkpoint folder the runtime reads weights from "
                             "('': weights drawn from the deployment's seed)", default="")
+    builtin: str = field("the tiny checkpoint SPLASH writes into ``checkpoint`` on first use "
+                         "(splash_core.profiles.builtin_checkpoints; '': none)", default="")
     runtime_experts: bool = field(
         "whether the runtime's model builds the routed experts of ``moe`` (False: a dense MLP of "
         "intermediate_size in every layer, the attention benchmarks' stand-in; the cost model still "
@@ -186,18 +186,6 @@ class ModelProfile:
         if self.moe is not None and self.moe.first_k_dense_replace > self.layers.count:
             yield Problem("moe.first_k_dense_replace", f"exceeds the layer count ({self.layers.count})",
                           self.moe.first_k_dense_replace)
-
-    @classmethod
-    def from_yaml_value(cls, value: Any, *, file: str, path: str) -> "ModelProfile":
-        """A deployment's ``model:`` mapping: a profile's keys, or a checkpoint folder, ``{path: DIR}``,
-        or the checkpoint SPLASH writes itself, ``{builtin: NAME}`` (optionally into ``path``), each
-        with optional overrides of derived fields (e.g. ``kv_cache``); the profile is derived from
-        the folder's ``config.json`` (:mod:`splash_core.checkpoint.config`)."""
-        if isinstance(value, dict) and ("path" in value or "builtin" in value):
-            from ..checkpoint.config import profile_from_mapping
-
-            return profile_from_mapping(value, file=file, path=path)
-        return build(cls, value, file=file, path=path)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer ``index`` (0-based) routes to experts rather than a dense MLP."""

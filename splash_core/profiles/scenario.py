@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from ..expressions import Expression, ExpressionError, check_names
-from ..layouts import Layout
-from ..ownership import pool_from_budget
+from ..layouts import Layout, pool_from_budget
+from .expressions import Expression, ExpressionError, check_names
 from .hardware import GIB
 from .schema import Problem, field, fraction, non_negative, positive
 

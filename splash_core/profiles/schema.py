@@ -43,9 +43,10 @@ Check = Callable[[Any], "str | None"]
 
 
 def field(doc: str, *, default: Any = _MISSING, default_factory: Any = _MISSING,
-          checks: Iterable[Check] = ()) -> Any:
-    """A dataclass field with a docstring and value checks (each returns a reason or None)."""
-    meta = {"doc": doc, "checks": tuple(checks)}
+          checks: Iterable[Check] = (), parse: Callable | None = None) -> Any:
+    """A dataclass field with a docstring and value checks (each returns a reason or None).
+    ``parse(value, file=, path=)`` reads its YAML value instead of the field type's conversion."""
+    meta = {"doc": doc, "checks": tuple(checks), "parse": parse}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     if default is _MISSING:
@@ -109,7 +110,8 @@ def build(cls: type, data: Any, *, file: str, path: str = "") -> Any:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ProfileError(file, sub, "required key is missing")
             continue
-        value = convert(hints[name], data[name], file=file, path=sub)
+        parse = f.metadata.get("parse")
+        value = parse(data[name], file=file, path=sub) if parse else convert(hints[name], data[name], file=file, path=sub)
         for check in f.metadata.get("checks", ()):
             reason = check(value)
             if reason:

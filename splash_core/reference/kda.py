@@ -6,7 +6,7 @@ import torch
 
 
 def recurrent(q, k, v, g, beta, state, scale):
-    """o [B, T, H, V] and the final state [B, H, K, V] (see :class:`~splash_core.interfaces.KDAKernels`)."""
+    """o [B, T, H, V] and the final state [B, H, K, V] (see :class:`~splash_core.platform.interfaces.KDAKernels`)."""
     dtype = v.dtype
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     s = state.float().clone()

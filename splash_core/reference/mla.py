@@ -1,4 +1,4 @@
-"""Torch reference of the MLA kernels (the spec in :class:`splash_core.interfaces.MLAKernels`).
+"""Torch reference of the MLA kernels (the spec in :class:`splash_core.platform.interfaces.MLAKernels`).
 
 Plain, per-request loops in float32: slow, obviously right, and device-neutral, so any
 backend may fall back to it.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .fp8_cache import cache_layout, dequantize
+from ..model.fp8_cache import cache_layout, dequantize
 
 
 def _request_keys(kv_cache, block_table_row, page_index_row):

@@ -1,6 +1,6 @@
 """Peer memory on the host: each rank's buffer is a file in shared memory (``/dev/shm`` where
 there is one) that every rank of the group maps, so a pull is a plain copy out of a peer's
-mapping. This is the executable spec of :class:`splash_core.interfaces.PeerMemory`: the same
+mapping. This is the executable spec of :class:`splash_core.platform.interfaces.PeerMemory`: the same
 one-sided pulls an accelerator's copy engines make, with host copies, and the same barrier
 over signal slots behind each buffer (``PeerBuffers.barrier``), waited for on the host.
 
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from ..interfaces import PeerMemoryError
+from ..platform.interfaces import PeerMemoryError
 
 
 def available() -> bool:
@@ -79,7 +79,7 @@ class HostPeerBuffers:
 
 
 class HostPeerMemory:
-    """:class:`~splash_core.interfaces.PeerMemory` over files in shared memory, for CPU ranks."""
+    """:class:`~splash_core.platform.interfaces.PeerMemory` over files in shared memory, for CPU ranks."""
 
     def __init__(self, collectives):
         self.collectives = collectives

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from .. import __version__
-from ..collectives import DistCollectives
-from ..hookspecs import hookimpl
-from ..interfaces import BackendInfo, KDAKernels, MLAKernels
-from . import expanded, fused, kda, mla
+from ..model import ops as fused
+from ..platform.collectives import DistCollectives
+from ..platform.hookspecs import hookimpl
+from ..platform.interfaces import BackendInfo, KDAKernels, MLAKernels
+from . import expanded, kda, mla
 from .streams import HostStreamOps
 
 

@@ -53,7 +53,7 @@ class HostEvent:
 
 
 class HostStreamOps:
-    """:class:`splash_core.interfaces.StreamOps` for CPU."""
+    """:class:`splash_core.platform.interfaces.StreamOps` for CPU."""
 
     def __init__(self):
         self._main = HostStream("main")

@@ -4,7 +4,7 @@ kernels of flash-linear-attention), the distributed runtime in each layout again
 reference (``runtime_equivalence``), and the conformance suite per backend (``conformance``).
 
 Every number is read from the result's samples; the summaries' counts and verdicts agree with
-them (checked when the file is read, :mod:`splash_core.result_shapes`)."""
+them (checked when the file is read, :mod:`splash_core.results.shapes`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Prefill forms (``prefill_forms``, ``bench/prefill_forms.py``): one rollout served with prefill
-attending absorbed and with the per-request choice of form (:mod:`splash_core.attention_forms`), or
+attending absorbed and with the per-request choice of form (:mod:`splash_core.planning.attention_forms`), or
 with and without the host planning the next step while the device runs one (form ``<form>/no-overlap``)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..results import Result
 from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, expanded, graph_memory, host_time,
-               page_runs, peer_kernels, prefill_forms, primitives, real_widths, roofline, rollout, served, steps,
+               page_runs, peer_kernels, prefill_forms, primitives, real_widths, rollout, roofline, served, steps,
                sweeps, switch_trace, switching, timings, transport, tuning)
 from .context import Context
 

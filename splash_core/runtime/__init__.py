@@ -11,7 +11,7 @@ Modules, one concept each:
   array operations over many requests' pages (:class:`PageKeys`) for live switches; ``page_placement``: where new pages go (each
   history in long runs, so switches pull it in few copies); ``kv_format``: the cache formats the pool can store (element
   formats, and DeepSeek-V3.2's scaled fp8: e4m3 latent, float32 scales, bf16 rotary key; its
-  quantize/dequantize reference in :mod:`splash_core.reference.fp8_cache`).
+  quantize/dequantize reference in :mod:`splash_core.model.fp8_cache`).
 - ``weights``: seeded or safetensors weights in DeepSeek's naming (checkpoint folders:
   :mod:`splash_core.checkpoint`); ``mla``: the layout-free MLA math and :class:`MLAWeights` (all
   heads or a head shard); ``rotary``: RoPE and YaRN.

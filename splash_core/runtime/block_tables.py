@@ -21,7 +21,6 @@ import numpy as np
 
 from .page_placement import continue_runs, place
 
-
 MEMO_KEYS = 256  # key sets at least this large are placed once for every layer in the same state
 FEW_KEYS = 64  # key sets up to this large are placed key by key
 

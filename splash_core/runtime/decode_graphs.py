@@ -14,7 +14,7 @@ Data flow of a decode step that :meth:`DecodeGraphs.run` takes (docs/design.md Â
    the graph replays: embedding, every layer, LM head, and the greedy token of every row;
 5. the caller selects the real rows' logits or tokens (:class:`DecodeOutputs`).
 
-Where the backend has no :class:`~splash_core.interfaces.GraphOps` (the CPU reference), step 4
+Where the backend has no :class:`~splash_core.platform.interfaces.GraphOps` (the CPU reference), step 4
 runs the same function eagerly: the static-buffer logic is the one tested on gloo at T = 1..4.
 
 A switching step runs eagerly (it needs per-layer events and lands new weights layer by layer);
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from .. import ownership
-from ..interfaces import GraphOps
 from ..layouts import Layout, Ownership
+from ..planning import ownership
+from ..platform.interfaces import GraphOps
 from ..profiles.graphs import GraphConfig
 from .device_tables import DeviceTables
 from .static_step import DecodeInputs, StaticStepContext, skeleton

@@ -2,7 +2,7 @@
 a captured decode step reads its pages through (issue 22 §1).
 
 One tensor ``[layers, rows, width]`` (int32) of physical pages and one of the logical page each
-entry is, in the :class:`~splash_core.interfaces.MLAKernels` format: row ``r`` lists, in logical
+entry is, in the :class:`~splash_core.platform.interfaces.MLAKernels` format: row ``r`` lists, in logical
 order, the pages the request in row ``r`` holds in that layer on this rank, -1 padded. A request
 keeps its row from its first captured step until it is released (rows are assigned and freed in
 the order every rank sees, so every rank agrees on them); row 0 is never assigned, so padding
@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .kv_pool import LayerKV, to_device
+from ..platform.device import to_device
+from .kv_pool import LayerKV
 
 
 def _rising(n: int, floor: int) -> int:

@@ -1,7 +1,7 @@
-"""Prefill rows that attend in the expanded form (:mod:`splash_core.attention_forms`): their
+"""Prefill rows that attend in the expanded form (:mod:`splash_core.planning.attention_forms`): their
 request's visible keys are read from the paged cache, expanded through kv_b into per-head keys
 and values, and attended by the backend's ``expanded`` kernel (the contract in
-:class:`~splash_core.interfaces.MLAKernels`); the result is already in value space [n, H, d_v].
+:class:`~splash_core.platform.interfaces.MLAKernels`); the result is already in value space [n, H, d_v].
 
 Keys are expanded in passes of at most :data:`PASS_BYTES` of expanded keys and values (a 128K
 history at 128 heads would take 8 GiB at once), each pass's partial results merged by
@@ -16,8 +16,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from ..reference.fp8_cache import cache_layout, dequantize
-from .kv_pool import LayerKV, to_device
+from ..model.fp8_cache import cache_layout, dequantize
+from ..platform.device import to_device
+from .kv_pool import LayerKV
 
 PASS_BYTES = 1 << 30
 

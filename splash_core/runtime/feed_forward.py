@@ -6,7 +6,7 @@ model gathers the attention output of every layout to all ranks, as DP-attention
 and return the block's output for all rows, the same on every rank, after one all-reduce:
 
 - :class:`DenseMLP`: tensor parallel, gate/up split by rows of the intermediate width, down by its
-  columns (:func:`~splash_core.runtime.weights.even_shard`).
+  columns (:func:`~splash_core.model.weights.even_shard`).
 - :class:`MoE`: the routed experts are **expert parallel**: rank r holds whole experts
   ``even_shard(E, r, T)``, routes every row (the router is replicated and deterministic, so every
   rank picks the same experts) and computes only the pairs routed to its experts; the shared
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from ..model.experts import expert_outputs, route
+from ..model.ops import silu_mul as _silu_mul
+from ..model.weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
 from ..profiles.model import ModelProfile
-from ..reference.fused import silu_mul as _silu_mul
-from .experts import expert_outputs, route
-from .weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
 
 
 def _size(t: torch.Tensor | None) -> int:

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..backend import Backend, get_backend
-from ..collectives import DistCollectives
-from ..interfaces import Collectives, PeerMemory, StreamOps
+from ..platform.backend import Backend, get_backend
+from ..platform.collectives import DistCollectives
+from ..platform.interfaces import Collectives, PeerMemory, StreamOps
 from ..profiles.transfer import TransferConfig
 
 
@@ -55,7 +55,7 @@ class RankContext:
 
     def peer_memory(self) -> PeerMemory | None:
         """The backend's peer memory, for KV pools that switches pull pages out of rank to rank
-        (:class:`~splash_core.interfaces.PeerMemory`); None for a single rank or where the
+        (:class:`~splash_core.platform.interfaces.PeerMemory`); None for a single rank or where the
         backend has none. Callers ask only where ``transfer.peer_pulls`` is on. Every rank must
         call it at the same point (the first call makes the host collectives)."""
         if self.world_size == 1:

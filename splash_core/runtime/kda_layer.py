@@ -28,14 +28,14 @@ import weakref
 import numpy as np
 import torch
 
-from ..interfaces import KDAKernels
 from ..layouts import Layout
+from ..model.kda import KDAMath, KDAWeights
+from ..model.weights import HeadShardedLayer
+from ..platform.interfaces import KDAKernels
 from . import exchange
-from .kda import KDAMath, KDAWeights
 from .kda_recurrence import DeviceRowPlan, RowPlan, recur
 from .recurrent_pool import LayerRecurrent, held_heads
 from .step_context import StepContext
-from .weights import HeadShardedLayer
 
 # Row plans are a property of the step and of which requests a rank runs (all, or the ones it
 # owns), so every KDA layer of a step shares them: built once, dropped with the step.

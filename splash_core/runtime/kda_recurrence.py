@@ -1,5 +1,5 @@
 """The per-request part of a KDA layer: the short convolution over each request's cached inputs
-and the gated delta rule through the backend's :class:`~splash_core.interfaces.KDAKernels`.
+and the gated delta rule through the backend's :class:`~splash_core.platform.interfaces.KDAKernels`.
 
 Works on any requests whose rows are contiguous and in request order (all requests of a step
 under TP, the owner's requests under DP, DOP and CP), for any head range, so every layout runs
@@ -25,8 +25,8 @@ import functools
 import numpy as np
 import torch
 
-from ..interfaces import KDAKernels
-from .kda import KDAMath
+from ..model.kda import KDAMath
+from ..platform.interfaces import KDAKernels
 from .recurrent_pool import LayerRecurrent
 
 

@@ -2,8 +2,8 @@
 
 Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, d_c + d_r]``
 (channels ``[0, d_c)`` the latent, ``[d_c, d_c + d_r)`` the rotary key, exactly the layout
-:class:`~splash_core.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
-``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.runtime.kv_format`), an optional indexer-key tensor
+:class:`~splash_core.platform.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
+``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.model.kv_format`), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` (an fp8 key with scales: uint8, the same scaled layout
 without a rotary part) indexed by the same physical pages (so indexer keys move
 with their page: attention itself stays dense, the keys are stored for sparse attention and
@@ -30,11 +30,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from .. import ownership
 from ..layouts import Layout, Ownership, State
-from ..reference.fused import write_rows
+from ..model.kv_format import ScaledFP8
+from ..model.ops import write_rows
+from ..planning import ownership
+from ..platform.device import to_device
 from .block_tables import BlockTables, PageKeys, PoolFullError
-from .kv_format import ScaledFP8
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
 
@@ -42,7 +43,7 @@ __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to
 def held_pages(layout: Layout, request_id: int, owner: int, pages, rank: int, T: int) -> np.ndarray:
     """The subset of logical ``pages`` of a request that ``rank`` holds in ``layout``.
 
-    The placement rules of :mod:`splash_core.ownership`: every page on every rank (TP), all
+    The placement rules of :mod:`splash_core.planning.ownership`: every page on every rank (TP), all
     pages on the owner (DP, DOP), page p on rank ``(p + id) mod T`` (CP)."""
     pages = np.asarray(pages, dtype=np.int64)
     if layout.ownership is Ownership.ALL:
@@ -105,17 +106,6 @@ def _aligned(nbytes: int) -> int:
 def _view(buffer: torch.Tensor, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
     nbytes = int(np.prod(shape)) * dtype.itemsize
     return buffer[offset: offset + nbytes].view(dtype).view(shape)
-
-
-def to_device(array: np.ndarray, device, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """A small host array (indices, tables) as a tensor on ``device`` without stalling the host:
-    off the host it is staged in pinned memory and copied asynchronously on the current stream
-    (torch's pinned-memory allocator keeps the staging buffer until that copy ran). A plain
-    ``torch.as_tensor(array, device=...)`` would wait for every queued kernel first."""
-    host = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
-    if torch.device(device).type == "cpu":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class LayerKV(BlockTables):
@@ -239,7 +229,7 @@ class LayerKV(BlockTables):
 class KVPool:
     """The :class:`LayerKV` of every MLA layer on this rank, each with ``pages_per_layer`` pages.
 
-    With ``memory`` (a :class:`~splash_core.interfaces.PeerMemory`), every layer's pages live in
+    With ``memory`` (a :class:`~splash_core.platform.interfaces.PeerMemory`), every layer's pages live in
     one buffer from it (:attr:`buffer`, laid out alike on every rank of a group with the same
     pool), which a switch shares with the group so ranks pull pages from each other."""
 

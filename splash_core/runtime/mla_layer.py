@@ -32,12 +32,12 @@ from __future__ import annotations
 import torch
 
 from ..layouts import Layout
+from ..model.mla import MLAMath, MLAWeights
+from ..model.weights import HeadShardedLayer
 from . import exchange
 from .expanded_attention import attend_expanded
 from .kv_pool import LayerKV
-from .mla import MLAMath, MLAWeights
 from .step_context import AttentionView, StepContext
-from .weights import HeadShardedLayer
 
 
 class MLALayer(HeadShardedLayer):

@@ -19,7 +19,7 @@ their shortfalls and, if any rank lacks pages in any layer, all raise
 :class:`~splash_core.runtime.kv_pool.PoolFullError` with nothing allocated or written.
 
 A block's residual add and the next norm are one fused op, and so are RoPE and the cache write
-(the backend's :class:`~splash_core.interfaces.FusedKernels`; the torch reference by default).
+(the backend's :class:`~splash_core.platform.interfaces.FusedKernels`; the torch reference by default).
 With decode graphs (``graphs``, a :class:`~splash_core.profiles.graphs.GraphConfig`), a pure
 decode step runs from persistent buffers and replays a captured graph of its layouts and batch
 bucket (:mod:`~splash_core.runtime.decode_graphs`); prefill, mixed and switching steps run eagerly.
@@ -34,27 +34,28 @@ import torch
 
 from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
-from ..interfaces import Collectives, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..layouts import Layout, Placement
+from ..model import ops as reference_fused
+from ..model.kda import KDAMath, KDAWeights
+from ..model.kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
+from ..model.mla import MLAMath, MLAWeights
+from ..model.weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
+from ..platform.device import to_device
+from ..platform.interfaces import Collectives, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
-from ..reference import fused as reference_fused
 from ..reference.streams import HostStreamOps
 from .block_tables import PageKeys
 from .decode_graphs import DecodeGraphs, DecodeOutputs
-from .kda import KDAMath, KDAWeights
-from .kda_layer import KDALayer
 from .feed_forward import DenseMLP, MoE, load_feed_forward
-from .kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
-from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages, to_device
-from .mla import MLAMath, MLAWeights
+from .kda_layer import KDALayer
+from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages
 from .mla_layer import MLALayer
 from .recurrent_pool import RecurrentFormat, RecurrentPool
 from .step_batch import StepBatch
 from .step_context import StepContext
 from .step_tokens import StepTokens
-from .weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
 
 
 class Model:
@@ -68,9 +69,9 @@ class Model:
                  graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None,
                  streams: StreamOps | None = None, attention_form: str = "auto"):
         """``kv_dtype``: the element format the KV pool stores (None: ``dtype``); ``kv_scales`` > 0:
-        the pool stores the scaled-fp8 format instead (:mod:`~splash_core.runtime.kv_format`), an
+        the pool stores the scaled-fp8 format instead (:mod:`~splash_core.model.kv_format`), an
         fp8 latent with that many float32 scales per token and a bf16 rotary key.
-        ``peer_memory``: a :class:`~splash_core.interfaces.PeerMemory` to allocate the KV pool
+        ``peer_memory``: a :class:`~splash_core.platform.interfaces.PeerMemory` to allocate the KV pool
         from, so switches pull pages rank to rank (None: pages move by collectives).
         ``host_collectives``: collectives on host memory for what the ranks agree on before a step
         (whether every pool has room, :meth:`reserve`), so that never waits for the device
@@ -79,7 +80,7 @@ class Model:
         decode steps replay captured graphs through ``graph_ops`` (None, or mode ``off``: never;
         mode ``auto`` needs ``graph_ops``; models with KDA layers always run eagerly).
         ``streams``: the rank's streams and events (None: host ones), for :meth:`step_tokens`.
-        ``attention_form``: how prefill rows attend (:mod:`splash_core.attention_forms`; DOP
+        ``attention_form``: how prefill rows attend (:mod:`splash_core.planning.attention_forms`; DOP
         layers always attend absorbed: their owners hold no one else's kv_b heads)."""
         count = profile.num_layers if num_layers is None else num_layers
         kinds = profile.layer_kinds[:count]
@@ -172,7 +173,7 @@ class Model:
         weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
         ``source`` is given), initial layout (unless ``layouts`` is given), transfer options and
         decode graphs; the KV pool stores the model's cache format (one the runtime can store:
-        :func:`~splash_core.runtime.kv_format.kv_format_problem`)."""
+        :func:`~splash_core.model.kv_format.kv_format_problem`)."""
         kv = deployment.model.kv_cache
         problem = kv_format_problem(deployment.model)
         if problem:

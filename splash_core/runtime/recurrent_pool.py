@@ -3,7 +3,7 @@
 A request's state in one KDA layer is the delta-rule state ``[h, K, V]`` and the short-conv cache
 ``[c - 1, h, 3, K]`` (its last c - 1 pre-convolution q/k/v inputs, time-major) of the heads
 this rank holds: TP splits it by head shard like the projections, DP, DOP and CP keep all heads
-on the request's owner (:func:`held_heads`, the rules of :mod:`splash_core.ownership`). Bytes
+on the request's owner (:func:`held_heads`, the rules of :mod:`splash_core.planning.ownership`). Bytes
 per request and layer are :attr:`ModelProfile.recurrent_bytes_per_request_layer` (times h/H).
 
 State is allocated (zeros) when a request is admitted to a layer (its first step, in the layout
@@ -32,7 +32,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from ..layouts import Layout
-from .weights import head_shard
+from ..model.weights import head_shard
 
 
 def held_heads(layout: Layout, owner: int, rank: int, T: int, heads: int) -> range | None:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..model.experts import route
+from ..model.fp8_cache import round_trip
+from ..model.kv_format import scaled_layout
+from ..model.ops import rms_norm
+from ..model.rotary import rope, softmax_scale
+from ..model.weights import WeightSource, layer_prefix, tensor_shapes
 from ..profiles.model import LayerKind, ModelProfile
-from ..reference.fp8_cache import round_trip
-from .experts import route
-from .kv_format import scaled_layout
-from .mla import rms_norm
-from .rotary import rope, softmax_scale
 from .step_batch import StepBatch
-from .weights import WeightSource, layer_prefix, tensor_shapes
 
 
 class ReferenceModel:

@@ -19,8 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .. import ownership
 from ..layouts import Layout, Ownership
+from ..planning import ownership
 
 
 @dataclasses.dataclass(frozen=True)

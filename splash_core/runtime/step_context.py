@@ -11,7 +11,7 @@ the common case:
   host, but layers whose slots are equal (the same allocation order, the usual case) share one
   device tensor.
 
-Host arrays reach the device through :func:`~splash_core.runtime.kv_pool.to_device` (staged in
+Host arrays reach the device through :func:`~splash_core.platform.device.to_device` (staged in
 pinned memory, copied asynchronously), so no copy waits for the kernels already queued.
 """
 
@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attention_forms import MLADims, expanded_requests
-from ..interfaces import Collectives, MLAKernels
 from ..layouts import Layout, Ownership
-from .expanded_attention import ExpandedKeys, FormRows, visible_keys
-from .kv_pool import LayerKV, to_device
+from ..model.rotary import Rotary
+from ..planning.attention_forms import MLADims, expanded_requests
+from ..platform.device import to_device
+from ..platform.interfaces import Collectives, MLAKernels
 from ..profiles.model import RopeScaling
-from .rotary import Rotary
+from .expanded_attention import ExpandedKeys, FormRows, visible_keys
+from .kv_pool import LayerKV
 from .step_batch import StepBatch
 
 
@@ -124,7 +125,7 @@ class StepContext:
 
     def form_rows(self, layout: Layout, form: str, dims: MLADims) -> FormRows | None:
         """The rows this rank attends for in ``layout``, split into those whose request attends
-        expanded (:func:`~splash_core.attention_forms.expanded_requests`, decided from the whole batch,
+        expanded (:func:`~splash_core.planning.attention_forms.expanded_requests`, decided from the whole batch,
         so every rank and layer decides alike) and the rest; None when none does (always for
         decode steps, and without a backend ``expanded`` kernel)."""
         if self.batch.is_decode or self.kernels.expanded is None or form == "absorbed":

@@ -13,15 +13,15 @@ import time
 import numpy as np
 import torch
 
-from .. import ownership
-from ..interfaces import FusedKernels, GraphOps, MLAKernels
 from ..layouts import Layout
+from ..model.weights import SeededWeights
+from ..planning import ownership
+from ..platform.interfaces import FusedKernels, GraphOps, MLAKernels
 from ..profiles.graphs import GraphConfig
 from ..profiles.model import ModelProfile
 from .kv_pool import held_pages
 from .model import Model
 from .step_batch import StepBatch, StepRequest
-from .weights import SeededWeights
 
 
 def fill_histories(model: Model, batch: StepBatch, context: int) -> None:

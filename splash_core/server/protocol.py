@@ -16,7 +16,7 @@ import dataclasses
 import secrets
 from typing import Any, Callable
 
-from ..engine.sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATE_MAX_NEW_TOKENS = 128  # SGLang's default for /generate

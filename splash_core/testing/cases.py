@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interfaces import Collectives, Work
+from ..platform.interfaces import Collectives, Work
 
 WIDTH = 3  # channels per row in the collective checks
 

@@ -74,8 +74,8 @@ def scaled_fp8_case(case, groups: int):
     """``case`` (from :func:`decode_case` or :func:`extend_case`) with its cache stored in the
     scaled-fp8 format of ``groups`` scales per token (a uint8 cache): the kernels must read back
     what the reference dequantizes."""
-    from ..reference.fp8_cache import quantize
-    from ..runtime.kv_format import ScaledFP8
+    from ..model.fp8_cache import quantize
+    from ..model.kv_format import ScaledFP8
 
     q, cache, *rest = case
     v_dim = rest[-1]

@@ -21,10 +21,10 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="session")
 def conformance_backend(request):
-    """The :class:`~splash_core.backend.Backend` under test; fails every test with the
+    """The :class:`~splash_core.platform.backend.Backend` under test; fails every test with the
     reason if it is not usable here."""
-    from splash_core.backend import get_backend
-    from splash_core.plugins import BackendError
+    from splash_core.platform.backend import get_backend
+    from splash_core.platform.plugins import BackendError
 
     name = request.config.getoption("splash_backend") or "reference"
     try:

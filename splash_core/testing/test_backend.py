@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from splash_core.interfaces import BackendInfo, StreamOps
+from splash_core.platform.interfaces import BackendInfo, StreamOps
 from splash_core.profiles import loader
 from splash_core.profiles.hardware import HardwareProfile
 

@@ -1,4 +1,4 @@
-"""The backend's fused small ops match the torch reference (:mod:`splash_core.reference.fused`)
+"""The backend's fused small ops match the torch reference (:mod:`splash_core.model.ops`)
 within the compute dtype's tolerance, at MLA's real dims (d_c 512, d_r 64); and its graph ops,
 where it has them, replay what they captured on the inputs of the replay."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splash_core.reference import fused as ref
-from splash_core.runtime.rotary import Rotary
+from splash_core.model import ops as ref
+from splash_core.model.rotary import Rotary
 
 from .mla_inputs import tolerance
 
@@ -56,8 +56,8 @@ def test_latent_write_quantizes_into_a_scaled_fp8_cache(fused, conformance_devic
     """Into a uint8 scaled-fp8 cache (656 bytes a token): read back, each latent is at most one
     e4m3 step (1/8 of its row's largest magnitude) from the reference's, the rotary key within
     bf16 rounding, and only the slots are written."""
-    from splash_core.reference.fp8_cache import dequantize
-    from splash_core.runtime.kv_format import ScaledFP8
+    from splash_core.model.fp8_cache import dequantize
+    from splash_core.model.kv_format import ScaledFP8
 
     layout = ScaledFP8(512, 64, 4)
     kw = dict(device=conformance_device, dtype=conformance_dtype)

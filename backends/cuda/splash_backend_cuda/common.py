@@ -8,8 +8,8 @@ import warnings
 
 import torch
 
-from splash_core.collectives import DistCollectives, TransferBuffers
-from splash_core.device_streams import DeviceStreamOps
+from splash_core.platform.collectives import DistCollectives, TransferBuffers
+from splash_core.platform.device_streams import DeviceStreamOps
 
 from . import detect
 
@@ -90,7 +90,7 @@ def stream_ops(device) -> DeviceStreamOps:
 
 def calibrate(collectives, device, options: dict, kernels) -> dict:
     """The core's measurement with this device's streams and kernels, plus its memory."""
-    from splash_core.calibrate import measure
+    from splash_core.studies.calibrate import measure
 
     theta = measure(collectives, device, stream_ops(device), kernels, options)
     theta["memory_gib"] = detect.total_memory_gib(device)

@@ -1,4 +1,4 @@
-"""CUDA graphs as :class:`splash_core.interfaces.GraphOps`: a decode step captured once per
+"""CUDA graphs as :class:`splash_core.platform.interfaces.GraphOps`: a decode step captured once per
 (layout, batch bucket) and replayed with one launch.
 
 Warm-up runs on a side stream (as torch's ``make_graphed_callables`` does), so lazy
@@ -35,7 +35,7 @@ class CudaGraph:
 
 
 class CudaGraphOps:
-    """:class:`~splash_core.interfaces.GraphOps` on one CUDA device."""
+    """:class:`~splash_core.platform.interfaces.GraphOps` on one CUDA device."""
 
     def __init__(self, device):
         self.device = torch.device(device)

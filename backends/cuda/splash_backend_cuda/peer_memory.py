@@ -20,7 +20,7 @@ import ctypes
 import numpy as np
 import torch
 
-from splash_core.interfaces import PeerMemoryError
+from splash_core.platform.interfaces import PeerMemoryError
 
 from . import stream_barrier
 
@@ -176,7 +176,7 @@ def _max_pitch(device: torch.device) -> int:
 
 
 class CudaPeerMemory:
-    """:class:`splash_core.interfaces.PeerMemory` over CUDA IPC (see the module docstring)."""
+    """:class:`splash_core.platform.interfaces.PeerMemory` over CUDA IPC (see the module docstring)."""
 
     def __init__(self, collectives, device):
         self.collectives, self.device = collectives, torch.device(device)

@@ -6,8 +6,8 @@ profile. Hopper parts are refined by the ``hopper`` backend, which ``auto`` pref
 
 from __future__ import annotations
 
-from splash_core.hookspecs import hookimpl
-from splash_core.interfaces import BackendInfo
+from splash_core.platform.hookspecs import hookimpl
+from splash_core.platform.interfaces import BackendInfo
 
 from . import __version__, common, configs, detect
 

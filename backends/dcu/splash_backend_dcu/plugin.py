@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from splash_core.collectives import DistCollectives
-from splash_core.device_streams import DeviceStreamOps
-from splash_core.hookspecs import hookimpl
-from splash_core.interfaces import BackendInfo
+from splash_core.platform.collectives import DistCollectives
+from splash_core.platform.device_streams import DeviceStreamOps
+from splash_core.platform.hookspecs import hookimpl
+from splash_core.platform.interfaces import BackendInfo
 
 from . import __version__, configs, detect, formats
 
@@ -84,7 +84,7 @@ def splash_hardware_profile():
 
 @hookimpl
 def splash_calibrate(collectives, device, options):
-    from splash_core.calibrate import measure
+    from splash_core.studies.calibrate import measure
 
     theta = measure(collectives, device, splash_stream_ops(device), splash_mla_kernels(device, options.get("dtype")),
                     options)

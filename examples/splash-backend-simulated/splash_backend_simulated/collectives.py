@@ -14,11 +14,11 @@ from typing import Sequence
 
 import torch
 
-from splash_core.collectives import DistCollectives, TransferBuffers
+from splash_core.platform.collectives import DistCollectives, TransferBuffers
 
 
 class CountingCollectives(DistCollectives):
-    """:class:`splash_core.interfaces.Collectives` over gloo that keep ``calls`` and ``bytes``
+    """:class:`splash_core.platform.interfaces.Collectives` over gloo that keep ``calls`` and ``bytes``
     (Counters by collective kind) for this rank."""
 
     def __init__(self, group, device: torch.device, *, transfer_buffers: TransferBuffers | None = None):

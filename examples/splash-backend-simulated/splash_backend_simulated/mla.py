@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from splash_core.reference.fp8_cache import cache_layout, dequantize
+from splash_core.model.fp8_cache import cache_layout, dequantize
 from splash_core.reference.mla import merge
 
 PAGES_PER_SPLIT = 4  # pages of history one split scores (a device kernel picks this per shape)
 
 
 def decode(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
-    """``MLAKernels.decode`` (see :class:`splash_core.interfaces.MLAKernels`): (out [N, H, v_dim]
+    """``MLAKernels.decode`` (see :class:`splash_core.platform.interfaces.MLAKernels`): (out [N, H, v_dim]
     in q's dtype, lse [N, H] float32; out = 0 and lse = -inf where a row sees no key)."""
     page_size = kv_cache.shape[1]
     table = block_table[row_req.long()].long()  # [N, P] the physical pages of each row's request

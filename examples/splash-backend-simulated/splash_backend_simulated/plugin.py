@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from splash_core.collectives import TransferBuffers
-from splash_core.hookspecs import hookimpl
-from splash_core.interfaces import BackendInfo
+from splash_core.platform.collectives import TransferBuffers
+from splash_core.platform.hookspecs import hookimpl
+from splash_core.platform.interfaces import BackendInfo
 from splash_core.reference import plugin as reference
 
 from . import __version__, mla

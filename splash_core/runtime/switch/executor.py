@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from ...layouts import Layout, Primitive
-from ...manifest import LayerPlan, Manifest, plan_switch
+from ...planning.manifest import LayerPlan, Manifest, plan_switch
 from ...profiles.transfer import TransferConfig
 from ..step_batch import StepBatch
 from .errors import SwitchFailed, SwitchRefused, TransferError
@@ -83,7 +83,6 @@ from .report import LayerReport, SwitchReport
 from .tracing import QUIET, SwitchTracer
 from .transfer import Fault, StateMover, Transfer, TransferContext
 from .weights_mover import WeightsMover
-
 
 _CACHED_PLANS = 8  # a back-and-forth between layouts, or a plan made one step ahead, stays cached
 
@@ -249,7 +248,7 @@ class SwitchExecutor:
     def plan(self, dst: Layout | str, batch: StepBatch) -> Manifest:
         """The manifest of the switch to ``dst`` at ``batch``'s step, when all layers share one
         layout (ValueError otherwise: see :meth:`plans`). Its ``fits`` is Eq 5; pass it to
-        :func:`splash_core.costmodel.switch_cost` for Eq 7."""
+        :func:`splash_core.planning.costmodel.switch_cost` for Eq 7."""
         dst = _layout(dst)
         layouts = {layer.layout for layer in self.model.layers}
         if len(layouts) > 1:

@@ -1,6 +1,6 @@
 """Moving a layer's KV pages by pulls: each rank copies the pages it fetches straight out of the
 pool of the rank that holds them into pages it allocated in its own pool
-(:class:`~splash_core.interfaces.PeerBuffers`; on accelerators a copy engine does it, so no
+(:class:`~splash_core.platform.interfaces.PeerBuffers`; on accelerators a copy engine does it, so no
 packing kernel, staging buffer or collective kernel takes processors from the computation
 beside the transfer, and every byte crosses memory once on each side).
 
@@ -34,7 +34,7 @@ import dataclasses
 import numpy as np
 
 from ...layouts import Primitive
-from ...manifest import StatePlan
+from ...planning.manifest import StatePlan
 from ..block_tables import PageKeys
 
 

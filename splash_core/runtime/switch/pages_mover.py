@@ -1,6 +1,6 @@
 """Moving a layer's KV pages (and the indexer keys stored in the same pages) between ownerships.
 
-Per layer and rank, from the manifest's :class:`~splash_core.manifest.RankBlocks` of the KV
+Per layer and rank, from the manifest's :class:`~splash_core.planning.manifest.RankBlocks` of the KV
 state (keys ``(request_id, page)``; the indexer state has the same blocks):
 
 - route (once per plan, shared by every layer of the kind: :meth:`PagesMover.prepare`): the
@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ...layouts import Layout, Primitive, State
-from ...manifest import StatePlan
+from ...planning.manifest import StatePlan
 from ...profiles.transfer import TransferConfig
 from ..block_tables import PageKeys
 from . import page_pulls

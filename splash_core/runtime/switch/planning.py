@@ -18,9 +18,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from ... import ownership
 from ...layouts import Layout, Ownership, State
-from ...manifest import LayerPlan, Manifest, plan_switch
+from ...planning import ownership
+from ...planning.manifest import LayerPlan, Manifest, plan_switch
 from ..step_batch import StepBatch
 from .modes import Mode
 
@@ -83,7 +83,7 @@ def plan_layers(model, dst: Layout, batch: StepBatch, *, after_step: bool = Fals
     """One manifest per source layout among the layers not yet in ``dst`` (usually one), or
     among ``layers`` (model layer indices) of them; histories before the step, or ``after_step``.
     ``copied``: per request of the batch, its leading pages a pre-copy placed already
-    (:func:`~splash_core.manifest.plan_switch`), in ``copied_layers`` (None: in every layer). A
+    (:func:`~splash_core.planning.manifest.plan_switch`), in ``copied_layers`` (None: in every layer). A
     source's layers outside ``copied_layers`` (a pre-copy handed off before it copied them) move
     whole, in a manifest of their own keyed ``(source, "uncopied")``."""
     groups: dict = {}

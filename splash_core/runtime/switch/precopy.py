@@ -14,7 +14,7 @@ nothing is hidden. A pre-copy to ``dst`` started at step s instead:
    layers (oldest history first: the prefix is all history that existed at step s; layer by
    layer, in model order) with the executor's own
    :class:`~.pages_mover.PagesMover`, on its side stream and side communicator, from
-   :func:`~splash_core.manifest.plan_precopy` plans (fetch what the destination lacks, free
+   :func:`~splash_core.planning.manifest.plan_precopy` plans (fetch what the destination lacks, free
    nothing). The copies land in pages held under an id of the pre-copy's own (``-1 - id``), so
    the source layout never sees them, and they count as held: before copying, every rank agrees
    (one host all-reduce) that the pages, the transit buffers and the step's new pages fit its
@@ -25,7 +25,7 @@ nothing is hidden. A pre-copy to ``dst`` started at step s instead:
    the side stream.
 3. The handoff is an ordinary switching step (:meth:`SwitchExecutor.step` with
    ``precopy=``): its manifests count the copied prefixes as held by their destination holders
-   (:func:`~splash_core.manifest.plan_switch`'s ``copied``), so only the dirty tails, the
+   (:func:`~splash_core.planning.manifest.plan_switch`'s ``copied``), so only the dirty tails, the
    weights and the recurrent state move, layer-pipelined as always; as each layer lands its
    copied pages join their requests (:meth:`PreCopy.adopt`, no copy) and its source pages
    are retired as today. A pre-copy may hand off before it completed (its steps ran out while
@@ -49,9 +49,9 @@ import time
 import numpy as np
 import torch
 
-from ... import ownership
 from ...layouts import Layout, State
-from ...manifest import StatePlan, plan_precopy
+from ...planning import ownership
+from ...planning.manifest import StatePlan, plan_precopy
 from ..block_tables import PageKeys
 from ..step_batch import StepBatch
 from .errors import TransferError
@@ -384,6 +384,6 @@ class PreCopy:
         be handed out again at once)."""
         if self.executor._io is None:
             return
-        streams, done = self.model.streams, self.model.streams.new_event()
+        done = self.model.streams.new_event()
         done.record(self.executor.io.side_stream)
         done.wait()

@@ -31,7 +31,7 @@ from typing import Mapping
 import torch
 
 from ...layouts import Layout, Primitive, State
-from ...manifest import RankBlocks, StatePlan
+from ...planning.manifest import RankBlocks, StatePlan
 from ..recurrent_pool import RequestState
 from .transfer import Pending, Transfer, TransferContext
 

@@ -5,7 +5,7 @@ The StateMover contract (how a state joins a live switch)
 --------------------------------------------------------
 
 The executor moves one layer at a time. For each state of the layer's
-:class:`~splash_core.manifest.LayerPlan` it asks the mover that lists that state in ``states``
+:class:`~splash_core.planning.manifest.LayerPlan` it asks the mover that lists that state in ``states``
 (one mover may cover several states that share storage, as KV and indexer keys share pages)::
 
     t = mover.start(layer, plans, dst, io)   # on the side stream: allocate destination storage,
@@ -17,7 +17,7 @@ The executor moves one layer at a time. For each state of the layer's
     mover.rollback(t)                        # instead of set_layout/retire when anything failed:
                                              # free what finish allocated, keep the source
 
-- ``plans`` maps each of the mover's states to its :class:`~splash_core.manifest.StatePlan`
+- ``plans`` maps each of the mover's states to its :class:`~splash_core.planning.manifest.StatePlan`
   (``plans[s].primitive``, ``plans[s].rank(io.rank)`` with kept / freed / fetched / sources /
   sends). Every rank issues the same collectives in the same order, ranks with nothing to send
   included; collectives go through ``io.all_gather`` / ``io.all_to_all`` (the side
@@ -47,10 +47,10 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 import torch
 
-from ...interfaces import Collectives, PeerBuffers, StreamOps, Work
 from ...layouts import Layout, State
-from ...manifest import StatePlan
-from ..kv_pool import to_device
+from ...planning.manifest import StatePlan
+from ...platform.device import to_device
+from ...platform.interfaces import Collectives, PeerBuffers, StreamOps, Work
 from .errors import InjectedFault, TransferError
 from .tracing import QUIET, SwitchTracer
 
@@ -146,7 +146,7 @@ class TransferContext:
         return out[self.rank * n: (self.rank + 1) * n]
 
     def index(self, array: np.ndarray) -> torch.Tensor:
-        """An int32 index tensor on the device (:func:`~splash_core.runtime.kv_pool.to_device`:
+        """An int32 index tensor on the device (:func:`~splash_core.platform.device.to_device`:
         copied without blocking, so issuing a layer's transfer never waits for the streams)."""
         return to_device(array, self.device, torch.int32)
 

@@ -15,7 +15,7 @@
 - replicated → sharded: a local slice-and-repack (``shard(rank, T)``): a discard.
 - same placement: nothing moves.
 
-Works for any weights object with the interface of :class:`~splash_core.runtime.mla.MLAWeights`
+Works for any weights object with the interface of :class:`~splash_core.model.mla.MLAWeights`
 (and the KDA layer's weights): a dataclass with ``heads``, ``total_heads``, ``is_full``,
 ``SHARDED`` (the head-indexed tensor names), ``SHARD_AXES`` (the axis each one's shards join
 along, which the class's own ``from_shards`` joins them by), ``shard(rank, T)`` and
@@ -31,7 +31,7 @@ from typing import Mapping
 import torch
 
 from ...layouts import Layout, Placement, Primitive, State
-from ...manifest import StatePlan
+from ...planning.manifest import StatePlan
 from .transfer import Transfer, TransferContext, byte_view
 
 WEIGHTS = State.WEIGHTS

@@ -8,8 +8,8 @@ every other hook falls back to the reference backend.
 
 import os
 
-from splash_core.hookspecs import hookimpl
-from splash_core.interfaces import BackendInfo
+from splash_core.platform.hookspecs import hookimpl
+from splash_core.platform.interfaces import BackendInfo
 
 ENABLE_ENV = "SPLASH_DUMMY_AVAILABLE"
 
