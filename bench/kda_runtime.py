@@ -35,6 +35,7 @@ from splash_core.model.weights import RoundedWeights  # noqa: E402
 from splash_core.model.weights import SeededWeights  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
 from splash_core.runtime.model import Model  # noqa: E402
+from splash_core.runtime.model_config import ModelConfig, RankOps  # noqa: E402
 from splash_core.runtime.reference_model import ReferenceModel  # noqa: E402
 from splash_core.runtime.spawn import RankError, RankPool  # noqa: E402
 
@@ -78,10 +79,10 @@ def check(ctx, spec: dict, dtype_name: str, seed: int, tolerance: float) -> list
     kda = ctx.backend.kda_kernels(ctx.device, dtype)
     out = []
     for run in spec["runs"]:
-        model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
-                      kernels=ctx.backend.mla_kernels(ctx.device, dtype), kda_kernels=kda, profile=profile,
-                      source=source, layouts=[Layout(l) for l in run["layouts"]], pages_per_layer=pages,
-                      page_size=spec["page_size"], dtype=dtype, num_layers=spec["layers"])
+        config = ModelConfig(profile, [Layout(l) for l in run["layouts"]], pages_per_layer=pages,
+                             page_size=spec["page_size"], dtype=dtype, num_layers=spec["layers"])
+        model = Model(config, RankOps(ctx.rank, T, ctx.device, ctx.collectives,
+                                      ctx.backend.mla_kernels(ctx.device, dtype), kda_kernels=kda), source)
         executor = SwitchExecutor(model, ctx)
         calls = []
 

@@ -39,12 +39,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from splash_bench import step as step_bench  # noqa: E402
 from splash_bench import switch as bench  # noqa: E402
 from splash_bench.options import add_transfer_option, transfer_config, transfer_overrides  # noqa: E402
+from splash_bench.switch_summary import switch_overhead_summary  # noqa: E402
 from splash_core import dtypes, results  # noqa: E402
 from splash_core.layouts import DIRECTIONS  # noqa: E402
 from splash_core.model.weights import tensor_shapes  # noqa: E402
 from splash_core.planning import ownership  # noqa: E402
 from splash_core.profiles.loader import load  # noqa: E402
-from splash_core.results.shapes import switch_overhead_summary  # noqa: E402
 from splash_core.results.stats import percentile  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
 

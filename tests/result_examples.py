@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from splash_bench.switch_summary import switch_overhead_summary
 from splash_core.results import make_result, write_result
-from splash_core.results.shapes import switch_overhead_summary
 
 SWEEP = [  # (layout, input_tokens, tokens/s): TP leads at 1K, DP at 4K, DOP at 16K
     ("TP", 1024, 900), ("CP", 1024, 700), ("DP", 1024, 800), ("DOP", 1024, 750),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from bench_scripts import load_bench
 
-from splash_core.runtime.block_tables import BlockTables, PageKeys, PoolFullError
+from splash_core.runtime.block_tables import BlockTables
+from splash_core.runtime.page_keys import PageKeys, PoolFullError
 from splash_core.runtime.page_placement import continue_runs, place
 from splash_core.runtime.switch.page_pulls import runs
 

@@ -30,8 +30,8 @@ from splash_core.planning.manifest import plan_switch
 from splash_core.platform.interfaces import PeerMemoryError
 from splash_core.profiles.loader import load
 from splash_core.reference import peer_memory
-from splash_core.runtime.block_tables import PageKeys
 from splash_core.runtime.kv_pool import KVPool, LayerKV, PageFormat, held_pages
+from splash_core.runtime.page_keys import PageKeys
 from splash_core.runtime.switch import page_pulls
 
 PROFILE = load("model", "tiny-mla")

@@ -89,22 +89,42 @@ def csv_rows(name: str, platform_prefix: str) -> list[dict]:
         return [r for r in csv.DictReader(f) if r["platform"].startswith(platform_prefix)]
 
 
+def not_measured(md: str, key: str) -> dict[str, list[str]]:
+    """The one "Not measured" list's entries for a platform: 'measured' (not measured on this
+    platform) and 'model' (no cost-model prediction) -> the section names given."""
+    listing = md.split("\n## Not measured\n", 1)[1].split("\n## ", 1)[0]
+    item = re.search(rf"^- \*\*{re.escape(CHAPTERS[key])}\*\* .*\n((?:  - .*\n?)*)", listing, re.M)
+    found: dict[str, list[str]] = {}
+    for line in (item[1] if item else "").splitlines():
+        kind = "model" if "no cost-model prediction for this platform" in line else "measured"
+        assert "not measured on this platform" in line or kind == "model", line
+        found[kind] = line.split(": ", 1)[1].rstrip(".").split("; ")
+    return found
+
+
+def named(names: list[str], s) -> bool:
+    """Whether the list names section ``s`` (alone, or with the sources it still shows in parentheses)."""
+    return any(n == s.label or n.startswith(f"{s.label} (") for n in names)
+
+
 def test_every_platform_has_every_section_and_says_what_is_missing(rendered):
     md, _, status = rendered
     assert md.startswith("# SPLASH benchmark report")
     for key in CHAPTERS:
-        text = chapter(md, key)
+        text, missing = chapter(md, key), not_measured(md, key)
         for s in SECTIONS:
-            body = section_of(text, s)
-            if not blocks(body, 5 if s.group else 4):
-                missing = "no cost-model prediction" if s.produced_by == "model" else "not measured on this platform"
-                assert missing in body, (key, s.title)
+            labels = status["status"][key][s.benchmark]
+            own = any(label.startswith(f"{s.produced_by} ") for label in labels)
+            assert named(missing.get(s.produced_by, []), s) != own, (key, s.title)  # listed once, exactly when missing
+            shown = re.search(rf"^#{{3,4}} {re.escape(s.title)}\n", text, re.M) is not None
+            assert shown == bool(labels), (key, s.title)  # a section with no block at all is left out
         assert set(status["status"][key]) == {s.benchmark for s in SECTIONS}
-    for s in SECTIONS:  # nothing of ours on B200 or DCU: each section says so plainly
-        for key in ("b200", "dcu"):
-            body = section_of(chapter(md, key), s)
-            assert ("not measured on this platform" in body) or ("no cost-model prediction" in body)
-            assert all(b.startswith("#### paper:") for b in blocks(body, 5 if s.group else 4))
+    for key in ("b200", "dcu"):  # nothing of ours on B200 or DCU: the list names every section, the rest is paper
+        missing = not_measured(md, key)
+        assert all(named(missing[s.produced_by], s) for s in SECTIONS)
+        for s in SECTIONS:
+            if status["status"][key][s.benchmark]:
+                assert all(b.startswith("#### paper:") for b in blocks(section_of(chapter(md, key), s), 5 if s.group else 4))
     overview = md.split("## Overview", 1)[1].split("\n## ", 1)[0]
     assert [r[0] for r in tables(overview)[0]] == [s.label for s in SECTIONS]
 
@@ -349,8 +369,10 @@ def test_rerendering_removes_only_its_own_stale_images(tmp_path):
     gone = before - after
     assert len(gone) == 1 and "prefill" in gone.pop()
     assert "keep.png" in after
-    assert "not measured on this platform" in section(chapter((out / "README.md").read_text(), "cpu"),
-                                                       "Prefill compute rate against the matmul rate")
+    md = (out / "README.md").read_text()
+    prefill = next(s for s in SECTIONS if s.benchmark == "prefill")
+    assert named(not_measured(md, "cpu")["measured"], prefill)
+    assert f"### {prefill.title}" not in chapter(md, "cpu")
 
 
 def test_without_a_results_folder_the_report_says_nothing_was_measured(tmp_path):
@@ -359,7 +381,10 @@ def test_without_a_results_folder_the_report_says_nothing_was_measured(tmp_path)
     report = render_report(None, tmp_path / "o", headers_only_reference(tmp_path))
     assert "no results folder `bench/results` (nothing measured yet)" in report.markdown
     assert all(labels == [] for chapter_status in report.status.values() for labels in chapter_status.values())
-    assert report.markdown.count("not measured on this platform") == 4 * sum(s.produced_by == "measured" for s in SECTIONS)
+    for key in CHAPTERS:  # every section on every platform, named once in the list, none as a stub
+        missing = not_measured(report.markdown, key)
+        assert all(named(missing[s.produced_by], s) for s in SECTIONS)
+        assert not re.search(r"^### ", chapter(report.markdown, key), re.M)
 
 
 def test_the_committed_results_render(tmp_path):
@@ -505,3 +530,99 @@ def test_sweep_predictions_stand_beside_the_papers_table(tmp_path):
     assert f"{agree}/3 best layouts agree" in model[0]
     assert f"the best layout agrees at {agree}/3 positions" in model[0]
     assert report.status["h200"]["fixed_layout_sweep"] == ["paper (T = 8)", "model (h200x8: T = 8, SPLASH's cost model)"]
+
+
+def findings_of(md: str) -> str:
+    return md.split("\n## Findings\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_findings_come_first_name_their_sources_and_compute_their_ratios(rendered):
+    """The summary at the top: what was measured and against what, then per headline one item per
+    source, each saying measured here, taken from the paper or the cost model's; its ratios are
+    computed from the results (here the examples' and the paper's CSV), never typed in."""
+    md, _, _ = rendered
+    assert md.index("## Findings") < md.index("## How to read this report") < md.index("## Overview")
+    found = findings_of(md)
+    scope = dict(re.findall(r"^- \*\*(Measured here|Against):\*\* (.*)$", found, re.M))
+    assert scope["Measured here"].startswith("cpu (") and "; h200x2 (" in scope["Measured here"]
+    assert "the paper's numbers for B200, H200, DCU (BW1000) (taken from the paper)" in scope["Against"]
+    items = [line[4:] for line in found.splitlines() if line.startswith("  - ")]
+    assert len(items) > 10
+    assert all(item.startswith(("measured here (", "taken from the paper (", "cost model (")) for item in items)
+
+    def median_share(directions) -> str:
+        shares = sorted(float(d["splash_overhead_p50_ms"]) / float(d["ready_p50_ms"]) * 100 for d in directions)
+        middle = len(shares) // 2
+        return f"{(shares[middle] + shares[~middle]) / 2:.1f}%"
+
+    paper = next(i for i in items if i.startswith("taken from the paper (B200, Table 1; T = 8): SPLASH's p50"))
+    assert f"a median {median_share(csv_rows('switch_overheads.csv', 'B200'))} of the target-ready step" in paper
+    ours = next(i for i in items if i.startswith("measured here (cpu: T = 2 on test machine): SPLASH's p50"))
+    assert f"a median {median_share(examples()['switch_overhead'][0]['directions'])} of" in ours
+    decode = examples()["mla_decode"][0]
+    best = max(p["achieved_gbps"] for p in decode["points"]) / decode["copy_gbps"]
+    assert f"measured here (cpu: T = 2 on test machine): decode reaches at best {best:.0%} of the copy " \
+           "bandwidth measured in the same run (`torch`, B = 1, 8K)" in items
+
+
+def test_not_measured_is_one_list_not_a_stub_per_section(rendered):
+    md, _, _ = rendered
+    assert md.count("not measured on this platform") <= 2 * len(CHAPTERS)  # the list and one line per chapter
+    assert "**Measured:** not measured" not in md and "**Model:** no cost-model prediction" not in md
+    for key in CHAPTERS:
+        assert len(re.findall(r"^\*Not measured on this platform:\* ", chapter(md, key), re.M)) == 1
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What every figure the report saves holds: per legend its entries, per panel its lines' labels."""
+    from splash_core.report import figures
+
+    seen, save = [], figures.save
+
+    def keep(fig, path):
+        legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        seen.append({"name": Path(path).name, "legends": [len(legend.get_texts()) for legend in legends],
+                     "lines": [[line.get_label() for line in ax.get_lines()] for ax in fig.axes]})
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "save", keep)
+    return seen
+
+
+def test_a_t1_step_plot_draws_one_line_for_all_layouts(tmp_path, drawn):
+    """At T = 1 the four layouts are the same computation: one line per batch, labelled so, not a
+    line per layout on top of each other (which T = 2 keeps)."""
+    from splash_core.report import steps
+    from splash_core.report.context import Context
+    from splash_core.results import Result
+
+    for T in (1, 2):
+        lines = steps.render(Result(f"t{T}.json", make("runtime_step", T=T)), Context(tmp_path, "cpu", []))
+        assert ("one line per batch" in "\n".join(lines)) == (T == 1)
+    one, two = drawn
+    layouts = {p["layout"] for p in examples()["runtime_step"][0]["points"]}
+    assert len(layouts) > 1
+    assert all(panel == ["all layouts (T = 1)"] for panel in one["lines"]), one["lines"]
+    assert max(len(panel) for panel in two["lines"]) == len(layouts)
+
+
+def test_plots_keep_their_legends_small(tmp_path, drawn):
+    """No legend passes figures.LEGEND_MAX entries, in any plot of the examples nor in a decode
+    result of six kernels at four batch sizes (one line each would make 24 entries)."""
+    from splash_core.report import figures, render_report
+
+    results = tmp_path / "results"
+    write_all(results, "cpu")
+    kernels = [f"torch-gather+sdpa-efficient-attention-h{h}" for h in (16, 128)] + ["triton-splitkv-h16",
+                                                                                    "triton-splitkv-h128", "a", "b"]
+    points = [{"kernel": k, "batch": b, "context": c, "time_ms": 1.0, "achieved_gbps": 10.0 + b}
+              for k in kernels for b in (1, 4, 16, 64) for c in (4096, 8192)]
+    wide = make("mla_decode", platform="h200", summary={"copy_gbps": 100.0, "points": points},
+                samples=[{k: p[k] for k in ("kernel", "batch", "context", "time_ms")} for p in points])
+    write_result(wide, results)
+    render_report(results, tmp_path / "out", headers_only_reference(tmp_path))
+    assert figures.LEGEND_MAX <= 10 and len(drawn) > 5
+    assert all(n <= figures.LEGEND_MAX for figure in drawn for n in figure["legends"]), drawn
+    decode = next(f for f in drawn if f["name"] == "h200-measured-decode.png")
+    assert len(decode["lines"]) == 4  # a panel per batch size

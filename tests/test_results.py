@@ -1,24 +1,28 @@
-"""The results schema: envelope, per-benchmark shapes (docs/results.md), and the summary helpers."""
+"""The results schema: envelope, per-benchmark shapes (docs/results.md), the registry that finds
+the shapes through entry points, and the summary helpers."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
+import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import numpy as np
 import pytest
 from result_examples import examples, make
 
-from splash_core.results import ResultError, make_result, read_result, read_results, validate, write_result
-from splash_core.results.shapes import SHAPES, switch_overhead_summary
+from splash_bench.switch_summary import switch_overhead_summary
+from splash_core.results import ResultError, make_result, read_result, read_results, registry, validate, write_result
+from splash_core.results.registry import GROUP, ShapeRegistryError, installed, shape_of
 from splash_core.results.stats import percentile
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
-@pytest.mark.parametrize("benchmark", sorted(SHAPES))
+@pytest.mark.parametrize("benchmark", sorted(installed().shapes))
 def test_every_shape_round_trips_through_a_file(tmp_path, benchmark):
     data = make(benchmark)
     path = write_result(data, tmp_path)
@@ -215,7 +219,7 @@ def test_switch_overhead_summary_differences_matched_runs():
 
 def test_the_contract_document_lists_every_benchmark_and_field():
     text = DOCS.read_text()
-    for name, shape in SHAPES.items():
+    for name, shape in installed().shapes.items():
         assert f"`{name}`" in text, name
         fields = set(shape.summary) | set(shape.sample) | {f for rows in shape.rows.values() for f in rows}
         for field in fields:
@@ -233,3 +237,112 @@ def test_git_commit_prefers_the_senders_record(monkeypatch, tmp_path):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert git_commit(tmp_path) == "unknown"
     assert git_commit() != "unknown"  # this checkout
+
+
+# ---- the registry: shapes come from the entry points of group splash.result_shapes ----------
+
+CORE_BENCHMARKS = {"fixed_layout_sweep", "primitive_costs", "switch_overhead", "kv_capacity", "crossovers"}
+
+
+def test_the_registry_finds_the_core_and_bench_shapes_through_entry_points():
+    from splash_bench.shapes import gpu_kernels
+    from splash_core.studies import result_shapes
+
+    found = installed()
+    assert set(found.shapes) == set(examples())  # every benchmark with an example, and no other
+    for name in found.shapes:
+        owner = "'studies' (splash_core.studies.result_shapes:SHAPES) of splash-serve" if name in CORE_BENCHMARKS \
+            else "(splash_bench.shapes."
+        assert owner in found.origins[name], (name, found.origins[name])
+    assert shape_of("fixed_layout_sweep") is result_shapes.SHAPES["fixed_layout_sweep"]
+    assert shape_of("mla_decode") is gpu_kernels.SHAPES["mla_decode"]
+
+
+PLANTED = """
+from splash_core.results.shapes import Shape
+
+NEW = {"planted_bench": Shape(doc="planted", summary={"points": "rows"}, rows={"points": {"ms": "nonneg"}})}
+TWIN = {"mla_decode": Shape(doc="a second mla_decode", summary={"ms": "nonneg"})}
+LISTED = ["planted_bench"]
+UNNAMED = {"": NEW["planted_bench"]}
+MISSPELT = {"planted_bench": Shape(doc="planted", summary={"ms": "nonnegative"})}
+NESTED = {"planted_bench": Shape(doc="planted", summary={"ms": "nonneg"}, sample={"runs": "rows"})}
+UNLISTED = {"planted_bench": Shape(doc="planted", summary={"points": "rows"})}
+STRAY = {"planted_bench": Shape(doc="planted", summary={"ms": "nonneg"}, rows={"ms": {"x": "nonneg"}})}
+"""
+
+
+@pytest.fixture
+def plant(monkeypatch, tmp_path):
+    """plant(name, value): the installed entry points plus one more, as if another distribution
+    registered it; the registry is loaded afresh before and after."""
+    (tmp_path / "planted_shapes.py").write_text(PLANTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "planted_shapes", raising=False)
+    listed = registry._listed
+
+    def plant(name: str, value: str) -> None:
+        monkeypatch.setattr(registry, "_listed", lambda: [*listed(), EntryPoint(name, value, GROUP)])
+        installed.cache_clear()
+
+    yield plant
+    monkeypatch.undo()
+    installed.cache_clear()
+
+
+def test_a_new_distribution_registers_a_shape_with_an_entry_point(plant):
+    data = make_result(benchmark="planted_bench", platform="cpu", backend="reference", model="m", T=1, dtype="fp32",
+                       samples=[{}], summary={"points": [{"ms": -1.0}]})  # no shape yet: envelope only
+    plant("planted", "planted_shapes:NEW")
+    with pytest.raises(ResultError, match=r"x: summary.points\[0\].ms: must be a finite number >= 0"):
+        validate(data, "x")
+    assert "'planted' (planted_shapes:NEW)" in installed().origins["planted_bench"]
+
+
+def test_a_benchmark_registered_twice_names_both_entry_points(plant):
+    plant("twin", "planted_shapes:TWIN")
+    with pytest.raises(ShapeRegistryError) as err:
+        validate(make("kv_capacity"), "x")  # any result: the registry loads as a whole
+    message = str(err.value)
+    assert "benchmark 'mla_decode' is registered twice" in message
+    assert "'gpu_kernels' (splash_bench.shapes.gpu_kernels:SHAPES) of splash-bench" in message
+    assert "'twin' (planted_shapes:TWIN)" in message
+
+
+def test_one_mapping_found_twice_is_one_registration(plant):
+    """A distribution seen twice on the path lists its entry point twice: the same shapes, no conflict."""
+    plant("gpu_kernels", "splash_bench.shapes.gpu_kernels:SHAPES")
+    validate(make("mla_decode"), "x")
+    assert "of splash-bench" in installed().origins["mla_decode"]
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("no_such_module_of_shapes:SHAPES", "failed to load: ModuleNotFoundError: No module named 'no_such_module_of_shapes'"),
+    ("planted_shapes:ABSENT", "failed to load: AttributeError"),
+    ("planted_shapes:LISTED", "names a list, not a mapping of benchmark names to Shapes"),
+    ("planted_shapes:UNNAMED", "benchmark name '' must be a non-empty string"),
+    ("planted_shapes:MISSPELT", "the shape of 'planted_bench' uses the unknown kind 'nonnegative'"),
+    ("planted_shapes:NESTED", "the shape of 'planted_bench' uses the container 'rows' outside summary"),
+    ("planted_shapes:UNLISTED", "summary key 'points': a container must list its fields in rows"),
+    ("planted_shapes:STRAY", "summary key 'ms': a container must list its fields in rows, and only a container"),
+])
+def test_a_broken_entry_point_is_an_error_naming_it(plant, value, reason):
+    plant("broken", value)
+    with pytest.raises(ShapeRegistryError) as err:
+        make("kv_capacity")
+    assert f"{GROUP} entry point 'broken' ({value})" in str(err.value)
+    assert reason in str(err.value)
+
+
+def test_a_benchmark_without_a_registered_shape_gets_the_envelope_checks_alone():
+    data = make_result(benchmark="unregistered_bench", platform="cpu", backend="reference", model="m", T=1,
+                       dtype="fp32", samples=[{"any": "thing"}], summary={"points": "not rows", "x": [None]})
+    assert shape_of("unregistered_bench") is None
+    validate(data, "x")
+    for mutate, message in ((lambda d: d.pop("T"), "missing field 'T'"),
+                            (lambda d: d.update(samples=[]), "a measured result needs its raw samples")):
+        bad = copy.deepcopy(data)
+        mutate(bad)
+        with pytest.raises(ResultError, match=message):
+            validate(bad, "x")
+

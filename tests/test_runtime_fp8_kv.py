@@ -193,7 +193,7 @@ def test_the_pool_stores_what_the_profile_declares():
     layer, FlashMLA's layout, and the pool's page is exactly that, so Eq 1's k and Eq 2's bytes
     (both from the profile) are the pool's; the tiny fp8 model likewise at 64 bytes."""
     from splash_core.model.kv_format import indexer_layout
-    from splash_core.runtime.model import _indexer_format
+    from splash_core.runtime.model_config import _indexer_format
 
     for model in (load("model", "deepseek-v3.2"), FP8):
         fmt = PageFormat.scaled_fp8(64, scaled_layout(model), **_indexer_format(model))

@@ -13,8 +13,9 @@ from splash_core.planning import ownership
 from splash_core.platform.interfaces import MLAKernels
 from splash_core.profiles.loader import load
 from splash_core.reference import mla as ref_mla
-from splash_core.runtime.kv_pool import KVPool, LayerKV, PageFormat, PoolFullError, held_pages
+from splash_core.runtime.kv_pool import KVPool, LayerKV, PageFormat, held_pages
 from splash_core.runtime.model import Model
+from splash_core.runtime.page_keys import PoolFullError
 from splash_core.runtime.step_batch import StepBatch
 
 KERNELS = MLAKernels(decode=ref_mla.attention, extend=ref_mla.attention, merge=ref_mla.merge,

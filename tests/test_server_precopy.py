@@ -73,7 +73,7 @@ def test_metrics_count_precopies_and_switch_kinds():
     begun and cancelled in it."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from splash_core.engine.live import StepReport
+    from splash_core.engine.messages import StepReport
     from splash_core.server.metrics import Metrics
 
     handed = {"begun": 5, "ended": 7, "src": "DP", "dst": "TP", "outcome": "handed_off", "bytes": 3 << 20}

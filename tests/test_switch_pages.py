@@ -23,8 +23,8 @@ from splash_core.planning import ownership
 from splash_core.planning.manifest import plan_switch
 from splash_core.profiles.loader import load
 from splash_core.profiles.transfer import TransferConfig
-from splash_core.runtime.block_tables import PageKeys, PoolFullError
 from splash_core.runtime.kv_pool import LayerKV, PageFormat, held_pages
+from splash_core.runtime.page_keys import PageKeys, PoolFullError
 from splash_core.runtime.switch import pages_mover
 
 PROFILE = load("model", "tiny-mla")

@@ -22,6 +22,7 @@ from splash_core.planning import ownership
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
+from splash_core.runtime.model_config import ModelConfig, RankOps
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
 
@@ -68,12 +69,12 @@ def build(ctx, spec: dict, batch: int) -> Model:
     biggest = ownership.Batch.balanced(batch, max(spec["contexts"]), ctx.world_size)
     pages = int(ownership.kv_pages_per_rank(layout, biggest, ctx.world_size, spec["page_size"]).max())
     graph_ops = ctx.backend.graph_ops(ctx.device)
-    model = Model(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
-                  kernels=kernels_for(ctx, dtype, spec["kernels"]), profile=profile, source=SeededWeights(spec["seed"]),
-                  layouts=layout, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
-                  num_layers=spec["layers"][str(batch)], fused=ctx.backend.fused_kernels(ctx.device, dtype),
-                  graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]), graph_ops=graph_ops,
-                  streams=ctx.streams)
+    config = ModelConfig(profile, layout, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
+                         num_layers=spec["layers"][str(batch)],
+                         graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]))
+    ops = RankOps(ctx.rank, ctx.world_size, ctx.device, ctx.collectives, kernels_for(ctx, dtype, spec["kernels"]),
+                  fused=ctx.backend.fused_kernels(ctx.device, dtype), graph_ops=graph_ops, streams=ctx.streams)
+    model = Model(config, ops, SeededWeights(spec["seed"]))
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(spec["seed"])
     for layer in model.paged_layers:

@@ -50,6 +50,7 @@ from splash_core.platform.interfaces import MLAKernels
 from splash_core.profiles.model import LayerStack, MLAConfig, ModelProfile
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.model import Model
+from splash_core.runtime.model_config import ModelConfig, RankOps
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 
 from .kernels import kernels_for
@@ -211,9 +212,9 @@ def measure(ctx, spec: dict) -> dict:
     marks = [_Marks(spec["layers"])]
     kernels = _timed_kernels(kernels_for(ctx, dtype, spec["kernels"]), marks)
     pages = B * (int(ownership.pages_for(context, ps)) + 1)
-    model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=_TimedCollectives(ctx.collectives, marks),
-                  kernels=kernels, profile=profile, source=SeededWeights(spec["seed"]), layouts=layout,
-                  pages_per_layer=pages, page_size=ps, dtype=dtype)
+    model = Model(ModelConfig(profile, layout, pages_per_layer=pages, page_size=ps, dtype=dtype),
+                  RankOps(ctx.rank, T, ctx.device, _TimedCollectives(ctx.collectives, marks), kernels),
+                  SeededWeights(spec["seed"]))
     for layer in model.paged_layers:
         layer.kv.kv.normal_()
     out = {"samples": [], "counts": {}, "profile": {}, "splash_core": str(Path(splash_core.__file__).parents[1])}

@@ -19,6 +19,7 @@ from splash_core.planning import ownership
 from splash_core.profiles.loader import load
 from splash_core.profiles.model import ModelProfile
 from splash_core.runtime.model import Model
+from splash_core.runtime.model_config import ModelConfig, RankOps
 from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_timing import release_cached_memory, time_layout, timing_graphs
 
@@ -60,10 +61,10 @@ def check_equivalence(ctx, spec: dict) -> dict | None:
     pages = sum(int(ownership.pages_for(len(p.tokens) + spec["new_tokens"], spec["page_size"])) for p in prompts)
     out = {}
     for name in spec["layouts"]:
-        model = Model(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
-                      kernels=kernels_for(ctx, dtype, spec["kernels"]), profile=profile, source=source,
-                      layouts=Layout(name), pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
-                      num_layers=layers)
+        config = ModelConfig(profile, Layout(name), pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
+                             num_layers=layers)
+        model = Model(config, RankOps(ctx.rank, ctx.world_size, ctx.device, ctx.collectives,
+                                      kernels_for(ctx, dtype, spec["kernels"])), source)
         got = generate(model.step, prompts, release=model.release, forced=forced_tokens, **common)
         del model
         if ref is not None:

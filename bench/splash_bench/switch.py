@@ -38,6 +38,7 @@ from splash_core.planning import ownership
 from splash_core.profiles.loader import load
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.model import Model
+from splash_core.runtime.model_config import ModelConfig, RankOps
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import past_deadline, release_cached_memory
 from splash_core.runtime.switch import Mode, SwitchExecutor
@@ -78,10 +79,11 @@ def build(ctx, spec: dict, layers: int, max_context: int, kernels=None, peer_mem
     dtype = dtypes.torch_dtype(spec["dtype"])
     pages = spec["batch"] * int(ownership.pages_for(max_context, spec["page_size"])) + spec["batch"]
     peer_memory = peer_memory or (ctx.peer_memory() if transfer_config(spec.get("transfer")).peer_pulls else None)
-    model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives,
-                  kernels=kernels or kernels_for(ctx, dtype, spec["kernels"]), profile=profile,
-                  source=SeededWeights(spec["seed"]), layouts=Layout(spec["initial"]), pages_per_layer=pages,
-                  page_size=spec["page_size"], dtype=dtype, num_layers=layers, peer_memory=peer_memory)
+    config = ModelConfig(profile, Layout(spec["initial"]), pages_per_layer=pages, page_size=spec["page_size"],
+                         dtype=dtype, num_layers=layers)
+    ops = RankOps(ctx.rank, T, ctx.device, ctx.collectives, kernels or kernels_for(ctx, dtype, spec["kernels"]),
+                  peer_memory=peer_memory)
+    model = Model(config, ops, SeededWeights(spec["seed"]))
     gen = torch.Generator(device=ctx.device).manual_seed(spec["seed"])
     for layer in model.paged_layers:
         layer.kv.kv.normal_(generator=gen)

@@ -30,8 +30,6 @@ from ..profiles.checkpoint_config import CheckpointError, profile_fields, profil
 from . import fp8
 from .tiny import ensure_written
 
-_ELEMENT = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
-
 
 class CheckpointWeights:
     """Weights read lazily from a Hugging Face checkpoint folder of the DeepSeek MLA family."""
@@ -154,16 +152,6 @@ class CheckpointWeights:
         out = t.to(device=device, dtype=dtype or t.dtype).contiguous()
         self.seconds += time.perf_counter() - t0
         return out
-
-    def stored_bytes(self, names) -> int:
-        """Bytes the named tensors (and their FP8 scales) take in the files."""
-        total = 0
-        for name in names:
-            for n in (self._stored(name), fp8.scale_name(name)):
-                if n in self._where:
-                    part = self._slice(n)
-                    total += int(np.prod(part.get_shape())) * _ELEMENT.get(part.get_dtype(), 4)
-        return total
 
 
 def weight_source(profile, seed: int = 0):

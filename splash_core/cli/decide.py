@@ -38,11 +38,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_requests(text: str) -> list[int]:
-    """'16x128k' or '4x8k,2x100k' -> one context per request."""
-    return [c for group in parse_groups(text) for c in group]
-
-
 def parse_groups(text: str) -> list[list[int]]:
     """'4x8k,2x100k' -> [[8192] * 4, [102400] * 2]."""
     groups = []
@@ -92,15 +87,8 @@ def run(args) -> int:
     decision = scheduler.decide(x, current, since)
     cost = scheduler.switch_cost(decision, x)
     graphs = scheduler.cost.graph_costs
-    graph_bytes = None if graphs is None else graphs.held_bytes(x)
     if args.json:
-        out = decision.as_dict()
-        if cost is not None:
-            out["switch_cost"] = {"exposed_s": cost.exposed_s, "transfer_exposed_s": cost.transfer_exposed_s,
-                                  "recapture_s": cost.recapture_s, "blocking_s": cost.blocking_s,
-                                  "explanation": scheduler.explain_switch_cost(decision, cost, x)}
-        for row in out["layouts"]:
-            row["graph_gib"] = 0.0 if graph_bytes is None else float(graph_bytes[LAYOUTS.index(row["layout"])]) / GIB
+        out = _decision_json(scheduler, decision, cost, x)
         out.update({"deployment": deployment.name, "requests": len(contexts), "total_context": sum(contexts),
                     "phase": args.phase or ("decode" if max(rows) == 1 else "prefill"),
                     "query_rows": int(sum(min(r, c) for r, c in zip(rows, contexts))),
@@ -111,16 +99,7 @@ def run(args) -> int:
     phase = args.phase or ("decode" if max(rows) == 1 else "prefill")
     print(f"{deployment.name}: {len(contexts)} requests, {sum(contexts):,} context tokens, "
           f"T = {deployment.T}, current {current}; {phase} step of {n_rows:,} query rows")
-    table_rows = []
-    for r in decision.layout_rows():
-        eq5 = "-" if r["switch_eq5"] is None else (
-            f"{'fits' if r['switch_eq5'] else 'exceeds'} ({size(r['switch_peak_gib'] * GIB)}, {r['eq5_how']})")
-        parts = "/".join(f"{r[k] * 1e3:.1f}" for k in ("proj_s", "att_s", "exposed_comm_s", "ffn_s"))
-        table_rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True), parts,
-                           size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
-                           f"{r['bounds']['proj']}/{r['bounds']['att']}"))
-    print(table(table_rows, ["layout", "step ms", f"vs {current}", "proj/att/comm/shared ms", "per rank", "Eq 6",
-                             "Eq 5 switch", "proj/att bound"], align="lrrrrlll"))
+    print(_layout_table(decision, current))
     print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
     print(f"decision: {decision.reason}")
     if cost is not None:
@@ -129,3 +108,30 @@ def run(args) -> int:
         print(f"decode graphs in Eq 6's A per rank (one pool for every layout and bucket): {size(graphs.pool_bytes)}")
     print("(predicted by the cost model with the hardware profile's θ; not a measurement)")
     return 0
+
+
+def _decision_json(scheduler: Scheduler, decision, cost, x: BatchArrays) -> dict:
+    """The decision's mapping with its switch's cost and each layout's decode graphs."""
+    graphs = scheduler.cost.graph_costs
+    graph_bytes = None if graphs is None else graphs.held_bytes(x)
+    out = decision.as_dict()
+    if cost is not None:
+        out["switch_cost"] = {"exposed_s": cost.exposed_s, "transfer_exposed_s": cost.transfer_exposed_s,
+                              "recapture_s": cost.recapture_s, "blocking_s": cost.blocking_s,
+                              "explanation": scheduler.explain_switch_cost(decision, cost, x)}
+    for row in out["layouts"]:
+        row["graph_gib"] = 0.0 if graph_bytes is None else float(graph_bytes[LAYOUTS.index(row["layout"])]) / GIB
+    return out
+
+
+def _layout_table(decision, current: Layout) -> str:
+    table_rows = []
+    for r in decision.layout_rows():
+        eq5 = "-" if r["switch_eq5"] is None else (
+            f"{'fits' if r['switch_eq5'] else 'exceeds'} ({size(r['switch_peak_gib'] * GIB)}, {r['eq5_how']})")
+        parts = "/".join(f"{r[k] * 1e3:.1f}" for k in ("proj_s", "att_s", "exposed_comm_s", "ffn_s"))
+        table_rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True), parts,
+                           size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
+                           f"{r['bounds']['proj']}/{r['bounds']['att']}"))
+    return table(table_rows, ["layout", "step ms", f"vs {current}", "proj/att/comm/shared ms", "per rank", "Eq 6",
+                              "Eq 5 switch", "proj/att bound"], align="lrrrrlll")

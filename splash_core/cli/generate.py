@@ -61,9 +61,6 @@ def run(args) -> int:
     from ..checkpoint.tokenizer import Tokenizer
     from ..engine import Job
     from ..engine.policy import make_policy
-    from ..engine.requests import GenerationRequest
-    from ..engine.summary import load_line
-    from ..runtime.sampling import SamplingParams
 
     if args.layout and args.policy:
         raise UsageError("give --layout or --policy, not both")
@@ -76,21 +73,8 @@ def run(args) -> int:
     model = deployment.model
     folder = ensure_written(model)
     tokenizer = Tokenizer(folder) if folder else None
-    if args.prompt is not None:
-        if tokenizer is None:
-            raise UsageError(f"--prompt: model {model.name!r} has no checkpoint, so no tokenizer; give --prompt-ids")
-        prompt = tokenizer.encode(args.prompt)
-    else:
-        prompt = _ids(args.prompt_ids, "--prompt-ids")
-    bad = [t for t in prompt if not 0 <= t < model.vocab_size]
-    if not prompt or bad:
-        raise UsageError(f"--prompt-ids: need ids in [0, {model.vocab_size}) (got {bad[:3] or 'none'})")
-    stops = _ids(args.stop_ids, "--stop-ids") + ([] if args.ignore_eos or tokenizer is None else list(tokenizer.eos_token_ids))
-    try:
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, tuple(dict.fromkeys(stops)))
-        request = GenerationRequest(tuple(prompt), args.max_new_tokens, sampling)
-    except ValueError as exc:
-        raise UsageError(f"--{str(exc).split()[0].replace('_', '-')}: {exc}") from None
+    prompt = _prompt(args, model, tokenizer)
+    request = _request(args, prompt, tokenizer)
     job = Job(deployment=args.deployment, model=args.model, T=args.T, policy=policy, prompts=(request,),
               check=not args.no_check)
     summary = run_group(job, "generate", args.timeout)
@@ -106,15 +90,48 @@ def run(args) -> int:
         print_json({"token_ids": out["token_ids"], "text": text, "prompt_token_ids": out["prompt_token_ids"],
                     "finish_reason": out["finish_reason"], **result})
     else:
-        if text is not None:
-            print(text)
-        print(f"token ids: {out['token_ids']}")
-        print(f"{len(out['token_ids'])} tokens ({out['finish_reason']}) from a {len(prompt)}-token prompt; "
-              f"{summary.deployment}, T = {summary.T}, policy {summary.policy}, steps per layout "
-              + ", ".join(f"{k} {v}" for k, v in summary.layout_steps.items())
-              + f", {len(summary.done_switches)} switches; {summary.elapsed_s:.2f} s")
-        print(load_line(summary.load))
-        if summary.check is not None:
-            print(("reference check: passed, " if summary.check["passed"] else "reference check: FAILED, ")
-                  + summary.check["line"])
+        _print_generation(summary, out, text, prompt)
     return 1 if summary.check_passed is False else 0
+
+
+def _prompt(args, model, tokenizer) -> list[int]:
+    """The prompt's token ids: ``--prompt`` through the tokenizer, or ``--prompt-ids``."""
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise UsageError(f"--prompt: model {model.name!r} has no checkpoint, so no tokenizer; give --prompt-ids")
+        prompt = tokenizer.encode(args.prompt)
+    else:
+        prompt = _ids(args.prompt_ids, "--prompt-ids")
+    bad = [t for t in prompt if not 0 <= t < model.vocab_size]
+    if not prompt or bad:
+        raise UsageError(f"--prompt-ids: need ids in [0, {model.vocab_size}) (got {bad[:3] or 'none'})")
+    return prompt
+
+
+def _request(args, prompt: list[int], tokenizer):
+    """The generation request with its sampling; a bad sampling value is a usage error naming its flag."""
+    from ..engine.requests import GenerationRequest
+    from ..runtime.sampling import SamplingParams
+
+    stops = _ids(args.stop_ids, "--stop-ids") + ([] if args.ignore_eos or tokenizer is None else list(tokenizer.eos_token_ids))
+    try:
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, tuple(dict.fromkeys(stops)))
+        return GenerationRequest(tuple(prompt), args.max_new_tokens, sampling)
+    except ValueError as exc:
+        raise UsageError(f"--{str(exc).split()[0].replace('_', '-')}: {exc}") from None
+
+
+def _print_generation(summary, out: dict, text: str | None, prompt: list[int]) -> None:
+    from ..engine.summary import load_line
+
+    if text is not None:
+        print(text)
+    print(f"token ids: {out['token_ids']}")
+    print(f"{len(out['token_ids'])} tokens ({out['finish_reason']}) from a {len(prompt)}-token prompt; "
+          f"{summary.deployment}, T = {summary.T}, policy {summary.policy}, steps per layout "
+          + ", ".join(f"{k} {v}" for k, v in summary.layout_steps.items())
+          + f", {len(summary.done_switches)} switches; {summary.elapsed_s:.2f} s")
+    print(load_line(summary.load))
+    if summary.check is not None:
+        print(("reference check: passed, " if summary.check["passed"] else "reference check: FAILED, ")
+              + summary.check["line"])

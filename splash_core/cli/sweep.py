@@ -60,24 +60,36 @@ def _sweeps(args, deployment) -> list[_Sweep]:
     if sum(given) != 1:
         raise UsageError("give one of --batch with --inputs, --batches with --input, or --paper")
     if args.paper:
-        platform = deployment.hardware.platform
-        found = paper_positions(args.reference, platform, deployment.model.name)
-        if not found:
-            raise UsageError(f"the paper has no fixed-layout sweep of model {deployment.model.name!r} on "
-                             f"platform {platform!r} (it has {', '.join(f'{k} ({v})' for k, v in TABLES.items())})")
-        out: dict[str, list] = {}
-        for p in found:
-            out.setdefault(p.sweep, []).append(p)
-        return [_Sweep(label, "batch" if len({p.batch for p in ps}) > 1 else "input_tokens",
-                       tuple((p.batch, p.input_tokens) for p in ps), tuple(ps)) for label, ps in out.items()]
+        return _paper_sweeps(args, deployment)
     if given[0]:
-        if args.inputs is None or args.batch is None:
-            raise UsageError("an input-length sweep needs both --batch and --inputs")
-        if args.batch < 1:
-            raise UsageError(f"--batch must be >= 1 (got {args.batch})")
-        inputs = _tokens(args.inputs, "--inputs")
-        return [_Sweep(f"Input-length sweep, B = {args.batch}", "input_tokens",
-                       tuple((args.batch, L) for L in inputs))]
+        return [_input_sweep(args)]
+    return [_batch_sweep(args)]
+
+
+def _paper_sweeps(args, deployment) -> list[_Sweep]:
+    """Every sweep of the paper's table for the deployment's platform and model."""
+    platform = deployment.hardware.platform
+    found = paper_positions(args.reference, platform, deployment.model.name)
+    if not found:
+        raise UsageError(f"the paper has no fixed-layout sweep of model {deployment.model.name!r} on "
+                         f"platform {platform!r} (it has {', '.join(f'{k} ({v})' for k, v in TABLES.items())})")
+    out: dict[str, list] = {}
+    for p in found:
+        out.setdefault(p.sweep, []).append(p)
+    return [_Sweep(label, "batch" if len({p.batch for p in ps}) > 1 else "input_tokens",
+                   tuple((p.batch, p.input_tokens) for p in ps), tuple(ps)) for label, ps in out.items()]
+
+
+def _input_sweep(args) -> _Sweep:
+    if args.inputs is None or args.batch is None:
+        raise UsageError("an input-length sweep needs both --batch and --inputs")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1 (got {args.batch})")
+    inputs = _tokens(args.inputs, "--inputs")
+    return _Sweep(f"Input-length sweep, B = {args.batch}", "input_tokens", tuple((args.batch, L) for L in inputs))
+
+
+def _batch_sweep(args) -> _Sweep:
     if args.batches is None or args.input is None:
         raise UsageError("a batch-size sweep needs both --batches and --input")
     L = parse_tokens(args.input)
@@ -86,8 +98,8 @@ def _sweeps(args, deployment) -> list[_Sweep]:
         if not text.strip().isdigit() or int(text) < 1:
             raise UsageError(f"bad --batches entry {text.strip()!r}: expected whole numbers >= 1, e.g. 1,4,16")
         batches.append(int(text))
-    return [_Sweep(f"Batch-size sweep, {L // 1024 if L % 1024 == 0 else L}{'K' if L % 1024 == 0 else ''} input",
-                   "batch", tuple((B, L) for B in batches))]
+    return _Sweep(f"Batch-size sweep, {L // 1024 if L % 1024 == 0 else L}{'K' if L % 1024 == 0 else ''} input",
+                  "batch", tuple((B, L) for B in batches))
 
 
 def _tokens(text: str, flag: str) -> list[int]:

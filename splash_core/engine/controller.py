@@ -81,7 +81,7 @@ class Controller:
         self.admission = Admission(capacity, concurrency, policy.layouts)
         self.layout, self.since_switch, self.hold = layout, math.inf, False
         self.reason = ""  # the policy's reason for the planned step's layout
-        self.eq5_checked = False  # the policy found the planned step's switch fits Eq 5
+        self.switch_check = None  # the scheduler's Eq 5 check of the planned step's switch (SwitchCheck), if any
         self.releases: list[int] = []
         self.steps: list[StepRecord] = []
         self.switches: list[SwitchRecord] = []
@@ -121,7 +121,7 @@ class Controller:
         self.decisions[choice.action] += 1
         self.hold, self.reason = choice.hold, choice.reason
         layout = self._fitting(choice, step)
-        self.eq5_checked = choice.eq5_checked and layout is choice.layout
+        self.switch_check = choice.switch if layout is choice.layout else None
         members = [StepRequest(r.id, r.owner, r.fed, q) for r, q in zip(self.running, rows) if q]
         batch = StepBatch.build(members, T, page_size)
         by_id = {r.id: r for r in self.running}

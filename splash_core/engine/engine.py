@@ -96,9 +96,9 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
                   max_context=max(r.reserved_tokens for r in requests))
     lead = ctx.rank == 0
     controller = hooks = None
-    if lead and job.progress and "graphs" in group.load_report:  # what start-up captured, before the first step
-        print(group.load_report["graphs"]["line"], file=sys.stderr, flush=True)
     if lead:
+        if job.progress and "graphs" in group.load_report:  # what start-up captured, before the first step
+            print(group.load_report["graphs"]["line"], file=sys.stderr, flush=True)
         controller = Controller(requests, policy, capacity, concurrency=concurrency,
                                 prefill_chunk=job.prefill_chunk, layout=policy.initial)
         hooks = _ProgressHooks(controller, Progress(sum(r.spec.max_new_tokens for r in requests), len(requests),
@@ -111,27 +111,36 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
         if hooks is not None:
             hooks.close()
     elapsed = time.perf_counter() - start
-    graphs = group.model.graphs
-    if graphs is not None:  # captures after start-up: bucket or width changes and switches
-        started = group.load_report["graphs"]
-        later = graphs.captures[len(started["start_up"]):]
-        started["while_serving"] = {"captures": len(later), "seconds": float(sum(c["seconds"] for c in later)),
-                                    "why": sorted({c["why"] for c in later})}
+    _note_captures_while_serving(group)
     everyone = ctx.collectives.all_gather_object((reports, group.load_report))
     if not lead:
         return None
     del group  # the reference check needs the memory on an accelerator
-    check = None
-    if job.check:
-        finished = [r for r in controller.requests.values() if r.state is State.FINISHED]
-        result = reference_check.check(deployment, {r.id: r.prompt for r in finished},
-                                       {r.id: r.generated for r in finished}, ctx.device,
-                                       tolerance=job.check_tolerance,
-                                       sampling={r.id: r.sampling for r in finished})
-        check = {**dataclasses.asdict(result), "line": result.line()}
+    check = _reference_check(job, deployment, controller, ctx.device) if job.check else None
     load_report = {**everyone[0][1], "seconds_slowest_rank": max(r[1]["seconds"] for r in everyone)}
     return _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed,
                     [r[0] for r in everyone], check, load_report)
+
+
+def _note_captures_while_serving(group) -> None:
+    """Add to the load report the decode graphs captured after start-up (bucket or width changes
+    and switches)."""
+    graphs = group.model.graphs
+    if graphs is None:
+        return
+    started = group.load_report["graphs"]
+    later = graphs.captures[len(started["start_up"]):]
+    started["while_serving"] = {"captures": len(later), "seconds": float(sum(c["seconds"] for c in later)),
+                                "why": sorted({c["why"] for c in later})}
+
+
+def _reference_check(job: Job, deployment, controller: Controller, device) -> dict:
+    """The finished requests' outputs against the single-device reference (rank 0)."""
+    finished = [r for r in controller.requests.values() if r.state is State.FINISHED]
+    result = reference_check.check(deployment, {r.id: r.prompt for r in finished},
+                                   {r.id: r.generated for r in finished}, device, tolerance=job.check_tolerance,
+                                   sampling={r.id: r.sampling for r in finished})
+    return {**dataclasses.asdict(result), "line": result.line()}
 
 
 class _ProgressHooks(Hooks):

@@ -9,15 +9,8 @@ them while nothing runs, then planning an IDLE step so the other ranks' broadcas
 out); after every step it sends what the step produced. An abort takes effect at the next step
 boundary: the next plan, IDLE or not, frees the request's pages on every rank.
 
-Messages from the front end (tuples):
-
-- ``("add", id, prompt_ids, max_new_tokens, SamplingParams)``: a request, its id unused so far;
-- ``("abort", ids)``: stop these requests (unknown or finished ones are ignored);
-- ``("close",)``: stop once every request is done (the front end aborts what must not finish).
-
-Messages to the front end: ``("ready", info)`` once every rank has loaded the model,
-``("step", StepReport)`` after every step (and after an IDLE plan that has news), ``("done", info)``
-when the run stopped. If the front end goes away, every request is aborted and the run stops.
+The messages both ways are :mod:`~splash_core.engine.messages`'; the front end aborts what must not
+finish before it closes. If the front end goes away, every request is aborted and the run stops.
 """
 
 from __future__ import annotations
@@ -35,6 +28,7 @@ from ..profiles.workload import RequestSpec
 from .admission import KVCapacity
 from .controller import Controller
 from .engine import deployment_of
+from .messages import AbortRequests, AddRequest, Close, EngineDone, EngineReady, StepReport
 from .plan import Command, StepPlan
 from .policy import make_policy
 from .precopies import HANDED_OFF
@@ -64,28 +58,6 @@ class LiveJob:
     overlap: bool = True  # plan step k+1 while the device runs step k (engine.steps.run_steps)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepReport:
-    """One step (or an IDLE plan with news) as the front end and its metrics see it."""
-
-    step: int
-    layout: str  # the layout the step ended in (the current layout after an IDLE plan)
-    seconds: float = 0.0  # rank 0's wall time of the step, switch included (0 for an IDLE plan)
-    phase: str = "idle"  # prefill, decode, mixed (both in one step), switch, or idle
-    rows: int = 0
-    tokens: tuple = ()  # (request id, token id) of every request that generated a token
-    finished: tuple = ()  # (request id, finish reason) of requests that finished in the step
-    rejected: tuple = ()  # (request id, reason) of requests admission refused
-    # {src, dst, reason, refused, exposed_ms, kind, precopy} attempted in the step; kind: one_step,
-    # precopy (handed off a pre-copy) or fell_back (one step after a pre-copy that could not hand off),
-    # precopy: that pre-copy's record (engine.precopies.PreCopyRecord as a dict) or {}
-    switches: tuple = ()
-    waiting: int = 0  # requests that arrived and wait for admission
-    running: int = 0
-    pools: tuple | None = None  # every rank's pool usage (steps.pool_usage), when reported
-    precopies: tuple = ()  # records (as dicts) of the pre-copies that began or ended in the step
-
-
 def serve_live(ctx, job: LiveJob) -> dict | None:
     """Serve the front end's requests on this rank until it closes; rank 0 returns the run's totals."""
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
@@ -100,8 +72,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
         hooks = LiveHooks(job.conn, controller, job.heartbeat_s, job.report_interval_s)
     ctx.collectives.barrier()
     if hooks is not None:
-        hooks.send(("ready", {"layout": str(policy.initial), "policy": policy.name, "kv_pages": capacity.pages,
-                              "load": group.load_report}))
+        hooks.send(EngineReady(str(policy.initial), policy.name, capacity.pages, group.load_report))
     # ranks ignore SIGTERM and SIGINT while serving: a service manager or a terminal that signals the
     # whole process group must not kill a rank mid-collective; the front end drains and stops the
     # group (a rank whose parent is gone still exits: runtime.spawn)
@@ -110,7 +81,7 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     if hooks is None:
         return None
     totals = {"steps": hooks.steps, "switches": hooks.switches, "precopies": dict(controller.precopy_counts)}
-    hooks.send(("done", totals))
+    hooks.send(EngineDone(totals))
     return totals
 
 
@@ -172,18 +143,17 @@ class LiveHooks(Hooks):
             return False
 
     def _handle(self, message) -> None:
-        kind = message[0]
-        if kind == "add":
-            _, rid, prompt, max_new, sampling = message
-            prompt = np.asarray(prompt, dtype=np.int64)
-            self.controller.add(Request(RequestSpec(rid, len(prompt), max_new), prompt, sampling=sampling))
-            self.watch.add(rid)
-        elif kind == "abort":
-            self._drop(r.id for r in self.controller.abort(message[1], self.steps))
-        elif kind == "close":
+        if isinstance(message, AddRequest):
+            prompt = np.asarray(message.prompt_ids, dtype=np.int64)
+            self.controller.add(Request(RequestSpec(message.id, len(prompt), message.max_new_tokens), prompt,
+                                        sampling=message.sampling))
+            self.watch.add(message.id)
+        elif isinstance(message, AbortRequests):
+            self._drop(r.id for r in self.controller.abort(list(message.ids), self.steps))
+        elif isinstance(message, Close):
             self.controller.close()
         else:
-            raise ValueError(f"unknown message from the front end: {kind!r}")
+            raise ValueError(f"unknown message from the front end: {type(message).__name__}")
 
     def _lost(self) -> None:
         """The front end is gone: nobody is left to stream to."""
@@ -207,8 +177,8 @@ class LiveHooks(Hooks):
             self.pools, self.last_report, self.dirty = tuple(pools), time.monotonic(), False
         rejected = self._rejected()
         if plan.command is Command.IDLE and (pools is not None or rejected):
-            self.send(("step", StepReport(plan.step, str(self.controller.layout), rejected=rejected,
-                                          waiting=len(self.controller.queue), pools=self._take_pools())))
+            self.send(StepReport(plan.step, str(self.controller.layout), rejected=rejected,
+                                 waiting=len(self.controller.queue), pools=self._take_pools()))
         else:
             self.pending_rejected = rejected
 
@@ -230,7 +200,7 @@ class LiveHooks(Hooks):
         c.steps.clear()  # a server runs for days: keep no per-step history here
         c.switches.clear()
         c.precopies.clear()
-        self.send(("step", report))
+        self.send(report)
 
     def _phase(self, plan: StepPlan, switch) -> str:
         if switch is not None:

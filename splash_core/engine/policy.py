@@ -16,22 +16,22 @@ import dataclasses
 from ..layouts import LAYOUTS, Layout
 from ..planning.costmodel import BatchArrays
 from ..planning.precopy_time import TransitionCost, plan_transition
-from ..planning.scheduler import HOLD, Scheduler
+from ..planning.scheduler import HOLD, Scheduler, SwitchCheck
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One step's layout, and whether to hold admission before the next step. ``eq5_checked``:
-    the policy found that the switch into ``layout`` fits memory (Eq 5), so the switch
-    executor does not check it again. ``precopy_steps``: switch by a pre-copy of that many steps
-    (0: in one step)."""
+    """One step's layout, and whether to hold admission before the next step. ``switch``: the
+    scheduler's Eq 5 check of the switch into ``layout`` (with the manifest it planned, if it
+    planned one), which the switch executor takes instead of planning and checking it again.
+    ``precopy_steps``: switch by a pre-copy of that many steps (0: in one step)."""
 
     layout: Layout
     action: str  # the scheduler's stay / switch / forced_switch / hold_admission, or fixed / scripted
     reason: str
     preference: tuple[Layout, ...]  # every layout the policy may run, most preferred first
     hold: bool = False
-    eq5_checked: bool = False
+    switch: SwitchCheck | None = None
     precopy_steps: int = 0
 
 
@@ -85,7 +85,7 @@ class SchedulerPolicy:
                 when = ""
             reason, steps = f"{reason}; {best.explain()}{when}", best.steps
         return Choice(d.layout, d.action, reason, order, hold=d.action == HOLD,
-                      eq5_checked=check is not None and check.fits, precopy_steps=steps)
+                      switch=check, precopy_steps=steps)
 
 
 @dataclasses.dataclass(frozen=True)

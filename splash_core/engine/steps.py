@@ -139,62 +139,102 @@ def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str
     tokens, and rank 0 waits for step k's tokens only once step k+1 is queued behind it. A
     switching step, a pre-copy or a plan that is not a step makes rank 0 wait for
     the tokens first; each step's record says how it was booked."""
-    model, executor = group.model, group.executor
-    lead = controller is not None
-    hooks = hooks or Hooks()
-    precopies = None
-    if switch_mode in ("precopy", "auto") and executor is not None:
-        precopies = PreCopies(executor, precopy_steps, forced=switch_mode == "precopy")
-    reports = []
-    step = 0
-    flight: _Launched | None = None  # the last step issued, not yet booked (rank 0); its tokens (every rank)
-    booked_until = time.perf_counter()  # when rank 0 last booked a step
+    loop = _StepLoop(ctx, group, controller, switch_mode, hooks or Hooks(), on_step, precopy_steps, overlap)
     try:
-        while True:
-            if lead and flight is not None:
-                if flight.wait:
-                    booked_until = _book(controller, hooks, flight, booked_until)
-                else:
-                    controller.book_ahead(flight.plan)
-                    if controller.idle:  # nothing to plan ahead of its tokens (a server would wait for work meanwhile)
-                        booked_until = _book(controller, hooks, flight, booked_until)
-            previous = flight.tokens.device if flight is not None else None
-            plan, tokens = _next_plan(ctx, controller, step, model.page_size, hooks, previous)
-            if lead and flight is not None and not flight.booked and plan.command is not Command.STEP:
-                booked_until = _book(controller, hooks, flight, booked_until)
-            if plan.command is not Command.STEP:
-                flight = None
-            for rid in plan.releases:
-                model.release(rid)
-                if precopies is not None:
-                    precopies.release(rid)
-            pools = ctx.host_collectives().all_gather_object(pool_usage(model)) if plan.report else None
-            if lead:
-                hooks.after_plan(plan, pools)
-            if plan.command is Command.STOP:
-                if precopies is not None:
-                    precopies.close(step)
-                break
-            if plan.command is Command.IDLE:
-                continue
-            if on_step is not None:
-                on_step(ctx, step)
-            launched = _launch(ctx, model, executor, controller, plan, tokens, switch_mode, precopies)
-            if lead and not overlap:
-                launched.wait = launched.wait or "sync"
-            if launched.report is not None:
-                reports.append((step, launched.report))
-            if lead and flight is not None and not flight.booked:  # step k+1 is queued: now wait for step k
-                booked_until = _book(controller, hooks, flight, booked_until)
-            flight = launched
-            step += 1
+        while loop.next_plan():
+            pass
     except Exception as exc:
         peers = [r for r in range(ctx.world_size) if r != ctx.rank]
-        exc.add_note(f"[splash engine] rank {ctx.rank} of {ctx.world_size}, step {step}; collectives time out after "
-                     f"{ctx.timeout_s:.0f} s, so a peer (rank {', '.join(map(str, peers))}) that crashed or hung "
-                     f"shows up here as a failed collective")
+        exc.add_note(f"[splash engine] rank {ctx.rank} of {ctx.world_size}, step {loop.step}; collectives time out "
+                     f"after {ctx.timeout_s:.0f} s, so a peer (rank {', '.join(map(str, peers))}) that crashed or "
+                     f"hung shows up here as a failed collective")
         raise
-    return reports
+    return loop.reports
+
+
+class _StepLoop:
+    """The phases of one plan on one rank: book the step in flight (rank 0), receive the plan,
+    free what it releases, run the step it names."""
+
+    def __init__(self, ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks,
+                 on_step: Callable | None, precopy_steps: int, overlap: bool):
+        self.ctx, self.model, self.executor = ctx, group.model, group.executor
+        self.controller, self.hooks, self.on_step = controller, hooks, on_step
+        self.lead, self.switch_mode, self.overlap = controller is not None, switch_mode, overlap
+        self.precopies = None
+        if switch_mode in ("precopy", "auto") and self.executor is not None:
+            self.precopies = PreCopies(self.executor, precopy_steps, forced=switch_mode == "precopy")
+        self.reports: list = []
+        self.step = 0
+        self.flight: _Launched | None = None  # the last step issued, not yet booked (rank 0); its tokens (every rank)
+        self.booked_until = time.perf_counter()  # when rank 0 last booked a step
+
+    def next_plan(self) -> bool:
+        """One plan of rank 0's, run on this rank; False once it was STOP."""
+        self._book_or_book_ahead()
+        plan, tokens = self._receive()
+        self._release(plan)
+        if plan.command is Command.STOP:
+            if self.precopies is not None:
+                self.precopies.close(self.step)
+            return False
+        if plan.command is Command.STEP:
+            self._run(plan, tokens)
+        return True
+
+    def _book_or_book_ahead(self) -> None:
+        """Rank 0, before planning: a step that had to wait is booked now; one in the current layout
+        is booked ahead of its tokens (or now, when nothing is left to plan ahead of them: a server
+        would wait for work meanwhile)."""
+        flight = self.flight
+        if not self.lead or flight is None:
+            return
+        if flight.wait:
+            self._book(flight)
+            return
+        self.controller.book_ahead(flight.plan)
+        if self.controller.idle:
+            self._book(flight)
+
+    def _receive(self) -> tuple[StepPlan, object]:
+        """Rank 0's next plan and the step's tokens (the step in flight's outputs by reference); a
+        plan that is not a step books the step in flight first."""
+        previous = self.flight.tokens.device if self.flight is not None else None
+        plan, tokens = _next_plan(self.ctx, self.controller, self.step, self.model.page_size, self.hooks, previous)
+        if plan.command is not Command.STEP:
+            if self.lead and self.flight is not None and not self.flight.booked:
+                self._book(self.flight)
+            self.flight = None
+        return plan, tokens
+
+    def _release(self, plan: StepPlan) -> None:
+        """Every rank frees the finished and aborted requests' pages (and pre-copies), and reports
+        its pool where the plan asks."""
+        for rid in plan.releases:
+            self.model.release(rid)
+            if self.precopies is not None:
+                self.precopies.release(rid)
+        pools = self.ctx.host_collectives().all_gather_object(pool_usage(self.model)) if plan.report else None
+        if self.lead:
+            self.hooks.after_plan(plan, pools)
+
+    def _run(self, plan: StepPlan, tokens) -> None:
+        """Issue the step; rank 0 then books the step before it, now queued behind this one."""
+        if self.on_step is not None:
+            self.on_step(self.ctx, self.step)
+        launched = _launch(self.ctx, self.model, self.executor, self.controller, plan, tokens, self.switch_mode,
+                           self.precopies)
+        if self.lead and not self.overlap:
+            launched.wait = launched.wait or "sync"
+        if launched.report is not None:
+            self.reports.append((self.step, launched.report))
+        if self.lead and self.flight is not None and not self.flight.booked:
+            self._book(self.flight)
+        self.flight = launched
+        self.step += 1
+
+    def _book(self, flight: _Launched) -> None:
+        self.booked_until = _book(self.controller, self.hooks, flight, self.booked_until)
 
 
 def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mode: str, precopies) -> _Launched:
@@ -286,16 +326,17 @@ def _next_plan(ctx, controller, step: int, page_size: int, hooks: Hooks, previou
 
 def _share_switch_plan(ctx, executor, controller, plan: StepPlan, model, mode: str, precopy=None):
     """On a switching step, the switch as rank 0 planned it (:meth:`SwitchExecutor.plan_switch`,
-    Eq 5 checked there unless the policy's decision already did; always for the handoff of
-    ``precopy``, whose copies count as held), broadcast over the host collectives: no other rank
-    plans or checks it again. None on other steps."""
+    from the scheduler's check of it where the policy's decision carries one: its manifest and
+    Eq 5 verdict; Eq 5 always for the handoff of ``precopy``, whose copies count as held),
+    broadcast over the host collectives: no other rank plans or checks it again. None on other
+    steps."""
     if plan.command is not Command.STEP or plan.layout is model.layers[0].layout:
         return None
     mine = None
     if controller is not None:
         try:
             mine = executor.plan_switch(plan.layout, plan.batch(model.T, model.page_size), mode,
-                                        check_eq5=precopy is not None or not controller.eq5_checked, precopy=precopy)
+                                        decided=controller.switch_check, precopy=precopy)
         except Exception as exc:
             ctx.host_collectives().broadcast_object(f"{type(exc).__name__}: {exc}", src=0)
             raise

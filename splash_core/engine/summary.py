@@ -154,6 +154,17 @@ def render(s: RunSummary) -> str:
         if s.load.get("graphs"):
             lines.append(s.load["graphs"]["line"])
     lines.append("")
+    lines += table(_overview_rows(s), ["", ""], align="ll").splitlines()[2:]
+    lines += _switch_lines(s)
+    for r in s.rejected:
+        lines.append(f"rejected request {r['id']}: {r['reason']}")
+    lines.append("")
+    lines.append(_check_line(s.check))
+    return "\n".join(lines)
+
+
+def _overview_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """The (label, value) rows of the summary's table."""
     rows = [("requests served", f"{s.served} of {s.requests}" + (f" ({len(s.rejected)} rejected)" if s.rejected else "")),
             ("tokens", f"{s.prompt_tokens:,} prompt + {s.output_tokens:,} generated"),
             ("time", f"{number(s.elapsed_s)} s, {s.steps} steps"
@@ -166,7 +177,12 @@ def render(s: RunSummary) -> str:
                                                       if len(s.switches) > len(s.done_switches) else ""))]
     if s.precopies:
         rows.append(("pre-copies", precopy_line(s.precopy_counts)))
-    lines += table(rows, ["", ""], align="ll").splitlines()[2:]
+    return rows
+
+
+def _switch_lines(s: RunSummary) -> list[str]:
+    """The switches made (a table), the pre-copies cancelled and the switches refused."""
+    lines = []
     if s.done_switches:
         lines += ["", table([(w.step, f"{w.src} -> {w.dst}", w.how(), w.bytes_total / MIB, w.exposed_ms, w.step_ms,
                               w.reason) for w in s.done_switches],
@@ -182,16 +198,15 @@ def render(s: RunSummary) -> str:
     for (src, dst, why), steps in refusals.items():
         times = f"{len(steps)} times from step {steps[0]}" if len(steps) > 1 else f"at step {steps[0]}"
         lines.append(f"switch {src} -> {dst} refused {times}: {why}")
-    for r in s.rejected:
-        lines.append(f"rejected request {r['id']}: {r['reason']}")
-    lines.append("")
-    if s.check is None:
-        lines.append("reference check: skipped (--no-check)")
-    elif not s.check["requests"]:
-        lines.append("reference check: not done, " + s.check["line"])
-    else:
-        lines.append(("reference check: passed, " if s.check["passed"] else "reference check: FAILED, ") + s.check["line"])
-    return "\n".join(lines)
+    return lines
+
+
+def _check_line(check: dict | None) -> str:
+    if check is None:
+        return "reference check: skipped (--no-check)"
+    if not check["requests"]:
+        return "reference check: not done, " + check["line"]
+    return ("reference check: passed, " if check["passed"] else "reference check: FAILED, ") + check["line"]
 
 
 def booked_line(booked: dict) -> str:

@@ -39,10 +39,6 @@ class ScaledFP8:
         return self.latent_dim // self.groups
 
     @property
-    def scales_offset(self) -> int:
-        return self.latent_dim
-
-    @property
     def rope_offset(self) -> int:
         return self.latent_dim + SCALE_BYTES * self.groups
 

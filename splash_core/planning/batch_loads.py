@@ -51,6 +51,12 @@ class BatchArrays:
         return Batch(tuple(Request(int(i), int(s), int(o), int(q)) for i, s, o, q in
                            zip(self.ids, self.contexts, self.owners, self.query_rows)))
 
+    def history_batch(self) -> Batch:
+        """Each request's history before this step (its context less the step's rows): what a
+        switch taken in this step moves (the step's own rows are written in the destination)."""
+        return Batch(tuple(Request(int(i), int(s - q), int(o), int(q)) for i, s, o, q in
+                           zip(self.ids, self.contexts, self.owners, self.query_rows)))
+
     def __len__(self) -> int:
         return len(self.contexts)
 

@@ -154,6 +154,18 @@ class CostModel:
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
         self.eta = np.array([float((overlap or {}).get(l, 0.0)) for l in LAYOUTS])
         covered = layer_indices(model, layers)
+        self._set_layer_costs(covered, attention_form)
+        self._set_hardware_rates(hardware)
+        self._set_graph_terms(hardware, len(covered), decode_graphs, graph_buckets)
+        self.transfer_law = (None if hardware.switch_transfer is None else  # Eq 13-14's references
+                             TransferLaw(hardware.switch_transfer, model, T, page_size, covered))
+        self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
+        self.weights_bytes = sum(kc.layers * kc.weight_bytes for kc in self.kinds) * self.frac  # W_r per layout
+        self.kv_bytes_token = sum(kc.layers * kc.stored_bytes_token for kc in self.kinds)  # k of Eq 1
+        self.state_bytes_request = sum(kc.layers * kc.state_bytes_request for kc in self.kinds)
+
+    def _set_layer_costs(self, covered: Sequence[int], attention_form: str) -> None:
+        model = self.model
         kinds = [model.layer_kinds[i] for i in covered]
         self.kinds = tuple(kind_costs(model, k, kinds.count(k), self.act_bytes, self.sparse)
                            for k in LayerKind if kinds.count(k))
@@ -162,30 +174,28 @@ class CostModel:
         self.forms = (None if self.sparse or model.mla is None or attention_form == "absorbed"
                       else (attention_form, MLADims.of(model.mla)))
         self.ffn = ffn_costs(model, covered, self.act_bytes)
-        h = hardware
+
+    def _set_hardware_rates(self, h: HardwareProfile) -> None:
         self.flops, self.att_flops = h.matmul_tflops.value * 1e12, h.attention_flops
         self.decode_att_flops = h.decode_attention_flops  # a pure decode step runs the decode kernel
         self.weight_bw, self.kv_bw = h.weight_read_gbps.value * GB, h.kv_read_gbps.value * GB
         self.bw = {Primitive.ALL_GATHER: h.all_gather_gbps.value * GB,
                    Primitive.ALL_TO_ALL: h.all_to_all_gbps.value * GB, "all_reduce": h.all_reduce_gbps.value * GB}
-        self.latency = h.collective_latency_us.value * 1e-6 if T > 1 else 0.0
+        self.latency = h.collective_latency_us.value * 1e-6 if self.T > 1 else 0.0
         self.overhead = h.step_overhead_us.value * 1e-6
         self.host = np.array([h.layer_overhead_s(l) for l in LAYOUTS])  # h_ℓ (zeros without calibration)
         self.host_list = self.host.tolist()
         self.host_overlap = h.host_overlap_fraction  # η_h
+
+    def _set_graph_terms(self, h: HardwareProfile, n_layers: int, decode_graphs: bool,
+                         graph_buckets: Sequence[int]) -> None:
         # pure decode steps replayed from captured graphs: their own t0 and time per layer
         self.replays = bool(decode_graphs and h.replays_graphs)
         self.graph_overhead = h.graph_step_overhead_us.value * 1e-6 if self.replays else self.overhead
         self.graph_host = np.array([h.graph_layer_overhead_s(l) for l in LAYOUTS])
         # captured graphs: re-capture in a switch (Eq 7) and their memory in A (Eq 6), where the
         # profile says the backend captures and decode steps replay (graphs not off)
-        self.graph_costs = GraphCosts.of(h, len(covered), graph_buckets, T) if decode_graphs else None
-        self.transfer_law = (None if h.switch_transfer is None else  # Eq 13-14's references
-                             TransferLaw(h.switch_transfer, model, T, page_size, covered))
-        self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
-        self.weights_bytes = sum(kc.layers * kc.weight_bytes for kc in self.kinds) * self.frac  # W_r per layout
-        self.kv_bytes_token = sum(kc.layers * kc.stored_bytes_token for kc in self.kinds)  # k of Eq 1
-        self.state_bytes_request = sum(kc.layers * kc.state_bytes_request for kc in self.kinds)
+        self.graph_costs = GraphCosts.of(h, n_layers, graph_buckets, self.T) if decode_graphs else None
 
     @classmethod
     def from_deployment(cls, deployment) -> "CostModel":

@@ -11,7 +11,9 @@ fits; with none, the decision is to hold admission, with the reason.
 
 Eq 5 is settled by bounds where possible (the peak lies between max(M_a, M_b) and that plus
 one layer of both layouts' state), and by the planner (:func:`~splash_core.planning.manifest.plan_switch`)
-otherwise; a planned manifest travels with the decision so the switch executor can reuse it.
+otherwise, on the histories the switch moves (each request's context before the step); the
+check, with its planned manifest, travels with the decision to the switch executor, which
+neither plans that manifest nor checks Eq 5 again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..layouts import LAYOUTS, Layout
 from .costmodel import BatchArrays, CostModel, Estimates
 from .graph_costs import moves_weights
 from .manifest import Manifest, plan_switch
+from .ownership import Batch
 from .switch_time import SwitchCost, switch_cost
 
 GIB = float(1 << 30)
@@ -41,6 +44,7 @@ class SwitchCheck:
     how: str  # "bound" (settled without planning) or "planned"
     peak_bytes: float  # the busiest rank's peak (bound or exact), reserve and M0 included
     manifest: Manifest | None = None
+    batch: Batch | None = None  # the histories the manifest was planned for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +200,8 @@ class Scheduler:
         where the switch moves weights (planned here when Eq 5 did not plan it)."""
         if not decision.switch:
             return None
-        manifest = decision.manifest or plan_switch(decision.current, decision.layout, x.to_batch(), self.cost.model,
-                                                    self.cost.T, self.cost.page_size, layers=self.layers)
+        manifest = decision.manifest or plan_switch(decision.current, decision.layout, x.history_batch(),
+                                                    self.cost.model, self.cost.T, self.cost.page_size, layers=self.layers)
         return switch_cost(manifest, self.cost, decision.estimates.step_time(decision.layout), x)
 
     def explain_switch_cost(self, decision: Decision, cost: SwitchCost, x: BatchArrays) -> str:
@@ -252,9 +256,10 @@ class Scheduler:
                 return SwitchCheck(True, "bound", float(upper.max()))
         if base.max() > self.budget and bool((x.reserved == x.contexts).all()):
             return SwitchCheck(False, "bound", float(base.max()))
-        manifest = plan_switch(src, dst, x.to_batch(), self.cost.model, self.cost.T, self.cost.page_size,
+        histories = x.history_batch()
+        manifest = plan_switch(src, dst, histories, self.cost.model, self.cost.T, self.cost.page_size,
                                layers=self.layers)
         scratch = float(np.maximum(est.scratch_bytes[a], est.scratch_bytes[b]).max())
         fit = manifest.fits(self.budget - self.deployment.common_bytes - scratch, self.deployment.reserve_bytes)
         peak = float(fit.peak_bytes.max()) + self.deployment.common_bytes + scratch
-        return SwitchCheck(fit.fits, "planned", peak, manifest)
+        return SwitchCheck(fit.fits, "planned", peak, manifest, histories)

@@ -87,15 +87,8 @@ def profile_fields(folder: str | Path, raw: dict | None = None) -> tuple[dict, d
     path, raw = read_config(folder) if raw is None else (Path(folder).expanduser() / "config.json", raw)
     file = str(path)
     kind = family(raw, file)
-    # a null takes transformers' default, except where null means something (no Q-LoRA, no groups, no id)
-    meaningful_null = {"q_lora_rank", "n_group", "topk_group", "bos_token_id", "eos_token_id", "n_routed_experts"}
-    c = {**_DEFAULTS[kind], **{k: v for k, v in raw.items() if v is not None or k in meaningful_null}}
-    for key in _REQUIRED:
-        if not isinstance(c.get(key), int) or isinstance(c.get(key), bool):
-            raise CheckpointError(file, key, "required integer is missing or not an integer", c.get(key))
-    for key, want in _MUST_BE.items():
-        if key in raw and raw[key] is not None and raw[key] != want:
-            raise CheckpointError(file, key, f"not supported: SPLASH runs {key} = {json.dumps(want)}", raw[key])
+    c = _with_defaults(raw, kind)
+    _check_supported(c, raw, file)
     fields: dict[str, Any] = {
         "name": Path(folder).expanduser().resolve().name,
         "source": f"{file} ({kind})",
@@ -115,20 +108,45 @@ def profile_fields(folder: str | Path, raw: dict | None = None) -> tuple[dict, d
     if moe:
         fields["moe"] = moe
     quant = _quantization(raw, file)
-    dtype = _DTYPES.get(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    if dtype is None:
-        raise CheckpointError(file, "torch_dtype", f"expected one of {', '.join(_DTYPES)}",
-                              raw.get("torch_dtype") or raw.get("dtype"))
+    dtype = _weight_dtype(raw, file)
     fields["weight_dtype"] = dtype
     fields["kv_cache"] = {"latent_dtype": dtype, "rope_dtype": dtype}
     if quant:
         fields["notes"] = (f"weights stored as FP8 e4m3 with {quant[0]}x{quant[1]} block scales "
                            f"(weight_scale_inv), dequantized to the compute format at load")
+    return fields, _generation_facts(c, kind, quant, file)
+
+
+def _with_defaults(raw: dict, kind: str) -> dict:
+    """``raw`` over transformers' defaults for ``kind``."""
+    # a null takes transformers' default, except where null means something (no Q-LoRA, no groups, no id)
+    meaningful_null = {"q_lora_rank", "n_group", "topk_group", "bos_token_id", "eos_token_id", "n_routed_experts"}
+    return {**_DEFAULTS[kind], **{k: v for k, v in raw.items() if v is not None or k in meaningful_null}}
+
+
+def _check_supported(c: dict, raw: dict, file: str) -> None:
+    """Refuse a config missing a required integer or setting a key SPLASH cannot honour."""
+    for key in _REQUIRED:
+        if not isinstance(c.get(key), int) or isinstance(c.get(key), bool):
+            raise CheckpointError(file, key, "required integer is missing or not an integer", c.get(key))
+    for key, want in _MUST_BE.items():
+        if key in raw and raw[key] is not None and raw[key] != want:
+            raise CheckpointError(file, key, f"not supported: SPLASH runs {key} = {json.dumps(want)}", raw[key])
+
+
+def _weight_dtype(raw: dict, file: str) -> str:
+    dtype = _DTYPES.get(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    if dtype is None:
+        raise CheckpointError(file, "torch_dtype", f"expected one of {', '.join(_DTYPES)}",
+                              raw.get("torch_dtype") or raw.get("dtype"))
+    return dtype
+
+
+def _generation_facts(c: dict, kind: str, quant: tuple[int, int] | None, file: str) -> dict:
     eos = c.get("eos_token_id")
-    facts = {"family": kind, "bos_token_id": c.get("bos_token_id"),
-             "eos_token_ids": tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-             "tie_word_embeddings": bool(c.get("tie_word_embeddings")), "fp8_block": quant, "config": file}
-    return fields, facts
+    return {"family": kind, "bos_token_id": c.get("bos_token_id"),
+            "eos_token_ids": tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            "tie_word_embeddings": bool(c.get("tie_word_embeddings")), "fp8_block": quant, "config": file}
 
 
 def _rope(raw: dict, file: str) -> dict:

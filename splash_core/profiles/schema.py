@@ -128,74 +128,103 @@ def convert(tp: Any, value: Any, *, file: str, path: str) -> Any:
     """Convert one YAML value to type ``tp`` (int, float, str, bool, Enum, Optional,
     tuple[X, ...], dict[K, V] or a nested dataclass)."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return convert(inner[0], value, file=file, path=path)
-        raise TypeError(f"unsupported union {tp}")
+        return _convert_union(tp, value, file=file, path=path)
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
-        kind = getattr(tp, "profile_kind", None)
-        if kind and isinstance(value, str) and _resolver is not None:
-            return _resolver(kind, value, file)  # a reference to another profile by name or path
-        if hasattr(tp, "from_yaml_value"):
-            return tp.from_yaml_value(value, file=file, path=path)
-        return build(tp, value, file=file, path=path)
+        return _convert_dataclass(tp, value, file=file, path=path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        parse = getattr(tp, "parse", None)
-        try:
-            return parse(value) if parse else tp(value)
-        except (ValueError, TypeError):
-            choices = ", ".join(str(m.value) for m in tp)
-            raise ProfileError(file, path, f"must be one of {choices}", value) from None
+        return _convert_enum(tp, value, file=file, path=path)
     if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ProfileError(file, path, "expected a list", value)
-        item = args[0]
-        return tuple(convert(item, v, file=file, path=f"{path}[{i}]") for i, v in enumerate(value))
+        return _convert_tuple(tp, value, file=file, path=path)
     if origin in (dict, Mapping, typing.Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            raise ProfileError(file, path, "expected a mapping", value)
-        kt, vt = args if args else (str, Any)
-        out = {}
-        for k, v in value.items():
-            key = convert(kt, k, file=file, path=_join(path, str(k)))
-            out[key] = convert(vt, v, file=file, path=_join(path, str(k)))
-        return types.MappingProxyType(out)
+        return _convert_mapping(tp, value, file=file, path=path)
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ProfileError(file, path, "expected true or false", value)
-        return value
+        return _convert_bool(value, file=file, path=path)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProfileError(file, path, "expected an integer", value)
-        return value
+        return _convert_int(value, file=file, path=path)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProfileError(file, path, "expected a number", value)
-        return float(value)
+        return _convert_float(value, file=file, path=path)
     if tp is str:
-        if isinstance(value, bool):  # YAML 1.1 reads unquoted off/on/no/yes as booleans
-            raise ProfileError(file, path, "expected a string; YAML reads unquoted off, on, no and yes as "
-                               "true/false, so quote it (e.g. \"off\")", value)
-        if not isinstance(value, str):
-            raise ProfileError(file, path, "expected a string", value)
-        return value
+        return _convert_str(value, file=file, path=path)
     raise TypeError(f"unsupported profile field type {tp!r} at {path}")
+
+
+def _convert_union(tp: Any, value: Any, *, file: str, path: str) -> Any:
+    """Only ``Optional[X]`` is supported: None stays None, anything else converts as X."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    inner = [a for a in args if a is not type(None)]
+    if len(inner) == 1:
+        return convert(inner[0], value, file=file, path=path)
+    raise TypeError(f"unsupported union {tp}")
+
+
+def _convert_dataclass(tp: type, value: Any, *, file: str, path: str) -> Any:
+    kind = getattr(tp, "profile_kind", None)
+    if kind and isinstance(value, str) and _resolver is not None:
+        return _resolver(kind, value, file)  # a reference to another profile by name or path
+    if hasattr(tp, "from_yaml_value"):
+        return tp.from_yaml_value(value, file=file, path=path)
+    return build(tp, value, file=file, path=path)
+
+
+def _convert_enum(tp: type[enum.Enum], value: Any, *, file: str, path: str) -> Any:
+    parse = getattr(tp, "parse", None)
+    try:
+        return parse(value) if parse else tp(value)
+    except (ValueError, TypeError):
+        choices = ", ".join(str(m.value) for m in tp)
+        raise ProfileError(file, path, f"must be one of {choices}", value) from None
+
+
+def _convert_tuple(tp: Any, value: Any, *, file: str, path: str) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise ProfileError(file, path, "expected a list", value)
+    item = typing.get_args(tp)[0]
+    return tuple(convert(item, v, file=file, path=f"{path}[{i}]") for i, v in enumerate(value))
+
+
+def _convert_mapping(tp: Any, value: Any, *, file: str, path: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ProfileError(file, path, "expected a mapping", value)
+    args = typing.get_args(tp)
+    kt, vt = args if args else (str, Any)
+    out = {}
+    for k, v in value.items():
+        key = convert(kt, k, file=file, path=_join(path, str(k)))
+        out[key] = convert(vt, v, file=file, path=_join(path, str(k)))
+    return types.MappingProxyType(out)
+
+
+def _convert_bool(value: Any, *, file: str, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(file, path, "expected true or false", value)
+    return value
+
+
+def _convert_int(value: Any, *, file: str, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(file, path, "expected an integer", value)
+    return value
+
+
+def _convert_float(value: Any, *, file: str, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(file, path, "expected a number", value)
+    return float(value)
+
+
+def _convert_str(value: Any, *, file: str, path: str) -> str:
+    if isinstance(value, bool):  # YAML 1.1 reads unquoted off/on/no/yes as booleans
+        raise ProfileError(file, path, "expected a string; YAML reads unquoted off, on, no and yes as "
+                           "true/false, so quote it (e.g. \"off\")", value)
+    if not isinstance(value, str):
+        raise ProfileError(file, path, "expected a string", value)
+    return value
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
-
-
-def describe_fields(cls: type) -> list[tuple[str, str, str]]:
-    """(name, type, doc) for every field of a profile class: used by docs and ``--help``."""
-    hints = typing.get_type_hints(cls)
-    return [
-        (f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), f.metadata.get("doc", ""))
-        for f in dataclasses.fields(cls)
-    ]

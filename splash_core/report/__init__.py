@@ -2,9 +2,10 @@
 
 :func:`render_report` reads every result under the results folder (validated by
 :mod:`splash_core.results`) and the paper's numbers under the reference folder
-(:mod:`.paper`), and writes ``<out>/README.md`` with its images beside it: one chapter per
-platform, one section per benchmark kind (:mod:`.sections`), each block labelled measured,
-paper or model. It needs no GPU and no network. Images it wrote before and no longer links
+(:mod:`.paper`), and writes ``<out>/README.md`` with its images beside it: the findings
+(:mod:`.findings`), an overview, one list of what each platform has not measured, then one
+chapter per platform with a section per benchmark kind it has numbers for (:mod:`.sections`),
+each block labelled measured, paper or model. It needs no GPU and no network. Images it wrote before and no longer links
 are removed; other files in ``out`` are left alone.
 """
 

@@ -8,6 +8,13 @@ from pathlib import Path
 
 from ..results import Result
 
+SOURCE_ORDER = {"paper": 0, "measured": 1, "model": 2}
+
+
+def block_order(r: Result) -> tuple:
+    """Blocks within a section: the paper's first, then measured, then the model's; by folder and file."""
+    return (SOURCE_ORDER.get(r.data["source"], 9), r.platform, r.path)
+
 
 @dataclasses.dataclass
 class Context:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..results import Result
 from .context import Context
 from .markdown import MISSING, table
-from .sweeps import Sweep, sweeps
+from .sweep_data import Sweep, sweeps
 
 
 def matching_sweeps(result: Result, ctx: Context) -> list[tuple[Result, Sweep]]:
@@ -36,10 +36,11 @@ def _source_name(result: Result) -> str:
 
 
 def render(result: Result, ctx: Context) -> list[str]:
+    """One row per predicted change with the measured interval it falls in, or not; then the
+    measured changes no prediction accounts for."""
     summary = result["summary"]
     axis = summary["axis"]
     fixed_key = "batch" if axis == "input_tokens" else "input_tokens"
-    predicted = sorted(summary["predicted"], key=lambda p: p["at"])
     measured = matching_sweeps(result, ctx)
     lines = [f"Along {axis.replace('_', ' ')} at {fixed_key.replace('_', ' ')} = {summary[fixed_key]:,}"
              + (f" ({summary['scenario']})" if summary.get("scenario") else "") + "."]
@@ -49,26 +50,36 @@ def render(result: Result, ctx: Context) -> list[str]:
     headers = ["change", f"predicted at ({_label(result)})"]
     for r, s in measured:
         headers += [f"measured between ({_source_name(r)}: {s.label})", "inside?"]
-    rows = []
     claimed: list[set[int]] = [set() for _ in measured]
-    for p in predicted:
-        at = f"{p['at']:,.0f}" + (f" ({p['at'] / 1024:.1f}K)" if axis == "input_tokens" else "")
-        row = [f"{p['from']} → {p['to']}", at]
-        for k, (_, s) in enumerate(measured):
-            match = _next_change(s.leader_changes(), p["from"], p["to"], claimed[k])
-            if match is None:
-                row += ["not observed", MISSING]
-            else:
-                lo, hi = match
-                row += [f"{lo:,} – {hi:,}", "yes" if lo <= p["at"] <= hi else "no"]
-        rows.append(row)
-    for k, (_, s) in enumerate(measured):  # measured changes no prediction accounts for
+    rows = [_prediction_row(p, axis, measured, claimed) for p in sorted(summary["predicted"], key=lambda p: p["at"])]
+    rows += _unclaimed_rows(measured, claimed)
+    return lines + [""] + table(headers, rows, "l" + "r" * (len(headers) - 1)) + [""]
+
+
+def _prediction_row(p: dict, axis: str, measured: list, claimed: list[set[int]]) -> list[str]:
+    """A predicted change, then per measured sweep the next unclaimed change of the same layouts."""
+    at = f"{p['at']:,.0f}" + (f" ({p['at'] / 1024:.1f}K)" if axis == "input_tokens" else "")
+    row = [f"{p['from']} → {p['to']}", at]
+    for k, (_, s) in enumerate(measured):
+        match = _next_change(s.leader_changes(), p["from"], p["to"], claimed[k])
+        if match is None:
+            row += ["not observed", MISSING]
+        else:
+            lo, hi = match
+            row += [f"{lo:,} – {hi:,}", "yes" if lo <= p["at"] <= hi else "no"]
+    return row
+
+
+def _unclaimed_rows(measured: list, claimed: list[set[int]]) -> list[list[str]]:
+    """Measured changes no prediction accounts for."""
+    rows = []
+    for k, (_, s) in enumerate(measured):
         for i, (a, b, lo, hi) in enumerate(s.leader_changes()):
             if i not in claimed[k]:
                 cells = [MISSING] * (2 * len(measured))
                 cells[2 * k] = f"{lo:,} – {hi:,}"
                 rows.append([f"{a} → {b}", "not predicted", *cells])
-    return lines + [""] + table(headers, rows, "l" + "r" * (len(headers) - 1)) + [""]
+    return rows
 
 
 def _label(result: Result) -> str:

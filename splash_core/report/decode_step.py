@@ -18,16 +18,7 @@ def render(result: Result, ctx: Context) -> list[str]:
              f"(read + written), matmul {sig(rates['matmul_tflops'])} TFLOP/s. Wall: host start to device done; "
              "replay: the captured graph's device time alone; roofline: (weights + KV) bytes at the copy rate or "
              "FLOPs at the matmul rate, whichever is longer.", ""]
-    rows = []
-    for p in summary["points"]:
-        captured = "" if p["captured"] else " (eager)"
-        rows.append([str(p["batch"]), tokens(p["context"]), str(p["layers"]), ms(p["eager_ms"]),
-                     ms(p.get("eager_unfused_ms")) if "eager_unfused_ms" in p else MISSING,
-                     ms(p["graph_ms"]) + captured, ms(p.get("replay_ms")), ms(p["roofline_ms"]),
-                     f"{p['wall_over_replay']:.2f}" if "wall_over_replay" in p else MISSING,
-                     f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}" if "capture_s" in p else MISSING,
-                     f"{p['graph_bytes'] / MIB:.0f}" if "graph_bytes" in p else MISSING, "yes" if p["tokens_match"] else
-                     "near ties only" if not p["decisive_mismatches"] else f"**{p['decisive_mismatches']} differ**"])
+    rows = [_row(p) for p in summary["points"]]
     lines += table(["B", "context", "layers", "eager ms", "unfused ms", "graph ms", "replay ms", "roofline ms",
                     "wall / replay", "eager / graph", "capture s", "graph MiB", "same tokens"], rows,
                    "rrrrrrrrrrrrl") + [""]
@@ -37,3 +28,20 @@ def render(result: Result, ctx: Context) -> list[str]:
     if summary["skipped"]:
         lines += [f"Skipped (time budget): {', '.join(summary['skipped'])}.", ""]
     return lines
+
+
+def _row(p: dict) -> list[str]:
+    """One point: times of both paths, the roofline, the ratios, the capture's cost and the tokens' check."""
+    captured = "" if p["captured"] else " (eager)"
+    return [str(p["batch"]), tokens(p["context"]), str(p["layers"]), ms(p["eager_ms"]),
+            ms(p.get("eager_unfused_ms")) if "eager_unfused_ms" in p else MISSING,
+            ms(p["graph_ms"]) + captured, ms(p.get("replay_ms")), ms(p["roofline_ms"]),
+            f"{p['wall_over_replay']:.2f}" if "wall_over_replay" in p else MISSING,
+            f"{p['eager_over_graph']:.1f}x", f"{p['capture_s']:.2f}" if "capture_s" in p else MISSING,
+            f"{p['graph_bytes'] / MIB:.0f}" if "graph_bytes" in p else MISSING, _same_tokens(p)]
+
+
+def _same_tokens(p: dict) -> str:
+    if p["tokens_match"]:
+        return "yes"
+    return "near ties only" if not p["decisive_mismatches"] else f"**{p['decisive_mismatches']} differ**"

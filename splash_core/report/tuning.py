@@ -48,38 +48,45 @@ def _share(value: float | None, ceiling: float | None) -> str:
 
 
 def render_sweep(result: Result, ctx: Context) -> list[str]:
+    """Per workload the winning tile and speed-up, then the times and rates at every point."""
     summary = result["summary"]
     ceilings = _ceilings(result, ctx) or {}
-    copy, matmul = ceilings.get("copy_gbps"), ceilings.get("matmul_tflops")
     chosen = ", ".join(f"{entry} `{tile}`" for entry, tile in summary["tiles"].items())
     lines = [f"Tiles chosen: {chosen}. Per workload, the correct candidate with the lowest mean time relative to "
              "the fastest at each point wins; where the sweep ran the previous kernel too, it ran the same points in "
              "the same run.", ""]
-    overview = []
-    for name, w in summary["workloads"].items():
-        speedups = w.get("speedup_vs_previous", [])
-        span = (f"{min(speedups):.2f}x – {max(speedups):.2f}x" if len(speedups) > 1 else
-                f"{speedups[0]:.2f}x" if speedups else MISSING)
-        overview.append([name, str(w["heads"]), f"{w['candidates']} ({w['failed']} failed, {w['skipped']} skipped)",
-                         f"`{w['winner']}`" if "winner" in w else "none", _previous(result, name), span])
+    overview = [_overview_row(result, name, w) for name, w in summary["workloads"].items()]
     lines += table(["workload", "heads", "candidates", "winner", "previous kernel", "speed-up"], overview,
                    "lrllll") + [""]
     shares = (" In parentheses: the share of the copy bandwidth (GB/s) and of the matmul rate (TFLOP/s) measured "
               "by the same command (see the device ceilings below)." if ceilings else "")
     lines += [f"Per point: milliseconds and rates of the winner and of the previous kernel.{shares}", ""]
-    rows = []
-    for name, w in summary["workloads"].items():
-        for i, point in enumerate(w["points"]):
-            win = w["winner_rates"][i] if "winner_rates" in w else {}
-            old = w["previous_rates"][i] if "previous_rates" in w else {}
-            rows.append([name, _point(name, point),
-                         ms(w["winner_ms"][i]) if "winner_ms" in w else MISSING,
-                         _share(_rate(win, "gbps"), copy), _share(_rate(win, "tflops"), matmul),
-                         ms(w["previous_ms"][i]) if "previous_ms" in w else MISSING,
-                         _share(_rate(old, "gbps"), copy), _share(_rate(old, "tflops"), matmul),
-                         f"{w['speedup_vs_previous'][i]:.2f}x" if "speedup_vs_previous" in w else MISSING])
+    rows = [row for name, w in summary["workloads"].items() for row in _point_rows(name, w, ceilings)]
     headers = ["workload", "point", "winner ms", "GB/s", "TFLOP/s", "previous ms", "GB/s", "TFLOP/s", "speed-up"]
     return lines + table(headers, rows, "ll" + "r" * 7) + [""]
+
+
+def _overview_row(result: Result, name: str, w: dict) -> list[str]:
+    speedups = w.get("speedup_vs_previous", [])
+    span = (f"{min(speedups):.2f}x – {max(speedups):.2f}x" if len(speedups) > 1 else
+            f"{speedups[0]:.2f}x" if speedups else MISSING)
+    return [name, str(w["heads"]), f"{w['candidates']} ({w['failed']} failed, {w['skipped']} skipped)",
+            f"`{w['winner']}`" if "winner" in w else "none", _previous(result, name), span]
+
+
+def _point_rows(name: str, w: dict, ceilings: dict) -> list[list[str]]:
+    copy, matmul = ceilings.get("copy_gbps"), ceilings.get("matmul_tflops")
+    rows = []
+    for i, point in enumerate(w["points"]):
+        win = w["winner_rates"][i] if "winner_rates" in w else {}
+        old = w["previous_rates"][i] if "previous_rates" in w else {}
+        rows.append([name, _point(name, point),
+                     ms(w["winner_ms"][i]) if "winner_ms" in w else MISSING,
+                     _share(_rate(win, "gbps"), copy), _share(_rate(win, "tflops"), matmul),
+                     ms(w["previous_ms"][i]) if "previous_ms" in w else MISSING,
+                     _share(_rate(old, "gbps"), copy), _share(_rate(old, "tflops"), matmul),
+                     f"{w['speedup_vs_previous'][i]:.2f}x" if "speedup_vs_previous" in w else MISSING])
+    return rows
 
 
 def render_rates(result: Result, ctx: Context) -> list[str]:

@@ -4,10 +4,12 @@ Every file carries where and how it was produced (platform, machine, backend, mo
 dtype, command, date, git commit), where its numbers come from (``source``: ``measured`` here,
 copied from the ``paper`` with the table or figure in ``reference``, or computed by SPLASH's
 cost ``model``), the raw samples and a summary. The shape of ``summary`` and ``samples`` of
-each benchmark is fixed in :mod:`splash_core.results.shapes` and documented in docs/results.md.
-:func:`make_result`, :func:`write_result` and :func:`read_result` all validate, so a writer
-learns of a mistake when it writes and a report never renders a malformed file silently;
-errors name the file and the field.
+a benchmark is a :class:`~splash_core.results.shapes.Shape` its owner registers through the
+entry points of :mod:`splash_core.results.registry` (documented in docs/results.md); a
+benchmark without one gets the envelope checks alone. :func:`make_result`,
+:func:`write_result` and :func:`read_result` all validate, so a writer learns of a mistake
+when it writes and a report never renders a malformed file silently; errors name the file and
+the field.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .registry import shape_of
 from .shapes import shape_error
 
 SCHEMA_VERSION = 1
@@ -161,6 +164,16 @@ def write_result(data: dict, root: str | Path = "bench/results", name: str | Non
 
 
 def validate(data: Any, where: str) -> None:
+    """Raise :class:`ResultError` naming ``where`` and the field if ``data`` breaks the envelope
+    or its benchmark's registered shape (a benchmark without one: the envelope alone)."""
+    _check_envelope(data, where)
+    shape = shape_of(data["benchmark"])
+    error = shape_error(data, shape, where) if shape is not None else None
+    if error:
+        raise ResultError(error)
+
+
+def _check_envelope(data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise ResultError(f"{where}: expected a JSON object")
     for key, tp in REQUIRED.items():
@@ -182,9 +195,6 @@ def validate(data: Any, where: str) -> None:
         raise ResultError(f"{where}: field 'samples': a measured result needs its raw samples")
     if data["source"] == "paper" and not data.get("reference"):
         raise ResultError(f"{where}: field 'reference': a paper result must name its table or figure")
-    error = shape_error(data, where)
-    if error:
-        raise ResultError(error)
 
 
 def read_result(path: str | Path) -> Result:

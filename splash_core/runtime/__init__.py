@@ -9,18 +9,17 @@ Modules, one concept each:
 - ``kv_pool``: the paged latent KV (+ indexer keys) of each MLA layer on one rank, with the
   placement rule :func:`held_pages`; ``block_tables``: its block tables and free pages, with
   array operations over many requests' pages (:class:`PageKeys`) for live switches; ``page_placement``: where new pages go (each
-  history in long runs, so switches pull it in few copies); ``kv_format``: the cache formats the pool can store (element
-  formats, and DeepSeek-V3.2's scaled fp8: e4m3 latent, float32 scales, bf16 rotary key; its
-  quantize/dequantize reference in :mod:`splash_core.model.fp8_cache`).
-- ``weights``: seeded or safetensors weights in DeepSeek's naming (checkpoint folders:
-  :mod:`splash_core.checkpoint`); ``mla``: the layout-free MLA math and :class:`MLAWeights` (all
-  heads or a head shard); ``rotary``: RoPE and YaRN.
+  history in long runs, so switches pull it in few copies); ``page_keys``: those key sets and
+  the error a full pool raises. The cache formats, the weights, and the layout-free MLA/KDA math
+  the layers run are :mod:`splash_core.model`'s.
 - ``feed_forward``: the dense MLP (tensor parallel) and DeepSeek's MoE (expert parallel) of each
-  block, fixed while attention switches; ``experts``: the router and the grouped expert matmuls.
+  block, fixed while attention switches.
 - ``mla_layer``: :class:`MLALayer`, one layer in its own layout; ``exchange``: the activation
   collectives of the layouts.
-- ``model``: embedding, MLA + dense MLP or MoE blocks, vocabulary-parallel LM head;
-  ``reference_model``: the single-process oracle; ``driver``: chunked prefill + greedy decode.
+- ``model``: embedding, MLA + dense MLP or MoE blocks, vocabulary-parallel LM head, built from a
+  ``model_config`` (:class:`ModelConfig`: what to build; :class:`RankOps`: the rank and what its
+  backend hands it); ``reference_model``: the single-process oracle; ``sampling``: each request's
+  next token chosen on the device, greedy or from the plan's draws.
 - ``decode_graphs``: decode steps replayed from captured graphs, one per (layouts, padded batch
   bucket); ``static_step``: the padded step over persistent buffers they record;
   ``device_tables``: every layer's block tables on the device, updated entry by entry;
@@ -46,8 +45,8 @@ Per-layer state for live switching (the layout is a property of each layer)::
 
 KDA layers (hybrid models such as GLM-5.3-Flash) follow the same contract:
 
-- ``kda``: the layout-free Kimi delta attention math and :class:`KDAWeights` (all heads or a
-  head shard; Kimi-Linear naming); ``kda_recurrence``: the short conv over cached inputs and the
+- :mod:`splash_core.model.kda`: the layout-free Kimi delta attention math and :class:`KDAWeights`
+  (all heads or a head shard; Kimi-Linear naming); ``kda_recurrence``: the short conv over cached inputs and the
   gated delta rule through the backend's ``KDAKernels``; ``kda_layer``: :class:`KDALayer`, one
   layer in its own layout; ``recurrent_pool``: per-request recurrent state and conv caches per
   KDA layer, with the placement rule :func:`held_heads`; ``switch.recurrent``: the

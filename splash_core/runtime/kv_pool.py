@@ -16,7 +16,7 @@ Switch API (used by the switch executor, and by :class:`~splash_core.runtime.mod
 ``alloc(request, logical_pages)``, ``free(request, logical_pages=None)``,
 ``pages_of(request)``, ``pack(kernels, request, logical_pages)`` and
 ``unpack(kernels, request, logical_pages, kv, indexer)``; for many requests at once, on
-:class:`~splash_core.runtime.block_tables.PageKeys` prepared once per switch plan:
+:class:`~splash_core.runtime.page_keys.PageKeys` prepared once per switch plan:
 ``lookup(keys)``, ``alloc_keys(keys)`` and ``free_keys(keys)``. Allocation checks capacity
 before changing anything and raises :class:`PoolFullError`, so a failed call leaves the layer
 as it was. Step path: ``slots``, ``write`` and ``block_table`` (kept until the pages change);
@@ -35,7 +35,8 @@ from ..model.kv_format import ScaledFP8
 from ..model.ops import write_rows
 from ..planning import ownership
 from ..platform.device import to_device
-from .block_tables import BlockTables, PageKeys, PoolFullError
+from .block_tables import BlockTables
+from .page_keys import PageKeys, PoolFullError
 
 __all__ = ["KVPool", "LayerKV", "PageFormat", "PoolFullError", "held_pages", "to_device"]
 

@@ -16,7 +16,7 @@ every rank.
 Pages for a step's new tokens are reserved in every layer before any computation: when the
 step opens a page anywhere (a property of the batch every rank knows), the ranks all-reduce
 their shortfalls and, if any rank lacks pages in any layer, all raise
-:class:`~splash_core.runtime.kv_pool.PoolFullError` with nothing allocated or written.
+:class:`~splash_core.runtime.page_keys.PoolFullError` with nothing allocated or written.
 
 A block's residual add and the next norm are one fused op, and so are RoPE and the cache write
 (the backend's :class:`~splash_core.platform.interfaces.FusedKernels`; the torch reference by default).
@@ -27,166 +27,109 @@ bucket (:mod:`~splash_core.runtime.decode_graphs`); prefill, mixed and switching
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..checkpoint.source import weight_source
-from ..dtypes import torch_dtype
 from ..layouts import Layout, Placement
-from ..model import ops as reference_fused
 from ..model.kda import KDAMath, KDAWeights
-from ..model.kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
 from ..model.mla import MLAMath, MLAWeights
 from ..model.weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
 from ..platform.device import to_device
-from ..platform.interfaces import Collectives, FusedKernels, GraphOps, KDAKernels, StreamOps
-from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
-from ..reference.streams import HostStreamOps
-from .block_tables import PageKeys
 from .decode_graphs import DecodeGraphs, DecodeOutputs
 from .feed_forward import DenseMLP, MoE, load_feed_forward
 from .kda_layer import KDALayer
-from .kv_pool import KVPool, PageFormat, PoolFullError, held_pages
+from .kv_pool import KVPool, held_pages
 from .mla_layer import MLALayer
-from .recurrent_pool import RecurrentFormat, RecurrentPool
+from .model_config import ModelConfig, RankOps
+from .page_keys import PageKeys, PoolFullError
+from .recurrent_pool import RecurrentPool
 from .step_batch import StepBatch
 from .step_context import StepContext
 from .step_tokens import StepTokens
 
 
 class Model:
-    """One rank's part of the model. ``layouts`` is one layout for every layer or one per layer."""
+    """One rank's part of the model: ``config`` says what to build (the same on every rank),
+    ``ops`` the rank it runs on, ``source`` where the weights come from."""
 
-    def __init__(self, *, rank: int, T: int, device: Any, collectives: Collectives, kernels,
-                 profile: ModelProfile, source: WeightSource, layouts: Layout | Sequence[Layout],
-                 pages_per_layer: int, page_size: int, dtype=torch.float32, kv_dtype=None, kv_scales: int = 0,
-                 num_layers: int | None = None, kda_kernels: KDAKernels | None = None, peer_memory=None,
-                 host_collectives: Collectives | None = None, fused: FusedKernels | None = None,
-                 graphs: GraphConfig | None = None, graph_ops: GraphOps | None = None,
-                 streams: StreamOps | None = None, attention_form: str = "auto"):
-        """``kv_dtype``: the element format the KV pool stores (None: ``dtype``); ``kv_scales`` > 0:
-        the pool stores the scaled-fp8 format instead (:mod:`~splash_core.model.kv_format`), an
-        fp8 latent with that many float32 scales per token and a bf16 rotary key.
-        ``peer_memory``: a :class:`~splash_core.platform.interfaces.PeerMemory` to allocate the KV pool
-        from, so switches pull pages rank to rank (None: pages move by collectives).
-        ``host_collectives``: collectives on host memory for what the ranks agree on before a step
-        (whether every pool has room, :meth:`reserve`), so that never waits for the device
-        (None: ``collectives``, a round trip to the device when a batch opens a page).
-        ``fused``: the backend's fused small ops (None: the torch reference). ``graphs``: how
-        decode steps replay captured graphs through ``graph_ops`` (None, or mode ``off``: never;
-        mode ``auto`` needs ``graph_ops``; models with KDA layers always run eagerly).
-        ``streams``: the rank's streams and events (None: host ones), for :meth:`step_tokens`.
-        ``attention_form``: how prefill rows attend (:mod:`splash_core.planning.attention_forms`; DOP
-        layers always attend absorbed: their owners hold no one else's kv_b heads)."""
-        count = profile.num_layers if num_layers is None else num_layers
-        kinds = profile.layer_kinds[:count]
-        mla_layers = [i for i, k in enumerate(kinds) if k is LayerKind.MLA]
-        kda_layers = [i for i, k in enumerate(kinds) if k is LayerKind.KDA]
-        if kda_layers and kda_kernels is None:
-            raise ValueError(f"model {profile.name!r} has KDA layers: pass kda_kernels (the backend's splash_kda_kernels)")
-        layouts = [layouts] * count if isinstance(layouts, Layout) else list(layouts)
-        if len(layouts) != count:
-            raise ValueError(f"{len(layouts)} layouts given for {count} layers")
-        self.rank, self.T, self.device = rank, T, device
-        self.collectives, self.kernels = collectives, kernels
-        self.host_collectives = host_collectives
-        self.profile, self.dtype, self.page_size = profile, dtype, page_size
-        self.fused = fused or reference_fused.KERNELS
-        self.streams = streams or HostStreamOps()
-        self.math = MLAMath(profile, self.fused, attention_form) if mla_layers else None
-        shapes = tensor_shapes(profile, count)
-        kw = dict(device=device, dtype=dtype)
-
-        def get(name, **cut):
-            return source.get(name, shapes[name], **cut, **kw)
-
-        indexer = _indexer_format(profile)
-        if kv_scales and mla_layers:
-            if kv_dtype not in (None, torch.float8_e4m3fn):
-                raise ValueError(f"a scaled KV cache stores an fp8 latent (got kv_dtype {kv_dtype})")
-            layout = ScaledFP8(self.math.d_c, self.math.d_r, kv_scales)
-            problem = layout.problem()
-            if problem:
-                raise ValueError(f"model {profile.name!r}: {kv_scales} KV scales per token: {problem}")
-            fmt = PageFormat.scaled_fp8(page_size, layout, **indexer)
-        else:
-            fmt = PageFormat(page_size, self.math.kv_width if mla_layers else 0, kv_dtype or dtype, **indexer)
-        self.pool = KVPool(mla_layers, pages_per_layer, fmt, device, memory=peer_memory)
-        self.recurrent = RecurrentPool(kda_layers, _recurrent_format(profile), device)
-        kda_math = KDAMath(profile) if kda_layers else None
-        self.embed = get("model.embed_tokens.weight")
+    def __init__(self, config: ModelConfig, ops: RankOps, source: WeightSource):
+        if config.kda_layers and ops.kda_kernels is None:
+            raise ValueError(f"model {config.profile.name!r} has KDA layers: pass kda_kernels "
+                             "(the backend's splash_kda_kernels)")
+        profile = config.profile
+        self.config, self.profile, self.dtype, self.page_size = config, profile, config.dtype, config.page_size
+        self.rank, self.T, self.device = ops.rank, ops.T, ops.device
+        self.collectives, self.kernels, self.host_collectives = ops.collectives, ops.kernels, ops.host_collectives
+        self.fused, self.streams = ops.fused, ops.streams
+        self.math = MLAMath(profile, self.fused, config.attention_form) if config.mla_layers else None
+        self.pool = KVPool(config.mla_layers, config.pages_per_layer,
+                           config.page_format(self.math.kv_width if self.math else 0), ops.device,
+                           memory=ops.peer_memory)
+        self.recurrent = RecurrentPool(config.kda_layers, config.recurrent_format(), ops.device)
+        weights = _Weights(source, tensor_shapes(profile, config.layer_count), ops.device, config.dtype)
+        self.embed = weights.get("model.embed_tokens.weight")
         self.layers: list[MLALayer | KDALayer] = []
         self.norms: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mlps: list[DenseMLP | MoE | None] = []  # never move in a switch
-        for i, layout in enumerate(layouts):
+        kda_math = KDAMath(profile) if config.kda_layers else None
+        for i, layout in enumerate(config.layouts):
+            self.layers.append(self._attention_layer(i, layout, weights, kda_math, ops.kda_kernels))
             p = layer_prefix(i)
-            sharded = layout.placement is Placement.SHARDED
-            if kinds[i] is LayerKind.KDA:
-                heads = head_shard(profile.kda.heads, rank, T) if sharded else None
-                weights = KDAWeights.load(source, profile, i, heads, **kw)
-                self.layers.append(KDALayer(i, layout, weights, self.recurrent[i], kda_math, kda_kernels, rank, T))
-            else:
-                heads = head_shard(profile.mla.heads, rank, T) if sharded else None
-                weights = MLAWeights.load(source, profile, i, heads, **kw)
-                self.layers.append(MLALayer(i, layout, weights, self.pool[i], self.math, rank, T))
-            self.norms.append((get(f"{p}.input_layernorm.weight"), get(f"{p}.post_attention_layernorm.weight")))
-            self.mlps.append(load_feed_forward(source, profile, i, rank, T, **kw, silu_mul=self.fused.silu_mul))
-        self.final_norm = get("model.norm.weight")
-        vocab = even_shard(profile.vocab_size, rank, T)
-        self.vocab_per_rank = -(-profile.vocab_size // T)
-        head = get("lm_head.weight", rows=slice(vocab.start, vocab.stop))
+            self.norms.append((weights.get(f"{p}.input_layernorm.weight"),
+                               weights.get(f"{p}.post_attention_layernorm.weight")))
+            self.mlps.append(load_feed_forward(source, profile, i, self.rank, self.T, device=ops.device,
+                                               dtype=config.dtype, silu_mul=self.fused.silu_mul))
+        self.final_norm = weights.get("model.norm.weight")
+        self.vocab_per_rank = -(-profile.vocab_size // self.T)
+        vocab = even_shard(profile.vocab_size, self.rank, self.T)
+        head = weights.get("lm_head.weight", rows=slice(vocab.start, vocab.stop))
         self.lm_head = torch.cat([head, head.new_zeros(self.vocab_per_rank - head.shape[0], head.shape[1])])
         self.graphs: DecodeGraphs | None = None
-        if graphs is not None and mla_layers and not kda_layers and graphs.mode != "off" and \
-                (graphs.mode == "static" or graph_ops is not None):
-            self.graphs = DecodeGraphs(self, graphs, graph_ops)
+        graphs = config.graphs
+        if graphs is not None and config.mla_layers and not config.kda_layers and graphs.mode != "off" and \
+                (graphs.mode == "static" or ops.graph_ops is not None):
+            self.graphs = DecodeGraphs(self, graphs, ops.graph_ops)
+
+    def _attention_layer(self, i: int, layout: Layout, weights: "_Weights", kda_math, kda_kernels):
+        """Layer ``i``'s attention in ``layout``: its heads' shard of the projections where the layout
+        shards them, all of them where it replicates them."""
+        profile, rank, T = self.profile, self.rank, self.T
+        sharded = layout.placement is Placement.SHARDED
+        kw = dict(device=weights.device, dtype=weights.dtype)
+        if self.config.kinds[i] is LayerKind.KDA:
+            heads = head_shard(profile.kda.heads, rank, T) if sharded else None
+            return KDALayer(i, layout, KDAWeights.load(weights.source, profile, i, heads, **kw), self.recurrent[i],
+                            kda_math, kda_kernels, rank, T)
+        heads = head_shard(profile.mla.heads, rank, T) if sharded else None
+        return MLALayer(i, layout, MLAWeights.load(weights.source, profile, i, heads, **kw), self.pool[i], self.math,
+                        rank, T)
 
     @classmethod
-    def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *, pages_per_layer: int,
-                     page_size: int, dtype=torch.float32, kv_dtype=None, kv_scales: int = 0,
-                     num_layers: int | None = None,
-                     transfer: TransferConfig = TransferConfig(), graphs: GraphConfig | None = None,
-                     attention_form: str = "auto") -> "Model":
-        """Build on a :class:`~splash_core.runtime.group.RankContext` with its backend's MLA (and,
-        for a model with KDA layers, KDA) kernels and fused ops, the KV pool in its peer memory
-        (``ctx.peer_memory()``) where ``transfer.peer_pulls`` asks for pulls (else switches move
-        pages by collectives), and decode graphs as ``graphs`` says (None: none)."""
-        count = profile.num_layers if num_layers is None else num_layers
-        kda = ctx.backend.kda_kernels(ctx.device, dtype) if LayerKind.KDA in profile.layer_kinds[:count] else None
-        return cls(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=ctx.collectives,
-                   kernels=ctx.backend.mla_kernels(ctx.device, dtype), profile=profile, source=source,
-                   layouts=layouts, pages_per_layer=pages_per_layer, page_size=page_size, dtype=dtype,
-                   kv_dtype=kv_dtype, kv_scales=kv_scales, num_layers=num_layers, kda_kernels=kda,
-                   peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
-                   host_collectives=ctx.host_collectives(), fused=ctx.backend.fused_kernels(ctx.device, dtype),
-                   graphs=graphs, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs is not None else None,
-                   streams=ctx.streams, attention_form=attention_form)
+    def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *,
+                     transfer: TransferConfig = TransferConfig(), **config) -> "Model":
+        """Build on a :class:`~splash_core.runtime.group.RankContext` (its backend's kernels, fused
+        ops and graph ops; the KV pool in its peer memory where ``transfer.peer_pulls`` asks for
+        pulls): ``config`` are the other fields of :class:`ModelConfig`."""
+        model = ModelConfig(profile, layouts, **config)
+        return cls(model, RankOps.of(ctx, model, transfer), source)
 
     @classmethod
     def from_deployment(cls, ctx, deployment, *, pages_per_layer: int, source: WeightSource | None = None,
                         layouts=None) -> "Model":
-        """Build from a deployment profile: its model, page size, compute format, layer count,
-        weights (the model's checkpoint folder, else drawn from the deployment's seed; unless
-        ``source`` is given), initial layout (unless ``layouts`` is given), transfer options and
-        decode graphs; the KV pool stores the model's cache format (one the runtime can store:
-        :func:`~splash_core.model.kv_format.kv_format_problem`)."""
-        kv = deployment.model.kv_cache
-        problem = kv_format_problem(deployment.model)
-        if problem:
-            raise ValueError(f"model {deployment.model.name!r}: model.kv_cache: {problem}")
+        """Build from a deployment profile (:meth:`ModelConfig.of`): weights from the model's
+        checkpoint folder, else drawn from the deployment's seed (unless ``source`` is given), the
+        initial layout (unless ``layouts`` is given), its transfer options and decode graphs."""
+        config = ModelConfig.of(deployment, pages_per_layer=pages_per_layer, layouts=layouts)
         if ctx.world_size != deployment.T:
             raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
-        return cls.from_context(ctx, deployment.model, source or weight_source(deployment.model, deployment.seed),
-                                deployment.initial_layout if layouts is None else layouts,
-                                pages_per_layer=pages_per_layer, page_size=deployment.page_size,
-                                dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
-                                kv_scales=kv.scale_bytes // SCALE_BYTES,
-                                num_layers=deployment.layers, transfer=deployment.transfer, graphs=deployment.graphs,
-                                attention_form=deployment.prefill_attention)
+        return cls(config, RankOps.of(ctx, config, deployment.transfer),
+                   source or weight_source(deployment.model, deployment.seed))
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -371,25 +314,6 @@ class Model:
         return out
 
 
-def _indexer_format(profile: ModelProfile) -> dict:
-    """The indexer keys' fields of the page format: the profile's element format, or with scales
-    the scaled-fp8 layout of one head_dim key (so the pool stores the bytes Eq 1 counts)."""
-    idx = profile.indexer
-    if idx is None:
-        return dict(indexer_width=0, indexer_dtype=torch.float32)
-    layout = indexer_layout(profile)
-    if layout is None:
-        return dict(indexer_width=idx.head_dim, indexer_dtype=torch_dtype(idx.dtype))
-    return dict(indexer_width=layout.token_bytes, indexer_dtype=torch.uint8, indexer_scaled=layout)
-
-
-def _recurrent_format(profile: ModelProfile) -> RecurrentFormat:
-    k = profile.kda
-    if k is None:
-        return RecurrentFormat(0, 0, 0, 0, torch.float32)
-    return RecurrentFormat(k.heads, k.head_dim, k.head_dim, k.conv_size - 1, torch_dtype(k.state_dtype))
-
-
 def _check_recurrent(layer: KDALayer, batch: StepBatch, ids: set[int]) -> None:
     for rid, owner in zip(batch.ids, batch.owners):
         want, have = layer.held_heads(int(owner)), layer.state.heads_of(int(rid))
@@ -401,3 +325,15 @@ def _check_recurrent(layer: KDALayer, batch: StepBatch, ids: set[int]) -> None:
         raise AssertionError(f"rank {layer.rank} layer {layer.index} holds recurrent state of requests "
                              f"{sorted(stray)} not in the batch")
 
+
+@dataclasses.dataclass(frozen=True)
+class _Weights:
+    """The model's tensors from ``source``, in their shapes, on the rank's device and format."""
+
+    source: WeightSource
+    shapes: dict
+    device: Any
+    dtype: torch.dtype
+
+    def get(self, name: str, **cut) -> torch.Tensor:
+        return self.source.get(name, self.shapes[name], **cut, device=self.device, dtype=self.dtype)

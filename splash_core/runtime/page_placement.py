@@ -26,7 +26,7 @@ into the holes they left. Here, with the request's pages taken in logical order:
 
 The rule depends only on the free pages and the requests' held pages, so layers in the same
 state place their pages alike (the pool places a large key set once for all of them:
-:meth:`~splash_core.runtime.block_tables.PageKeys.placed`). :func:`continue_runs` and
+:meth:`~splash_core.runtime.page_keys.PageKeys.placed`). :func:`continue_runs` and
 :func:`place` are pure apart from marking the pages they hand out in ``free``.
 """
 

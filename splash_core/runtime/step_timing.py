@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..layouts import Layout
+from ..model.ops import KERNELS
 from ..model.weights import SeededWeights
 from ..planning import ownership
 from ..platform.interfaces import FusedKernels, GraphOps, MLAKernels
@@ -21,6 +22,7 @@ from ..profiles.graphs import GraphConfig
 from ..profiles.model import ModelProfile
 from .kv_pool import held_pages
 from .model import Model
+from .model_config import ModelConfig, RankOps
 from .step_batch import StepBatch, StepRequest
 
 
@@ -101,10 +103,11 @@ def time_layout(ctx, *, profile: ModelProfile, layout: Layout, layers: int, batc
     owners = [i % T for i in range(batch)]
     biggest = ownership.Batch.balanced(batch, max(contexts), T)
     pages = int(ownership.kv_pages_per_rank(layout, biggest, T, page_size).max())
-    model = Model(rank=ctx.rank, T=T, device=ctx.device, collectives=ctx.collectives, kernels=kernels,
-                  profile=profile, source=SeededWeights(seed), layouts=layout, pages_per_layer=pages,
-                  page_size=page_size, dtype=dtype, num_layers=layers, fused=fused, graphs=graphs,
+    config = ModelConfig(profile, layout, pages_per_layer=pages, page_size=page_size, dtype=dtype, num_layers=layers,
+                         graphs=graphs)
+    ops = RankOps(ctx.rank, T, ctx.device, ctx.collectives, kernels, fused=fused or KERNELS,
                   graph_ops=graph_ops, streams=ctx.streams)
+    model = Model(config, ops, SeededWeights(seed))
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(seed)
     for layer in model.paged_layers:  # synthetic history: unit-scale latents, as RMSNorm leaves them

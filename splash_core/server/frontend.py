@@ -1,7 +1,7 @@
 """The server's front end: the requests in flight, the link to rank 0's engine loop, and the
 server's state (loading, ready, draining, failed).
 
-Requests reach rank 0 as ``add`` messages over one :mod:`multiprocessing` connection (a writer
+Requests reach rank 0 as :class:`~splash_core.engine.messages.AddRequest` messages over one :mod:`multiprocessing` connection (a writer
 thread sends them, so a large prompt never blocks the event loop while rank 0 is mid-step);
 rank 0's step reports come back on a reader thread and are handed to the event loop, which
 turns each generated token into text (:class:`~splash_core.server.text.TextStream`) and puts
@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 
+from ..engine.messages import AbortRequests, AddRequest, Close, EngineDone, EngineReady, StepReport
 from .metrics import Metrics
 from .protocol import ApiError, Call, Served
 from .text import TextStream
@@ -90,21 +91,21 @@ class Frontend:
         handle = Handle(next(self.ids), call, time.monotonic(), asyncio.Queue(), TextStream(self.served.tokenizer,
                                                                                             call.stop))
         self.handles[handle.id] = handle
-        self.outbox.put(("add", handle.id, call.prompt_ids, call.max_new_tokens, call.sampling))
+        self.outbox.put(AddRequest(handle.id, call.prompt_ids, call.max_new_tokens, call.sampling))
         return handle
 
     def abort(self, handle: Handle) -> None:
         """The client went away (or the server stops): rank 0 drops the request at the next step."""
         if handle.done:
             return
-        self.outbox.put(("abort", [handle.id]))
+        self.outbox.put(AbortRequests((handle.id,)))
         self._end(handle, "abort", "aborted")
 
     def drain(self) -> None:
         """Stop taking requests; rank 0 stops once the ones in flight are done (thread-safe)."""
         if self.state in ("loading", "ready"):
             self.state = "draining"
-            self.outbox.put(("close",))
+            self.outbox.put(Close())
 
     def abort_all(self) -> None:
         """Abort every request in flight (the grace period ended; thread-safe)."""
@@ -123,17 +124,16 @@ class Frontend:
     # ---- rank 0's reports (on the event loop) -------------------------------------------
 
     def _on_message(self, message) -> None:
-        kind, body = message
-        if kind == "ready":
-            self.layout = body["layout"]
-            self.info.update(kv_pages=body["kv_pages"], policy=body["policy"],
-                             graphs=body.get("load", {}).get("graphs", {}).get("line", ""))
+        if isinstance(message, EngineReady):
+            self.layout = message.layout
+            self.info.update(kv_pages=message.kv_pages, policy=message.policy,
+                             graphs=message.load.get("graphs", {}).get("line", ""))
             self.metrics.set_layout(self.layout)
             if self.state == "loading":
                 self.state = "ready"
             self.engine_ready.set()
-        elif kind == "step":
-            self._on_step(body)
+        elif isinstance(message, StepReport):
+            self._on_step(message)
 
     def _on_step(self, report) -> None:
         self.metrics.on_step(report)
@@ -151,7 +151,7 @@ class Frontend:
             try:
                 piece = handle.text.push(token)
             except Exception as exc:  # never leave a client waiting on a request this loop cannot serve
-                self.outbox.put(("abort", [rid]))
+                self.outbox.put(AbortRequests((rid,)))
                 self._end(handle, None, "failed", ApiError(500, f"internal error while decoding: {exc}",
                                                            kind="internal_error"))
                 continue
@@ -160,7 +160,7 @@ class Frontend:
                 piece += handle.text.flush()
             handle.events.put_nowait(("token", piece, int(token), reason))
             if handle.text.stopped and rid not in finished:
-                self.outbox.put(("abort", [rid]))  # the engine does not know the text reached a stop string
+                self.outbox.put(AbortRequests((rid,)))  # the engine does not know the text reached a stop string
             if reason is not None:
                 self._end(handle, reason, "finished", emit=False)
         for rid, reason in report.rejected:
@@ -201,6 +201,6 @@ class Frontend:
                 message = self.conn.recv()
             except (EOFError, OSError):
                 return
-            if message[0] == "done":
+            if isinstance(message, EngineDone):
                 return
             self._soon(lambda m=message: self._on_message(m))

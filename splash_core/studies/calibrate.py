@@ -257,13 +257,26 @@ def build_profile(theta: dict, base: HardwareProfile | None, *, name: str, machi
     data: dict[str, Any] = {"kind": "hardware", "name": name,
                             "platform": base.platform if base else backend,
                             "device": base.device if base else machine}
-    kept = []
 
     def measured(key: str, value: float) -> dict:
         return {"value": round(float(value), 4), "source": "measured",
                 "ref": methods.get(key, f"splash_calibrate of backend {backend}"),
                 "date": date, "machine": machine, "command": command}
 
+    kept = _fill_entries(data, theta, base, measured)
+    data["collective_samples"] = [dict(s, seconds=float(f"{s['seconds']:.6g}")) for s in theta.get("collective_samples", ())]
+    _add_step_samples(data, theta, base, kept)
+    note = f"Calibrated by `{command}` on {machine} ({date})."
+    if kept:
+        note += f" Kept from the base profile {base.name!r}: {', '.join(kept)}."
+    data["notes"] = note
+    return data
+
+
+def _fill_entries(data: dict, theta: dict, base: HardwareProfile | None,
+                  measured: Callable[[str, float], dict]) -> list[str]:
+    """Put every profile key into ``data``: measured, kept from ``base``, or a default; the kept keys."""
+    kept = []
     for field in dataclasses.fields(HardwareProfile):
         key = field.name
         if key in ("name", "platform", "device", "notes") or key.endswith("_samples"):
@@ -284,16 +297,14 @@ def build_profile(theta: dict, base: HardwareProfile | None, *, name: str, machi
         elif not optional:
             raise ValueError(f"calibration measured no {key} and there is no base profile to keep it "
                              f"from; pass --base PROFILE")
-    data["collective_samples"] = [dict(s, seconds=float(f"{s['seconds']:.6g}")) for s in theta.get("collective_samples", ())]
+    return kept
+
+
+def _add_step_samples(data: dict, theta: dict, base: HardwareProfile | None, kept: list[str]) -> None:
     if theta.get("step_samples"):
         data["step_samples"] = [dict(s, seconds=float(f"{s['seconds']:.6g}")) for s in theta["step_samples"]]
     elif "layer_overhead_us" in kept and base.step_samples:  # the samples the kept overheads were fitted to
         data["step_samples"] = [{**dataclasses.asdict(s), "layout": str(s.layout)} for s in base.step_samples]
-    note = f"Calibrated by `{command}` on {machine} ({date})."
-    if kept:
-        note += f" Kept from the base profile {base.name!r}: {', '.join(kept)}."
-    data["notes"] = note
-    return data
 
 
 def _as_yaml(value: Any) -> Any:

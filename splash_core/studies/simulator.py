@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from ..layouts import LAYOUTS, Layout
-from ..planning.costmodel import BatchArrays, CostModel, switch_cost
+from ..planning.costmodel import BatchArrays, CostModel, Estimates, switch_cost
 from ..planning.graph_costs import HeldGraphs
 from ..planning.manifest import plan_switch
 from ..planning.ownership import assign_owner
@@ -257,8 +257,28 @@ class _Run:
         return members, rows
 
     def _step(self) -> None:
+        members, rows, x, est = self._fitting_step()
+        k = self._decode_steps(members)
+        if k > 1:
+            est = self.cost.evaluate(self._arrays(members, rows, [(k - 1) // 2] * len(members)))
+        step_s = float(est.total_s[LAYOUTS.index(self.layout)])
+        if self.graphs is not None:  # a decode step of a bucket without its graph captures it first
+            self.now += self.graphs.step(self.layout, x)
+        self.now += k * step_s
+        self.steps += k
+        self.layout_steps[self.layout] += k
+        self.trace.append((self.now, str(self.layout), len(self.running)))
+        self._advance(members, rows, k)
+        self._retire_finished()
+        if self.splash:
+            self.since_switch += k
+
+    def _fitting_step(self) -> tuple[list[_Running], list[int], BatchArrays, Estimates]:
+        """The step's members, rows, batch and estimates, with fewer prefill rows until the
+        step's activations fit its layout (Eq 6); SPLASH decides and the oracle picks its layout
+        on the way."""
         chunk, shrunk = self.fitting_chunk, False
-        while True:  # fewer prefill rows until the step's activations fit its layout (Eq 6)
+        while True:
             members, rows = self._rows(self.running, chunk)
             x = self._arrays(members, rows, [0] * len(members))
             if self.splash:
@@ -278,20 +298,18 @@ class _Run:
             self.shrunk += 1
         self.fitting_chunk = chunk if shrunk else min(self.chunk, 2 * chunk)  # try more rows next time
         self.peak = max(self.peak, float(need[LAYOUTS.index(self.layout)]))
+        return members, rows, x, est
+
+    def _decode_steps(self, members: list[_Running]) -> int:
+        """How many steps to advance at once: a decode-only stretch runs up to ``decode_stride``."""
         k = 1
         if all(r.prefilled >= r.spec.prompt_tokens for r in members):
             k = min(self.stride, min(r.spec.max_new_tokens - r.generated for r in members))
             if self.queue and len(self.running) < self.limit and not self.admission_blocked:
                 k = 1  # a queued request may be admitted after the next step
-        if k > 1:
-            est = self.cost.evaluate(self._arrays(members, rows, [(k - 1) // 2] * len(members)))
-        step_s = float(est.total_s[LAYOUTS.index(self.layout)])
-        if self.graphs is not None:  # a decode step of a bucket without its graph captures it first
-            self.now += self.graphs.step(self.layout, x)
-        self.now += k * step_s
-        self.steps += k
-        self.layout_steps[self.layout] += k
-        self.trace.append((self.now, str(self.layout), len(self.running)))
+        return k
+
+    def _advance(self, members: list[_Running], rows: list[int], k: int) -> None:
         for r, q in zip(members, rows):
             if r.prefilled < r.spec.prompt_tokens:
                 r.prefilled += q
@@ -299,13 +317,13 @@ class _Run:
                     r.generated = 1  # the last prefill chunk yields the first output token
             else:
                 r.generated += k
+
+    def _retire_finished(self) -> None:
         for r in [r for r in self.running if r.generated >= r.spec.max_new_tokens]:
             self.running.remove(r)
             self.projected[r.owner] -= r.reserved
             self.served_tokens += r.reserved
             self.admission_blocked = False  # memory freed: admission may succeed again
-        if self.splash:
-            self.since_switch += k
 
     def _decide(self, x: BatchArrays) -> None:
         """Ask the scheduler; on a switch, charge its exposed time (Eq 7, with the re-capture of
@@ -313,7 +331,7 @@ class _Run:
         decision = self.scheduler.decide(x, self.layout, self.since_switch)
         if not decision.switch:
             return
-        manifest = decision.manifest or plan_switch(self.layout, decision.layout, x.to_batch(), self.cost.model,
+        manifest = decision.manifest or plan_switch(self.layout, decision.layout, x.history_batch(), self.cost.model,
                                                     self.cost.T, self.cost.page_size, layers=self.scheduler.layers)
         cost = switch_cost(manifest, self.cost, decision.estimates.step_time(decision.layout), x)
         self.switches.append(SwitchEvent(self.steps, self.now, self.layout, decision.layout, cost.exposed_s,

@@ -6,6 +6,8 @@ the explicit key arrays (:class:`RankBlocks`) a rank executes.
 """
 
 from .diff import RankBlocks
-from .plan import Fit, LayerPlan, Manifest, StatePlan, plan_precopy, plan_switch
+from .fit import Fit, eq5_fit, switch_peak
+from .plan import LayerPlan, Manifest, StatePlan, plan_precopy, plan_switch
 
-__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "plan_precopy", "plan_switch"]
+__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "eq5_fit", "plan_precopy", "plan_switch",
+           "switch_peak"]

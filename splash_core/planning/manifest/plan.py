@@ -19,6 +19,7 @@ from ...profiles.projections import check_divides, projections
 from ..ownership import Batch, Footprint, check_batch, footprint, layer_indices
 from . import universe as U
 from .diff import BlockDiff, RankBlocks
+from .fit import Fit, eq5_fit, layer_sweep, switch_peak
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,23 +104,6 @@ class LayerPlan:
         return sum(p.transit_bytes for p in self.states.values())
 
 
-@dataclasses.dataclass(frozen=True)
-class Fit:
-    """Eq 5 against a per-rank budget H_r: max(M_r(a), M_r(b)) + Δ_layer_r + R_r ≤ H_r."""
-
-    fits: bool
-    budget_bytes: float
-    reserve_bytes: float
-    peak_bytes: np.ndarray  # [T] peak + reserve per rank
-    busiest_rank: int
-
-    def explain(self) -> str:
-        r, gib = self.busiest_rank, float(1 << 30)
-        verdict = "fits" if self.fits else "does not fit"
-        return (f"the switch {verdict}: rank {r} peaks at {self.peak_bytes[r] / gib:.3f} GiB "
-                f"(incl. reserve {self.reserve_bytes / gib:.3f} GiB) of {self.budget_bytes / gib:.3f} GiB")
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Manifest:
     """The plan of one switch ``src → dst`` for a batch, over the planned layers."""
@@ -172,29 +156,30 @@ class Manifest:
 
     @property
     def sweep_peak(self) -> np.ndarray:
-        """The layer-by-layer peak: while layer i is in flight, earlier layers hold their
-        destination state, later ones their source state. Equal to :attr:`eq5_peak` or
-        below when all layers are alike; a hybrid stack whose kinds grow in opposite
-        directions can exceed Eq 5, which is why :meth:`fits` checks both."""
+        """The layer-by-layer peak (:func:`~.fit.layer_sweep`): equal to :attr:`eq5_peak` or below
+        when all layers are alike; a hybrid stack whose kinds grow in opposite directions can
+        exceed Eq 5, which is why :attr:`peak` takes both."""
         if not self.layers:
             return np.zeros(self.T, dtype=np.int64)
-        src = np.stack([layer.source_bytes for layer in self.layers])
-        dst = np.stack([layer.dest_bytes for layer in self.layers])
-        transit = np.stack([layer.transit_bytes for layer in self.layers])
-        done = np.cumsum(dst, axis=0) - dst  # layers before i, switched
-        ahead = np.cumsum(src[::-1], axis=0)[::-1]  # layers i.., not yet switched
-        return (done + ahead + transit).max(axis=0)
+        return layer_sweep(*self._layer_bytes())
 
     @property
     def peak(self) -> np.ndarray:
-        return np.maximum(self.eq5_peak, self.sweep_peak)
+        """Per rank, the most attention state held at any point of the switch (Eq 5 and the
+        layer-by-layer sweep: :func:`~.fit.switch_peak`)."""
+        if not self.layers:
+            return self.eq5_peak
+        return switch_peak(*self._layer_bytes())
+
+    def _layer_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[L, T] bytes each planned layer holds before, after and in flight."""
+        return tuple(np.stack([getattr(layer, f) for layer in self.layers])
+                     for f in ("source_bytes", "dest_bytes", "transit_bytes"))
 
     def fits(self, budget_bytes: float, reserve_bytes: float = 0.0) -> Fit:
         """Whether every rank stays within ``budget_bytes`` (H_r less state outside
-        attention) with ``reserve_bytes`` (R_r) kept free, during the whole switch."""
-        peak = self.peak + reserve_bytes
-        return Fit(bool((peak <= budget_bytes).all()), float(budget_bytes), float(reserve_bytes),
-                   peak, int(np.argmax(peak)))
+        attention) with ``reserve_bytes`` (R_r) kept free, during the whole switch (Eq 5)."""
+        return eq5_fit(self.peak, budget_bytes, reserve_bytes)
 
     def summary(self) -> list[dict]:
         """One row per (layer kind, state): primitive and bytes, per layer and over layers."""

@@ -20,9 +20,11 @@ A switch may also span steps: ``executor.precopy(dst, batch, k)`` copies the des
 missing KV in the background of k ordinary steps, and the handoff ``executor.step(...,
 precopy=...)`` moves only the dirty tails (:mod:`.precopy`).
 
-Modules: ``executor`` (the step and its per-layer pipeline), ``precopy`` (switches spanning
-steps), ``planning`` (the switch plan,
-manifests for the model's layers, Eq 5 and pool checks), ``transfer`` (side communicator,
+Modules: ``executor`` (the step: the façade and the ``splash`` schedule), ``planner`` (planning a
+switching step, the decision's manifest reused, Eq 5's verdict), ``planning`` (the switch plan,
+manifests for the model's layers, their peak and the pool checks), ``checks`` (what must hold
+before anything moves), ``landing`` (starting, landing, retiring and rolling back one layer at a
+time), ``precopy`` (switches spanning steps), ``transfer`` (side communicator,
 waits, faults, the mover contract), ``weights_mover``, ``pages_mover``, ``page_pulls``,
 ``recurrent`` (KDA state), ``modes``, ``report``, ``errors`` and ``tracing`` (what a benchmark
 observes). Options come from the deployment's ``transfer:``

@@ -59,63 +59,38 @@ handled as one during it: the step's new pages are released and the caller runs 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import time
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
 
-from ...layouts import Layout, Primitive
-from ...planning.manifest import LayerPlan, Manifest, plan_switch
+from ...layouts import Layout
+from ...planning.manifest import Manifest, plan_switch
+from ...planning.scheduler import SwitchCheck
 from ...profiles.transfer import TransferConfig
 from ..step_batch import StepBatch
-from .errors import SwitchFailed, SwitchRefused, TransferError
+from .checks import check_batch, check_plan, prepare, ready_routes
+from .errors import SwitchFailed, TransferError
+from .landing import Landing, LayerMove, PreparedSwitch, release_new_pages
 from .modes import Mode
 from .pages_mover import PagesMover
-from .planning import SwitchPlan, budget_refusal, check_pools, history_batch, layer_plans, peak_bytes, plan_layers
+from .planner import SwitchPlanner
+from .planning import SwitchPlan, history_batch
 from .precopy import PreCopy
 from .recurrent import RecurrentMover
-from .report import LayerReport, SwitchReport
+from .report import SwitchReport, build_report
 from .tracing import QUIET, SwitchTracer
-from .transfer import Fault, StateMover, Transfer, TransferContext
+from .transfer import Fault, StateMover, TransferContext
 from .weights_mover import WeightsMover
-
-_CACHED_PLANS = 8  # a back-and-forth between layouts, or a plan made one step ahead, stays cached
 
 
 def default_movers(transfer: TransferConfig = TransferConfig()) -> list[StateMover]:
     """Movers for every state: weights, KV + indexer pages (MLA, chunked and pulled as
     ``transfer`` says), recurrent state (KDA)."""
     return [WeightsMover(), PagesMover(transfer), RecurrentMover()]
-
-
-@dataclasses.dataclass
-class _LayerMove:
-    layer: Any
-    events: dict  # t_start, t_done (side stream), w0, w1 (compute stream)
-    transfers: list[tuple[StateMover, Transfer]] = dataclasses.field(default_factory=list)
-    host_s: float = 0.0  # host time issuing and landing it
-
-
-@dataclasses.dataclass
-class _Switch:
-    """One switch in progress."""
-
-    dst: Layout
-    src: Layout | str
-    order: tuple[int, ...]  # positions of the moving layers in the model
-    plan_ms: float
-    deferred: int | None = None  # position of the layer that computes in its source layout, then moves
-    computes_in: tuple[Layout, ...] = ()  # per layer, the layout it computes the step in
-    landed: list[_LayerMove] = dataclasses.field(default_factory=list)
-    host_s: float = 0.0  # host time of the checks before anything moved (planning included)
-    # by layer index: each mover with the plans of its states (shared by the layers of a kind)
-    movers: dict[int, tuple[tuple[StateMover, dict], ...]] = dataclasses.field(default_factory=dict)
-    precopy: PreCopy | None = None  # the pre-copy this switch hands off: its layers adopt their copies as they land
 
 
 class SwitchExecutor:
@@ -139,111 +114,41 @@ class SwitchExecutor:
                  timeout_s: float | None = None, movers: list[StateMover] | None = None, fault: Fault | None = None,
                  transfer: TransferConfig = TransferConfig(), tracer: SwitchTracer | None = None):
         self.model, self.ctx, self.transfer, self.tracer = model, ctx, transfer, tracer
-        self.budget_bytes, self.reserve_bytes = budget_bytes, reserve_bytes
+        self.planner = SwitchPlanner(model, transfer, budget_bytes, reserve_bytes)
         self.timeout_s, self.fault = timeout_s, fault
         self.movers = default_movers(transfer) if movers is None else list(movers)
         self._io: TransferContext | None = None
-        self._cache: collections.OrderedDict[tuple, dict[Layout, Manifest]] = collections.OrderedDict()
 
-    # ---- planning ---------------------------------------------------------------------
+    @property
+    def budget_bytes(self) -> float | None:
+        """H_r less the state outside attention, for Eq 5 (None: not checked): the planner's."""
+        return self.planner.budget_bytes
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: float | None) -> None:
+        self.planner.budget_bytes = value
+
+    @property
+    def reserve_bytes(self) -> float:
+        return self.planner.reserve_bytes
+
+    # ---- planning (:class:`~.planner.SwitchPlanner`) ----------------------------------
 
     def plans(self, dst: Layout | str, batch: StepBatch, *, after_step: bool = False,
               layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None,
               copied_layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
-        """The manifests the switch to ``dst`` at ``batch``'s step would execute, one per source
-        layout among the layers not in ``dst`` (or among ``layers``, by model index), of the
-        histories before the step (or ``after_step``), this rank's key arrays and the movers'
-        routes computed. The last few are cached by (destination, layer layouts, requests' ids,
-        owners, starts and, after the step, rows). ``copied``: each request's leading pages a
-        pre-copy placed (:meth:`PreCopy.copied_pages`), in ``copied_layers`` (None: every layer;
-        :func:`~.planning.plan_layers`): the handoff's manifests."""
-        manifests = self._manifests(_layout(dst), batch, after_step, layers, copied, copied_layers)
-        self._ready(manifests)
+        """The manifests the switch to ``dst`` at ``batch``'s step would execute
+        (:meth:`SwitchPlanner.manifests`), this rank's key arrays and the movers' routes computed."""
+        manifests = self.planner.manifests(_layout(dst), batch, after_step, layers, copied, copied_layers)
+        ready_routes(self.model, self.movers, manifests, self._io)
         return manifests
-
-    def _manifests(self, dst: Layout, batch: StepBatch, after_step: bool = False,
-                   layers: tuple[int, ...] | None = None, copied: np.ndarray | None = None,
-                   copied_layers: tuple[int, ...] | None = None) -> dict[Layout, Manifest]:
-        """:meth:`plans` without this rank's part (what any rank plans alike), cached. ``copied``:
-        the leading pages of each request a pre-copy placed already (in ``copied_layers``)."""
-        key = (dst, tuple(layer.layout for layer in self.model.layers), batch.ids.tobytes(),
-               batch.owners.tobytes(), batch.starts.tobytes(), batch.T, batch.page_size,
-               batch.rows.tobytes() if after_step else None, layers, None if copied is None else copied.tobytes(),
-               copied_layers)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        manifests = plan_layers(self.model, dst, batch, after_step=after_step, layers=layers, copied=copied,
-                                copied_layers=copied_layers)
-        self._cache[key] = manifests
-        while len(self._cache) > _CACHED_PLANS:
-            self._cache.popitem(last=False)
-        return manifests
-
-    def _ready(self, manifests: dict[Layout, Manifest]) -> None:
-        """This rank's key arrays and the movers' per-kind routes of ``manifests`` (each built
-        once per plan: a layer's transfer then does only that layer's own work)."""
-        layers = {layer.index: layer for layer in self.model.layers}
-        for manifest in manifests.values():
-            for lp in manifest.kinds().values():
-                for plan in lp.states.values():
-                    plan.rank(self.model.rank)
-                for mover in self.movers:
-                    prepare = getattr(mover, "prepare", None)
-                    mine = {s: p for s, p in lp.states.items() if s in mover.states}
-                    if prepare is not None and mine:
-                        prepare(layers[lp.index], mine, self.model.rank, self.model.T, self._io)
 
     def plan_switch(self, dst: Layout | str, batch: StepBatch, mode: Mode | str = Mode.SPLASH, *,
-                    check_eq5: bool = True, precopy: PreCopy | None = None) -> SwitchPlan:
+                    decided: SwitchCheck | None = None, precopy: PreCopy | None = None) -> SwitchPlan:
         """The switching step to ``dst`` at ``batch``'s step in ``mode``, as :meth:`step` executes
-        it: the manifests, the layer that moves after the step (and its manifests of the
-        histories after it) and, unless ``check_eq5`` is False (the caller's decision already
-        checked it), Eq 5 against ``budget_bytes``. Pure given the model's layer layouts: rank 0
-        plans it and every rank executes the same plan (``step(..., plan=...)``). ``precopy``: the
-        pre-copy to ``dst`` this step hands off; its copied pages count as held, so only the dirty
-        tails move (and Eq 5 counts the copies as held), and the layers it has not copied yet (it
-        hands off before completing) move whole."""
-        dst, mode, m = _layout(dst), Mode.parse(mode), self.model
-        layouts = tuple(layer.layout for layer in m.layers)
-        key = SwitchPlan.key_of(batch)
-        copied, held = self._copied(precopy, dst, batch)
-        order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
-        if not order:
-            return SwitchPlan(dst, mode, layouts, key, {}, copied=copied, copied_layers=held)
-        t0 = time.perf_counter()
-        manifests = self._manifests(dst, batch, copied=copied, copied_layers=held)
-        plans = layer_plans(manifests)
-        deferred, after = None, None
-        if self._defers(mode, order[0], plans[m.layers[order[0]].index]):
-            deferred = order[0]
-            after = self._manifests(dst, batch, after_step=True, layers=(m.layers[deferred].index,), copied=copied,
-                                    copied_layers=held)
-            plans.update(layer_plans(after))
-        refusal = None
-        if check_eq5 and self.budget_bytes is not None:
-            peak = peak_bytes(m, dst, batch, manifests, plans if deferred is not None else None)
-            refusal = budget_refusal(peak, self.budget_bytes, self.reserve_bytes)
-        return SwitchPlan(dst, mode, layouts, key, manifests, deferred, after,
-                          (time.perf_counter() - t0) * 1e3, refusal, copied, held)
-
-    @staticmethod
-    def _copied(precopy: PreCopy | None, dst: Layout, batch: StepBatch) -> tuple[np.ndarray | None, tuple | None]:
-        """The pages ``precopy`` placed for ``batch``'s requests, once it may hand off to ``dst``,
-        and the layers it placed them in (None: every layer, it completed)."""
-        if precopy is None:
-            return None, None
-        if precopy.dst is not dst or precopy.cancelled:
-            state = "cancelled" if precopy.cancelled else f"not to {dst}"
-            raise ValueError(f"the pre-copy to {precopy.dst} cannot hand off a switch to {dst} ({state})")
-        precopy.check(batch)
-        return precopy.copied_pages(batch), None if precopy.complete else tuple(sorted(precopy.holding))
-
-    def precopy(self, dst: Layout | str, batch: StepBatch, steps: int) -> PreCopy:
-        """Begin a pre-copy to ``dst`` before ``batch``'s step, copying over ``steps`` steps
-        (:class:`~.precopy.PreCopy`: run those steps with its ``step``, then hand off with
-        ``step(..., precopy=...)``, or ``cancel`` it). Every rank, with the same arguments."""
-        return PreCopy(self, _layout(dst), batch, steps)
+        it (:meth:`SwitchPlanner.plan_switch`; ``decided``: the scheduler's check of this switch):
+        rank 0 plans it and every rank executes the same plan (``step(..., plan=...)``)."""
+        return self.planner.plan_switch(_layout(dst), batch, Mode.parse(mode), decided=decided, precopy=precopy)
 
     def plan(self, dst: Layout | str, batch: StepBatch) -> Manifest:
         """The manifest of the switch to ``dst`` at ``batch``'s step, when all layers share one
@@ -259,6 +164,12 @@ class SwitchExecutor:
         m = self.model  # already in dst: the plan that keeps everything
         return plan_switch(dst, dst, history_batch(batch), m.profile, m.T, m.page_size,
                            layers=[layer.index for layer in m.layers])
+
+    def precopy(self, dst: Layout | str, batch: StepBatch, steps: int) -> PreCopy:
+        """Begin a pre-copy to ``dst`` before ``batch``'s step, copying over ``steps`` steps
+        (:class:`~.precopy.PreCopy`: run those steps with its ``step``, then hand off with
+        ``step(..., precopy=...)``, or ``cancel`` it). Every rank, with the same arguments."""
+        return PreCopy(self, _layout(dst), batch, steps)
 
     # ---- the switching step -----------------------------------------------------------
 
@@ -279,30 +190,18 @@ class SwitchExecutor:
         if mode is not Mode.READY:
             start.record()
         sw = self._prepare(dst, batch, mode, plan, precopy)
-        exposed = None
         try:
-            if mode is Mode.READY:
-                self._move_all(sw)
-                streams.synchronize()
-                start.record()
-                logits = self.model.step(batch, tokens, before_layer=self._boundary())
-                exposed = 0.0
-            elif mode is Mode.BLOCKING:
-                x0, x1 = streams.new_event(timing=True), streams.new_event(timing=True)
-                x0.record()
-                self._move_all(sw)
-                x1.record()
-                logits = self.model.step(batch, tokens, before_layer=self._boundary())
-                exposed = x0, x1
+            if mode is Mode.SPLASH:
+                logits, exposed = self._splash(sw, batch, tokens), None
             else:
-                logits = self._splash(sw, batch, tokens)
+                logits, exposed = self._moved_first(sw, batch, tokens, mode, start)
         except TransferError as exc:
             raise self._failed(sw, exc) from exc
         if self.tracer is not None:
             self.tracer.step_end()
         end.record()
         end.synchronize()
-        return logits, self._report(sw, mode, start.elapsed_time(end), exposed)
+        return logits, build_report(self.model, sw, mode, start.elapsed_time(end), exposed)
 
     def switch(self, batch: StepBatch, dst: Layout | str) -> SwitchReport:
         """Move every layer to ``dst`` now, layer by layer, outside a step (what ``ready`` does
@@ -320,9 +219,24 @@ class SwitchExecutor:
         end.record()
         end.synchronize()
         ms = start.elapsed_time(end)
-        return self._report(sw, Mode.BLOCKING, ms, ms)
+        return build_report(self.model, sw, Mode.BLOCKING, ms, ms)
 
-    # ---- preparation ------------------------------------------------------------------
+    def _moved_first(self, sw: PreparedSwitch, batch: StepBatch, tokens: torch.Tensor, mode: Mode, start):
+        """``ready`` and ``blocking``: every layer lands before the step computes; (logits, exposed
+        time: none for ``ready``, whose timed step starts after the move, the move's events else)."""
+        streams = self.ctx.streams
+        if mode is Mode.READY:
+            self._move_all(sw)
+            streams.synchronize()
+            start.record()
+            return self.model.step(batch, tokens, before_layer=self._boundary()), 0.0
+        x0, x1 = streams.new_event(timing=True), streams.new_event(timing=True)
+        x0.record()
+        self._move_all(sw)
+        x1.record()
+        return self.model.step(batch, tokens, before_layer=self._boundary()), (x0, x1)
+
+    # ---- the side communicator ----------------------------------------------------------
 
     @property
     def io(self) -> TransferContext:
@@ -331,6 +245,11 @@ class SwitchExecutor:
             self.use_side(self.ctx.side_collectives(self.transfer), self.ctx.streams.new_stream())
         self._io.timeout_s, self._io.fault = self.timeout_s, self.fault
         return self._io
+
+    @property
+    def has_side(self) -> bool:
+        """Whether the side communicator exists yet (a switch or pre-copy created it)."""
+        return self._io is not None
 
     def use_side(self, collectives, side_stream) -> None:
         """Move state over ``collectives`` on ``side_stream`` (instead of the rank's side
@@ -341,6 +260,10 @@ class SwitchExecutor:
         self._io = TransferContext(rank=ctx.rank, T=ctx.world_size, device=ctx.device, collectives=collectives,
                                    streams=ctx.streams, side_stream=side_stream, kernels=self.model.kernels,
                                    host=host, peers=self._share_pool(host), tracer=self.tracer or QUIET)
+
+    def begin_side(self) -> None:
+        """The side stream starts after everything the compute stream issued so far."""
+        self._landing().begin()
 
     def _share_pool(self, host):
         """The group's KV pools shared for pulls, where the model allocated them in peer memory
@@ -362,8 +285,15 @@ class SwitchExecutor:
             return None
         return peers
 
-    def _span(self, name: str):
-        return self.tracer.span(name) if self.tracer is not None else contextlib.nullcontext()
+    # ---- checking, then moving ----------------------------------------------------------
+
+    def _landing(self) -> Landing:
+        """Layer moves over the side communicator (created here on first use: a collective)."""
+        return Landing(self.model, self.io, align=self.transfer.align_transfers, tracer=self.tracer)
+
+    def _move_all(self, sw: PreparedSwitch) -> None:
+        if sw.order:
+            self._landing().move_all(sw)
 
     def _boundary(self):
         """A ``before_layer`` that only shows the tracer each layer's boundary (None untraced)."""
@@ -377,108 +307,39 @@ class SwitchExecutor:
         return boundary
 
     def _prepare(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None = None,
-                 precopy: PreCopy | None = None) -> _Switch:
+                 precopy: PreCopy | None = None) -> PreparedSwitch:
+        """The switch checked (:mod:`.checks`) and ready to move; ``plan``: rank 0's, else planned here."""
         t0 = time.perf_counter()
-        with self._span("prepare"):
-            sw = self._check(dst, batch, mode, plan, precopy)
+        with self.tracer.span("prepare") if self.tracer is not None else contextlib.nullcontext():
+            check_batch(self.model, batch)
+            if plan is None:
+                plan = self.plan_switch(dst, batch, mode, precopy=precopy)
+            check_plan(plan, self.model, dst, mode, batch, precopy)
+            sw = prepare(self.model, plan, self.movers, lambda: self.io, batch, precopy)
         sw.host_s = time.perf_counter() - t0
         return sw
 
-    def _check(self, dst: Layout, batch: StepBatch, mode: Mode, plan: SwitchPlan | None,
-               precopy: PreCopy | None = None) -> _Switch:
+    def _splash(self, sw: PreparedSwitch, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """``splash``: layer i+1's transfer starts right before layer i computes, and layer i lands
+        right before it computes; the deferred layer computes in its source layout and moves beside
+        the last layer, landing after the step."""
         m = self.model
-        if batch.T != m.T or batch.page_size != m.page_size:
-            raise ValueError(f"batch for T={batch.T}, page {batch.page_size}; model has T={m.T}, page {m.page_size}")
-        layouts = tuple(layer.layout for layer in m.layers)
-        if plan is None:
-            plan = self.plan_switch(dst, batch, mode, precopy=precopy)
-        elif plan.dst is not dst or plan.mode is not mode or plan.matches(layouts, batch):
-            raise ValueError(f"the switch plan (to {plan.dst}, {plan.mode}) is not this step's (to {dst}, {mode}): "
-                             f"{plan.matches(layouts, batch) or 'another destination or mode'}")
-        copied, held = self._copied(precopy, dst, batch)
-        if ((copied is None) != (plan.copied is None) or held != plan.copied_layers
-                or (copied is not None and not np.array_equal(copied, plan.copied))):
-            raise ValueError("the switch plan was not planned with this step's pre-copy (plan_switch(..., precopy=))")
-        src = layouts[0] if len(set(layouts)) == 1 else "mixed"
-        order = tuple(pos for pos, layout in enumerate(layouts) if layout is not dst)
-        if not order:
-            return _Switch(dst, src, (), 0.0, computes_in=(dst,) * len(m.layers))
-        io = self.io  # every rank creates the side communicator here (the movers' routes depend on it)
-        t0 = time.perf_counter()
-        self._ready(plan.manifests)
-        if plan.deferred_manifests:
-            self._ready(plan.deferred_manifests)
-        plans = plan.layer_plans()
-        computes_in = list(dst if pos in order and pos != plan.deferred else layout
-                           for pos, layout in enumerate(layouts))
-        sw = _Switch(dst, src, order, plan.plan_ms + (time.perf_counter() - t0) * 1e3, plan.deferred,
-                     tuple(computes_in), precopy=precopy)
-        per_kind: dict[int, tuple] = {}  # layers of a kind share one states mapping
-        for lp in plans.values():
-            if id(lp.states) not in per_kind:
-                per_kind[id(lp.states)] = self._assign(lp)
-            sw.movers[lp.index] = per_kind[id(lp.states)]
-        if plan.refusal:
-            raise self._refused(sw, mode, plan.refusal)
-        pools = check_pools(m, io.host, dst, batch, plans,
-                            {layer.index: layout for layer, layout in zip(m.layers, computes_in)},
-                            precopy.aside() if precopy is not None else None)
-        stray = pools.stray_error()
-        if stray:
-            raise ValueError(stray)
-        reason = pools.refusal()
-        if reason:
-            raise self._refused(sw, mode, reason)
-        return sw
-
-    def _defers(self, mode: Mode, first: int, plan: LayerPlan) -> bool:
-        """Whether the first moving layer (position ``first``, plan ``plan``) computes the step in
-        its source layout and moves last: in ``splash``, where a later layer exists to hide its
-        transfer and it moves something over the network (a discard is ready at once)."""
-        return (mode is Mode.SPLASH and self.transfer.defer_first and first < len(self.model.layers) - 1
-                and any(p.primitive is not Primitive.DISCARD for p in plan.states.values()))
-
-    def _assign(self, lp: LayerPlan) -> tuple[tuple[StateMover, dict], ...]:
-        """Each mover that moves some of ``lp``'s states, with their plans."""
-        missing = set(lp.states) - {s for mover in self.movers for s in mover.states}
-        if missing:
-            raise ValueError(f"layer {lp.index} ({lp.kind}) has state {sorted(map(str, missing))} that no mover "
-                             f"moves; pass one to SwitchExecutor(movers=...) (see switch.transfer.StateMover)")
-        return tuple((mover, mine) for mover in self.movers
-                     if (mine := {s: lp.states[s] for s in mover.states if s in lp.states}))
-
-    def _refused(self, sw: _Switch, mode: Mode, reason: str) -> SwitchRefused:
-        report = SwitchReport(sw.src, sw.dst, mode, plan_ms=sw.plan_ms, refused=True,
-                              reason=f"switch {sw.src}→{sw.dst} refused, nothing moved: {reason}")
-        return SwitchRefused(report.reason, report)
-
-    # ---- moving -----------------------------------------------------------------------
-
-    def _begin(self) -> None:
-        """The side stream starts after everything the compute stream issued before the switch."""
-        io, streams = self.io, self.ctx.streams
-        ready = streams.new_event()
-        ready.record()
-        ready.wait(io.side_stream)
-
-    def _move_all(self, sw: _Switch) -> None:
-        if not sw.order:
-            return
-        self._begin()
-        for pos in sw.order:
-            self._land(sw, self._start(sw, pos))
-
-    def _splash(self, sw: _Switch, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
-        m = self.model
+        landing = self._landing() if sw.order else None
         last = len(m.layers) - 1
-        moving = set(sw.order) - {sw.deferred}
-        next_moving, after = {}, None
-        for pos in reversed(range(len(m.layers))):  # the first moving layer after each position
-            next_moving[pos] = after
-            if pos in moving:
-                after = pos
-        flight: dict[int, _LayerMove] = {}
+        next_moving = _next_moving(len(m.layers), set(sw.order) - {sw.deferred})
+        flight: dict[int, LayerMove] = {}
         reserved = False
+
+        def at_layer(pos: int) -> None:
+            nonlocal reserved
+            reserved = True  # Model.step reserved the step's pages before its first layer
+            if pos in next_moving.moving:
+                landing.land(sw, flight.pop(pos, None) or landing.start(sw, pos))
+            if pos == last and sw.deferred is not None:  # beside the last layer: the one nothing hid
+                flight[sw.deferred] = landing.start(sw, sw.deferred)
+            upcoming = next_moving.after[pos]  # its transfer overlaps this layer's computation
+            if upcoming is not None and upcoming not in flight:
+                flight[upcoming] = landing.start(sw, upcoming)
 
         def before_layer(pos: int) -> None:
             if self.tracer is None:
@@ -486,96 +347,21 @@ class SwitchExecutor:
             with self.tracer.layer(pos):
                 at_layer(pos)
 
-        def at_layer(pos: int) -> None:
-            nonlocal reserved
-            reserved = True  # Model.step reserved the step's pages before its first layer
-            if pos in moving:
-                self._land(sw, flight.pop(pos, None) or self._start(sw, pos))
-            if pos == last and sw.deferred is not None:  # beside the last layer: the one nothing hid
-                flight[sw.deferred] = self._start(sw, sw.deferred)
-            upcoming = next_moving[pos]  # its transfer overlaps this layer's computation
-            if upcoming is not None and upcoming not in flight:
-                flight[upcoming] = self._start(sw, upcoming)
-
-        if sw.order:
-            self._begin()
+        if landing is not None:
+            landing.begin()
         try:
             logits = m.step(batch, tokens, layouts=list(sw.computes_in), before_layer=before_layer)
             if sw.deferred is not None:
-                self._land(sw, flight.pop(sw.deferred))
+                landing.land(sw, flight.pop(sw.deferred))
             return logits
         except BaseException:
             for lm in flight.values():
-                self._rollback(lm)
+                Landing.rollback(lm)
             if reserved:
-                self._release_new_pages(batch, sw.computes_in)
+                release_new_pages(m, batch, sw.computes_in)
             raise
 
-    def _start(self, sw: _Switch, pos: int) -> _LayerMove:
-        with self._span("start"):
-            return self._start_now(sw, pos)
-
-    def _start_now(self, sw: _Switch, pos: int) -> _LayerMove:
-        t0 = time.perf_counter()
-        layer, io, streams = self.model.layers[pos], self.io, self.ctx.streams
-        lm = _LayerMove(layer, {k: streams.new_event(timing=True) for k in ("t_start", "t_done", "w0", "w1")})
-        if self.transfer.align_transfers:
-            reached = streams.new_event()
-            reached.record()  # on the compute stream, where the layer this transfer overlaps begins
-            reached.wait(io.side_stream)
-        with streams.use_stream(io.side_stream):
-            lm.events["t_start"].record(io.side_stream)
-            try:
-                for mover, plans in sw.movers[layer.index]:
-                    lm.transfers.append((mover, mover.start(layer, plans, sw.dst, io)))
-            except BaseException:
-                self._rollback(lm)
-                raise
-        lm.host_s = time.perf_counter() - t0
-        return lm
-
-    def _land(self, sw: _Switch, lm: _LayerMove) -> None:
-        with self._span("land"):
-            self._land_now(sw, lm)
-
-    def _land_now(self, sw: _Switch, lm: _LayerMove) -> None:
-        t0 = time.perf_counter()
-        io, streams, ev = self.io, self.ctx.streams, lm.events
-        ev["w0"].record()
-        try:
-            with streams.use_stream(io.side_stream):
-                for mover, t in lm.transfers:
-                    mover.finish(t, io)
-                ev["t_done"].record(io.side_stream)
-            ev["t_done"].wait()  # the compute stream waits for this layer only
-            ev["w1"].record()
-            args = {}
-            for _, t in lm.transfers:
-                args.update(t.layout_args)
-            lm.layer.set_layout(sw.dst, **args)
-        except BaseException:
-            self._rollback(lm)
-            raise
-        for mover, t in lm.transfers:  # the destination copy is live: retire the source copy
-            mover.retire(t)
-        if sw.precopy is not None:  # before the layer computes in dst: its pre-copied pages join
-            sw.precopy.adopt(lm.layer)
-        lm.host_s += time.perf_counter() - t0
-        sw.landed.append(lm)
-
-    @staticmethod
-    def _rollback(lm: _LayerMove) -> None:
-        for mover, t in reversed(lm.transfers):
-            mover.rollback(t)
-        lm.transfers = []
-
-    def _release_new_pages(self, batch: StepBatch, computes_in) -> None:
-        m = self.model
-        for layer in m.paged_layers:
-            for rid, pages in m.new_pages(batch, list(computes_in))[layer.index]:
-                layer.kv.free(rid, pages)
-
-    def _failed(self, sw: _Switch, exc: TransferError) -> SwitchFailed:
+    def _failed(self, sw: PreparedSwitch, exc: TransferError) -> SwitchFailed:
         layers = self.model.layers
         switched = tuple(layers[p].index for p in sw.order if layers[p].layout is sw.dst)
         unswitched = tuple(layers[p].index for p in sw.order if layers[p].layout is not sw.dst)
@@ -585,32 +371,20 @@ class SwitchExecutor:
             "every request's history is intact and the step's new pages were released",
             layer=exc.layer, state=exc.state, dst=sw.dst, switched=switched, unswitched=unswitched)
 
-    # ---- report -----------------------------------------------------------------------
 
-    def _report(self, sw: _Switch, mode: Mode, step_ms: float, exposed) -> SwitchReport:
-        layers, received, group = [], {}, {}
-        for lm in sw.landed:
-            ev, got, prims = lm.events, {}, {}
-            for _, t in lm.transfers:
-                for s in t.states:
-                    name, n = s.value, t.received_bytes.get(s, 0)
-                    got[name] = got.get(name, 0) + n
-                    prims[name] = t.primitives[s]
-                    received[name] = received.get(name, 0) + n
-                    group[name] = group.get(name, 0) + t.group_bytes.get(s, 0)
-            layers.append(LayerReport(lm.layer.index, prims, got, ev["t_start"].elapsed_time(ev["t_done"]),
-                                      ev["w0"].elapsed_time(ev["w1"]), lm.host_s * 1e3))
-        layers.sort(key=lambda r: r.index)
-        if exposed is None:
-            exposed_ms = float(sum(r.wait_ms for r in layers))
-        elif isinstance(exposed, tuple):
-            exposed_ms = exposed[0].elapsed_time(exposed[1])
-        else:
-            exposed_ms = float(exposed)
-        host_ms = 1e3 * (sw.host_s + sum(lm.host_s for lm in sw.landed))
-        deferred = self.model.layers[sw.deferred].index if sw.deferred is not None and sw.landed else None
-        return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
-                            sw.plan_ms, host_ms=host_ms, deferred_layer=deferred)
+@dataclasses.dataclass(frozen=True)
+class _NextMoving:
+    moving: set[int]  # positions of the layers that move during the step (not the deferred one)
+    after: dict[int, int | None]  # per position, the first moving layer after it
+
+
+def _next_moving(count: int, moving: set[int]) -> _NextMoving:
+    after, nxt = {}, None
+    for pos in reversed(range(count)):
+        after[pos] = nxt
+        if pos in moving:
+            nxt = pos
+    return _NextMoving(moving, after)
 
 
 def _layout(value: Layout | str) -> Layout:

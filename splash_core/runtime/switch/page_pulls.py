@@ -35,7 +35,7 @@ import numpy as np
 
 from ...layouts import Primitive
 from ...planning.manifest import StatePlan
-from ..block_tables import PageKeys
+from ..page_keys import PageKeys
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ state (keys ``(request_id, page)``; the indexer state has the same blocks):
 
 - route (once per plan, shared by every layer of the kind: :meth:`PagesMover.prepare`): the
   keys this rank sends, in the order the chunks send them, the keys it fetches, in the order
-  the chunks deliver them, the keys it frees, each as :class:`~splash_core.runtime.block_tables.PageKeys`,
+  the chunks deliver them, the keys it frees, each as :class:`~splash_core.runtime.page_keys.PageKeys`,
   and per chunk the row ranges and splits. Nothing of it depends on the layer.
 - send (``start``): one pool lookup of the sent keys' physical pages and one allocation of the
   fetched keys (array operations on the layer's block tables), one host-to-device copy of both
@@ -56,7 +56,7 @@ import torch
 from ...layouts import Layout, Primitive, State
 from ...planning.manifest import StatePlan
 from ...profiles.transfer import TransferConfig
-from ..block_tables import PageKeys
+from ..page_keys import PageKeys
 from . import page_pulls
 from .page_pulls import PullRoute
 from .transfer import Pending, Transfer, TransferContext, byte_view
@@ -299,36 +299,45 @@ def _build_route(plan: StatePlan, rank: int, T: int, page_bytes: int, max_chunks
     gather = plan.primitive is Primitive.ALL_GATHER or as_gather
     busiest = int(counts.max()) if gather else int(counts.sum(axis=0).max())
     n = int(min(max_chunks, max(1, -(-busiest * page_bytes // chunk_bytes))))
-    recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])
-    sent, fetched, cuts = [], [], []
-    if gather:  # this rank's payload is the same for every peer
-        width = int(counts.max())
-        sent.append(blocks.sends[(rank + 1) % T])
-        bounds = _parts(width, max(1, min(n, width)))
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            rows, slots = int(hi - lo), []
-            for s in range(T):
-                real = int(min(blocks.recv_splits[s], hi) - lo) if s != rank else 0
-                if real > 0:
-                    slots.append((s * rows, real, sum(len(f) for f in fetched)))
-                    fetched.append(blocks.fetched[recv_first[s] + lo: recv_first[s] + lo + real])
-            cuts.append(_Cut(int(lo), int(hi), T * rows, tuple(slots), None))
-        send_rows = width
-    else:
-        send_cuts = [_parts(int(c), n) for c in blocks.send_splits]
-        recv_cuts = [_parts(int(c), n) for c in blocks.recv_splits]
-        done = 0
-        for k in range(n):
-            send_splits = [int(c[k + 1] - c[k]) for c in send_cuts]
-            recv_splits = [int(c[k + 1] - c[k]) for c in recv_cuts]
-            sent += [peer[c[k]: c[k + 1]] for peer, c in zip(blocks.sends, send_cuts)]
-            at = sum(len(f) for f in fetched)
-            fetched += [blocks.fetched[recv_first[s] + c[k]: recv_first[s] + c[k + 1]] for s, c in enumerate(recv_cuts)]
-            rows = sum(recv_splits)
-            cuts.append(_Cut(done, done + sum(send_splits), rows, ((0, rows, at),) if rows else (),
-                             (send_splits, recv_splits)))
-            done += sum(send_splits)
-        send_rows = done
+    cut = _gather_cuts if gather else _all_to_all_cuts
+    sent, fetched, cuts, send_rows = cut(blocks, rank, T, n, int(counts.max()))
     empty = blocks.fetched[:0]
     return _Route(plan.primitive, PageKeys.of(np.concatenate(sent or [empty])), send_rows,
                   PageKeys.of(np.concatenate(fetched or [empty])), freed, tuple(cuts), int(counts.sum()))
+
+
+def _gather_cuts(blocks, rank: int, T: int, n: int, width: int):
+    """An all-gather in up to ``n`` chunks of ``width`` rows per peer: this rank's payload is the
+    same for every peer. (sent, fetched, cuts, rows sent)."""
+    recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])
+    sent, fetched, cuts = [blocks.sends[(rank + 1) % T]], [], []
+    bounds = _parts(width, max(1, min(n, width)))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        rows, slots = int(hi - lo), []
+        for s in range(T):
+            real = int(min(blocks.recv_splits[s], hi) - lo) if s != rank else 0
+            if real > 0:
+                slots.append((s * rows, real, sum(len(f) for f in fetched)))
+                fetched.append(blocks.fetched[recv_first[s] + lo: recv_first[s] + lo + real])
+        cuts.append(_Cut(int(lo), int(hi), T * rows, tuple(slots), None))
+    return sent, fetched, cuts, width
+
+
+def _all_to_all_cuts(blocks, rank: int, T: int, n: int, width: int):
+    """An all-to-all in ``n`` chunks, each peer's rows cut into near-equal parts. (sent, fetched,
+    cuts, rows sent)."""
+    recv_first = np.concatenate([[0], np.cumsum(blocks.recv_splits)])
+    send_cuts = [_parts(int(c), n) for c in blocks.send_splits]
+    recv_cuts = [_parts(int(c), n) for c in blocks.recv_splits]
+    sent, fetched, cuts, done = [], [], [], 0
+    for k in range(n):
+        send_splits = [int(c[k + 1] - c[k]) for c in send_cuts]
+        recv_splits = [int(c[k + 1] - c[k]) for c in recv_cuts]
+        sent += [peer[c[k]: c[k + 1]] for peer, c in zip(blocks.sends, send_cuts)]
+        at = sum(len(f) for f in fetched)
+        fetched += [blocks.fetched[recv_first[s] + c[k]: recv_first[s] + c[k + 1]] for s, c in enumerate(recv_cuts)]
+        rows = sum(recv_splits)
+        cuts.append(_Cut(done, done + sum(send_splits), rows, ((0, rows, at),) if rows else (),
+                         (send_splits, recv_splits)))
+        done += sum(send_splits)
+    return sent, fetched, cuts, done

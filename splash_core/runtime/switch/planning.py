@@ -20,7 +20,7 @@ import torch
 
 from ...layouts import Layout, Ownership, State
 from ...planning import ownership
-from ...planning.manifest import LayerPlan, Manifest, plan_switch
+from ...planning.manifest import LayerPlan, Manifest, plan_switch, switch_peak
 from ..step_batch import StepBatch
 from .modes import Mode
 
@@ -101,14 +101,13 @@ def layer_plans(manifests: dict[Layout, Manifest]) -> dict[int, LayerPlan]:
     return {lp.index: lp for m in manifests.values() for lp in m.layers}
 
 
-# ---- Eq 5 against a memory budget ------------------------------------------------------
+# ---- the switch's peak (Eq 5) ------------------------------------------------------
 
 def peak_bytes(model, dst: Layout, batch: StepBatch, manifests: dict[Layout, Manifest],
                plans: dict[int, LayerPlan] | None = None) -> np.ndarray:
-    """Per rank, the most attention state held at any point of the switch: Eq 5's
-    max(M(a), M(b)) + Δ_layer and the layer-by-layer sweep (earlier layers in the destination,
-    later ones in the source, one in transit), as :attr:`Manifest.peak` for one source; layers
-    already in ``dst`` count with their destination footprint. ``plans``: the layer plans the
+    """Per rank, the most attention state held at any point of the switch
+    (:func:`~splash_core.planning.manifest.fit.switch_peak`), as :attr:`Manifest.peak` for one
+    source; layers already in ``dst`` count with their destination footprint. ``plans``: the layer plans the
     switch executes where they are not exactly ``manifests``' (a layer planned after the step)."""
     if plans is None and len(manifests) == 1 and sum(len(m.layers) for m in manifests.values()) == len(model.layers):
         return next(iter(manifests.values())).peak
@@ -122,21 +121,7 @@ def peak_bytes(model, dst: Layout, batch: StepBatch, manifests: dict[Layout, Man
             src.append(still), dst_b.append(still), transit.append(np.zeros(T, dtype=np.int64))
         else:
             src.append(lp.source_bytes), dst_b.append(lp.dest_bytes), transit.append(lp.transit_bytes)
-    src, dst_b, transit = np.stack(src), np.stack(dst_b), np.stack(transit)
-    eq5 = np.maximum(src.sum(0), dst_b.sum(0)) + transit.max(0)
-    done = np.cumsum(dst_b, axis=0) - dst_b
-    ahead = np.cumsum(src[::-1], axis=0)[::-1]
-    return np.maximum(eq5, (done + ahead + transit).max(0))
-
-
-def budget_refusal(peak: np.ndarray, budget_bytes: float, reserve_bytes: float) -> str | None:
-    """Why Eq 5 fails (with the numbers), or None."""
-    total = peak + reserve_bytes
-    if (total <= budget_bytes).all():
-        return None
-    r, gib = int(np.argmax(total)), float(1 << 30)
-    return (f"Eq 5: rank {r} would peak at {total[r] / gib:.3f} GiB of attention state during the switch "
-            f"(reserve {reserve_bytes / gib:.3f} GiB included), over its budget of {budget_bytes / gib:.3f} GiB")
+    return switch_peak(np.stack(src), np.stack(dst_b), np.stack(transit))
 
 
 # ---- pool capacity and stray requests (agreed by one all-reduce) -------------------------

@@ -52,7 +52,7 @@ import torch
 from ...layouts import Layout, State
 from ...planning import ownership
 from ...planning.manifest import StatePlan, plan_precopy
-from ..block_tables import PageKeys
+from ..page_keys import PageKeys
 from ..step_batch import StepBatch
 from .errors import TransferError
 from .planning import new_pages_here
@@ -206,7 +206,7 @@ class PreCopy:
         try:
             if layers:
                 t1 = time.perf_counter()
-                self.executor._begin()  # the side stream starts after what the compute stream issued
+                self.executor.begin_side()  # the side stream starts after what the compute stream issued
                 failed = self._launch(layers, plans, moves, land_each)
                 host_s += time.perf_counter() - t1
             logits = self.model.step(batch, tokens)
@@ -382,7 +382,7 @@ class PreCopy:
     def _side_done(self) -> None:
         """Later work on the compute stream waits for the side stream's copies (pages freed here may
         be handed out again at once)."""
-        if self.executor._io is None:
+        if not self.executor.has_side:
             return
         done = self.model.streams.new_event()
         done.record(self.executor.io.side_stream)

@@ -74,3 +74,33 @@ class SwitchReport:
         out = dataclasses.asdict(self)
         out.update(src=str(self.src), dst=str(self.dst), mode=str(self.mode))
         return out
+
+
+def build_report(model, sw, mode: Mode, step_ms: float, exposed) -> SwitchReport:
+    """This rank's report of switch ``sw`` (a :class:`~.landing.PreparedSwitch` whose layers
+    landed) in a step of ``step_ms``: per landed layer its primitives, bytes and times; the exposed
+    time measured as ``exposed`` says (None: the compute stream's waits; a pair of events; a
+    number of ms)."""
+    layers, received, group = [], {}, {}
+    for lm in sw.landed:
+        ev, got, prims = lm.events, {}, {}
+        for _, t in lm.transfers:
+            for s in t.states:
+                name, n = s.value, t.received_bytes.get(s, 0)
+                got[name] = got.get(name, 0) + n
+                prims[name] = t.primitives[s]
+                received[name] = received.get(name, 0) + n
+                group[name] = group.get(name, 0) + t.group_bytes.get(s, 0)
+        layers.append(LayerReport(lm.layer.index, prims, got, ev["t_start"].elapsed_time(ev["t_done"]),
+                                  ev["w0"].elapsed_time(ev["w1"]), lm.host_s * 1e3))
+    layers.sort(key=lambda r: r.index)
+    if exposed is None:
+        exposed_ms = float(sum(r.wait_ms for r in layers))
+    elif isinstance(exposed, tuple):
+        exposed_ms = exposed[0].elapsed_time(exposed[1])
+    else:
+        exposed_ms = float(exposed)
+    host_ms = 1e3 * (sw.host_s + sum(lm.host_s for lm in sw.landed))
+    deferred = model.layers[sw.deferred].index if sw.deferred is not None and sw.landed else None
+    return SwitchReport(sw.src, sw.dst, mode, float(step_ms), exposed_ms, received, group, tuple(layers),
+                        sw.plan_ms, host_ms=host_ms, deferred_layer=deferred)

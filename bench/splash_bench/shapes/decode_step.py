@@ -1,0 +1,46 @@
+"""Shape of the results of bench/decode_step.py: ``decode_step`` (docs/results.md).
+
+Registered as entry point ``decode_step`` of group ``splash.result_shapes`` in bench/pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import math
+
+from splash_core.results.shapes import Shape
+from splash_core.results.stats import percentile
+
+
+def _decode_steps_agree(summary: dict, samples: list, where: str) -> str | None:
+    """Each point's eager and graph medians are those of its samples' wall times."""
+    by_key = {(s["batch"], s["context"], s["path"]): s for s in samples}
+    for i, p in enumerate(summary["points"]):
+        for path in ("eager", "graph"):
+            sample = by_key.get((p["batch"], p["context"], path))
+            if sample is None or "wall_ms" not in sample:
+                return f"{where}: summary.points[{i}]: no {path} sample of B={p['batch']} at context {p['context']}"
+            median = percentile(sample["wall_ms"], 50)
+            if not math.isclose(p[f"{path}_ms"], median, rel_tol=1e-9, abs_tol=1e-12):
+                return f"{where}: summary.points[{i}].{path}_ms: is {p[f'{path}_ms']} but its samples' median is {median}"
+    return None
+
+
+SHAPES: dict[str, Shape] = {
+    "decode_step": Shape(
+        doc="a decode step at T = 1, eager against replayed from its captured graph, beside its roofline",
+        summary={"rates": "record", "layers": "counts", "memory": "object", "points": "rows", "skipped": "texts"},
+        rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "copy_mib": "positive",
+                        "matmul_n": "positive"},
+              "points": {"batch": "positive", "context": "positive", "layers": "positive", "eager_ms": "nonneg",
+                         "eager_device_ms": "nonneg?", "eager_unfused_ms": "nonneg?",
+                         "eager_unfused_device_ms": "nonneg?", "graph_ms": "nonneg", "replay_ms": "nonneg?",
+                         "roofline_ms": "nonneg", "capture_s": "nonneg?", "graph_bytes": "count?",
+                         "captured": "flag", "failed": "text?", "tokens_match": "flag", "decisive_mismatches": "count",
+                         "wall_over_replay": "nonneg?",
+                         "eager_over_graph": "nonneg", "replay_over_roofline": "nonneg?"}},
+        row_key={"points": ("batch", "context")},
+        sample={"batch": "positive", "context": "positive", "layers": "positive", "layout": "layout", "path": "text"},
+        sources=frozenset({"measured"}),
+        check_samples=_decode_steps_agree,
+    ),
+}
