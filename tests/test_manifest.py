@@ -273,3 +273,23 @@ def test_several_holders_are_chosen_deterministically_and_spread():
     for s in range(3):
         assert np.array_equal(diff.rank(s).sends[3], rb.fetched[rb.sources == s])
         assert diff.freed[0, s] == 40 and diff.kept[0, s] == 0
+
+
+def test_eq5_fit_refuses_nan_inf_and_over_budget_peaks():
+    """Eq 5's one verdict (planning/manifest/fit.py): a peak within the budget fits; a planted
+    NaN, inf or one byte over refuses, naming the rank; an empty group is an error, not a fit."""
+    from splash_core.planning.manifest import eq5_fit, switch_peak
+
+    peak = np.array([100.0, 90.0])
+    ok = eq5_fit(peak, budget_bytes=110.0, reserve_bytes=10.0)
+    assert ok.fits and ok.refusal() is None
+    for planted, rank in ((np.nan, 0), (np.inf, 1), (101.0, 0)):
+        bad = peak.copy()
+        bad[rank] = planted
+        fit = eq5_fit(bad, budget_bytes=110.0, reserve_bytes=10.0)
+        assert not fit.fits and f"Eq 5: rank {rank} would peak" in fit.refusal()
+    with pytest.raises(ValueError):
+        eq5_fit(np.zeros(0), budget_bytes=1.0)
+    # one layer moving at a time: [source, dest, transit] per layer -> the layer-by-layer peak
+    source, dest, transit = (np.array([[4], [1]]), np.array([[1], [4]]), np.array([[2], [2]]))
+    assert switch_peak(source, dest, transit).tolist() == [7]  # max(5, 5) + 2

@@ -68,8 +68,7 @@ class Model:
         self.collectives, self.kernels, self.host_collectives = ops.collectives, ops.kernels, ops.host_collectives
         self.fused, self.streams = ops.fused, ops.streams
         self.math = MLAMath(profile, self.fused, config.attention_form) if config.mla_layers else None
-        self.pool = KVPool(config.mla_layers, config.pages_per_layer,
-                           config.page_format(self.math.kv_width if self.math else 0), ops.device,
+        self.pool = KVPool(config.mla_layers, config.pages_per_layer, config.page_format(), ops.device,
                            memory=ops.peer_memory)
         self.recurrent = RecurrentPool(config.kda_layers, config.recurrent_format(), ops.device)
         weights = _Weights(source, tensor_shapes(profile, config.layer_count), ops.device, config.dtype)

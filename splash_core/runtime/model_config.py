@@ -88,18 +88,20 @@ class ModelConfig:
     def kda_layers(self) -> list[int]:
         return [i for i, k in enumerate(self.kinds) if k is LayerKind.KDA]
 
-    def page_format(self, kv_width: int) -> PageFormat:
-        """The KV pool's page format: ``kv_width`` (latent + rotary) elements of ``kv_dtype`` per
-        token, or the scaled-fp8 entry, plus the indexer keys where the model has an indexer."""
+    def page_format(self) -> PageFormat:
+        """The KV pool's page format: the latent and rotary key in ``kv_dtype`` per token, or the
+        scaled-fp8 entry, plus the indexer keys where the model has an indexer."""
         indexer = _indexer_format(self.profile)
-        if self.kv_scales and self.mla_layers:
-            p = self.profile.mla
+        if not self.mla_layers:
+            return PageFormat(self.page_size, 0, self.kv_dtype or self.dtype, **indexer)
+        p = self.profile.mla
+        if self.kv_scales:
             layout = ScaledFP8(p.kv_lora_rank, p.qk_rope_head_dim, self.kv_scales)
             problem = layout.problem()
             if problem:
                 raise ValueError(f"model {self.profile.name!r}: {self.kv_scales} KV scales per token: {problem}")
             return PageFormat.scaled_fp8(self.page_size, layout, **indexer)
-        return PageFormat(self.page_size, kv_width if self.mla_layers else 0, self.kv_dtype or self.dtype, **indexer)
+        return PageFormat(self.page_size, p.kv_lora_rank + p.qk_rope_head_dim, self.kv_dtype or self.dtype, **indexer)
 
     def recurrent_format(self) -> RecurrentFormat:
         k = self.profile.kda
