@@ -176,7 +176,8 @@ def test_the_layering_checks_can_fail():
 def _oversized(texts: dict[str, str]) -> list[str]:
     """Files of ``texts`` (path -> source) over MAX_LINES lines and functions over MAX_COMPLEXITY
     (McCabe, as radon counts it)."""
-    cc_visit = pytest.importorskip("radon.complexity", reason="radon comes with the test extra").cc_visit
+    from radon.complexity import cc_visit  # the test extra's
+
     long = [f"{path}: {n} lines" for path, text in texts.items() if (n := len(text.splitlines())) > MAX_LINES]
     return long + [f"{path}:{block.lineno} {block.fullname}: complexity {block.complexity}"
                    for path, text in texts.items() for block in cc_visit(text) if block.complexity > MAX_COMPLEXITY]
