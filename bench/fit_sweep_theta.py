@@ -4,18 +4,23 @@
 The paper gives no kernel rates for its deployments, only datasheets and end-to-end sweeps
 (Tables 4-6). This fits a few physically meaningful θ of the deployment's hardware profile —
 the rate its matrix multiplies reach, the rate its attention kernels reach, the HBM rate its
-weight and KV reads reach, the fixed time of one engine step, and the rate DOP's activation
-all-to-all reaches — to every throughput of the table at once (4 layouts x every position),
-by least squares on log throughput. Nothing is fitted per position or per layout, and the
-winner of a position is not part of the objective: the agreement `splash sweep --paper`
-reports is an outcome, not a target.
+weight and KV reads reach, the fixed time of one engine step, and the rates DOP's activation
+all-to-all and the all-reduce reach — to every throughput of the table at once (4 layouts x
+every position), by least squares on log throughput. Nothing is fitted per position or per
+layout, and the winner of a position is not part of the objective: the agreement and regret
+`splash sweep --paper` reports are outcomes, not targets.
+
+Held out (``--held-out``): the same fit on the input-length sweeps alone, scored on the
+batch-size sweeps, and the reverse, beside the fit on everything; a fit that memorises
+positions shows as held-out scores worse than in-sample ones. ``--out`` writes every fit's
+rates and scores as a ``sweep_theta_fit`` result (source ``model``).
 
 Search: coordinate descent in log space (each rate multiplied and divided by a step that
 shrinks 2 -> 1.05), each rate kept within [lower, upper] (upper: the datasheet peak or the
 NVLink line rate). With ``--write`` the fitted values replace the profile's, each with
 source ``paper`` and a ref naming the table, this command and the objective reached.
 
-    python bench/fit_sweep_theta.py --deployment h200-x8-deepseek-v3.2 --write
+    python bench/fit_sweep_theta.py --deployment h200-x8-deepseek-v3.2 --write --held-out --out bench/results
 """
 
 from __future__ import annotations
@@ -26,19 +31,23 @@ import math
 import multiprocessing
 import re
 import shlex
+import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from splash_core import results  # noqa: E402
 from splash_core.profiles import load  # noqa: E402
 from splash_core.profiles.loader import find  # noqa: E402
 from splash_core.profiles.quantity import Quantity  # noqa: E402
 from splash_core.studies.sweep import predict  # noqa: E402
-from splash_core.studies.sweep_paper import TABLES, paper_positions  # noqa: E402
+from splash_core.studies.sweep_paper import TABLES, paper_positions, regret  # noqa: E402
 
-# (key, lower bound as a fraction of the starting value's upper bound, upper bound key)
-RATES = ("matmul_tflops", "attention_tflops", "hbm_gbps", "step_overhead_us", "all_to_all_gbps")
+RATES = ("matmul_tflops", "attention_tflops", "hbm_gbps", "step_overhead_us", "all_to_all_gbps", "all_reduce_gbps")
+SUBSETS = {"all": lambda p: True, "input": lambda p: p.sweep.startswith("Input-length"),
+           "batch": lambda p: p.sweep.startswith("Batch-size")}
 MISSING_PENALTY = math.log(10.0) ** 2  # a layout predicted not to fit where the paper ran it
 
 
@@ -50,6 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=4, help="step sizes tried (2, 1.41, 1.19, 1.09[, 1.04])")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--write", action="store_true", help="write the fitted rates into the hardware profile")
+    p.add_argument("--held-out", action="store_true",
+                   help="also fit on the input-length sweeps alone and on the batch-size sweeps alone, each "
+                        "scored on the other")
+    p.add_argument("--out", metavar="DIR", help="write the fits and their scores as a sweep_theta_fit result")
     return p.parse_args(argv)
 
 
@@ -75,7 +88,8 @@ def start_and_bounds(hw) -> dict[str, tuple[float, float, float]]:
             "attention_tflops": (0.3 * peak_flops, 0.02 * peak_flops, peak_flops),
             "hbm_gbps": (0.6 * peak_hbm, 0.05 * peak_hbm, peak_hbm),
             "step_overhead_us": (10000.0, 10.0, 200000.0),
-            "all_to_all_gbps": (0.5 * link, 5.0, link)}
+            "all_to_all_gbps": (0.5 * link, 5.0, link),
+            "all_reduce_gbps": (0.5 * link, 5.0, link)}
 
 
 def with_rates(hw, rates: dict[str, float], ref: str):
@@ -84,7 +98,8 @@ def with_rates(hw, rates: dict[str, float], ref: str):
 
     return dataclasses.replace(hw, matmul_tflops=q(rates["matmul_tflops"]), attention_tflops=q(rates["attention_tflops"]),
                                weight_read_gbps=q(rates["hbm_gbps"]), kv_read_gbps=q(rates["hbm_gbps"]),
-                               step_overhead_us=q(rates["step_overhead_us"]), all_to_all_gbps=q(rates["all_to_all_gbps"]))
+                               step_overhead_us=q(rates["step_overhead_us"]), all_to_all_gbps=q(rates["all_to_all_gbps"]),
+                               all_reduce_gbps=q(rates["all_reduce_gbps"]))
 
 
 _BASE = None  # the deployment being fitted: forked workers inherit it (profiles do not pickle)
@@ -96,6 +111,16 @@ def _one(job):
     return [(lp.layout, lp.tokens_per_s) for lp in predict(dep, batch, tokens, mode=mode).layouts]
 
 
+def _predictions(pool, rates, mode: str, positions) -> list[dict]:
+    """Per position, {layout: predicted tokens/s or None}."""
+    return [dict(pp) for pp in pool.map(_one, [(rates, mode, p.batch, p.input_tokens) for p in positions])]
+
+
+def _squared_log_errors(positions, predictions) -> list[float]:
+    return [MISSING_PENALTY if v is None else math.log(v / paper.tokens_per_s[layout]) ** 2
+            for paper, predicted in zip(positions, predictions) for layout, v in predicted.items()]
+
+
 class Objective:
     def __init__(self, deployment, positions, mode: str, pool):
         self.deployment, self.positions, self.mode, self.pool = deployment, positions, mode, pool
@@ -103,19 +128,27 @@ class Objective:
 
     def __call__(self, rates: dict[str, float]) -> float:
         self.calls += 1
-        jobs = [(rates, self.mode, p.batch, p.input_tokens) for p in self.positions]
-        preds = self.pool.map(_one, jobs)
-        err = []
-        for paper, pp in zip(self.positions, preds):
-            for layout, v in pp:
-                err.append(MISSING_PENALTY if v is None else math.log(v / paper.tokens_per_s[layout]) ** 2)
+        err = _squared_log_errors(self.positions, _predictions(self.pool, rates, self.mode, self.positions))
         return sum(err) / len(err)
 
 
-def fit(objective: Objective, bounds, rounds: int) -> tuple[dict[str, float], float]:
+def scores(pool, rates, mode: str, positions) -> dict:
+    """How rates meet ``positions``: rms log error, median |throughput error| and the regret of
+    the predicted best layouts, scored by the paper's throughputs."""
+    predictions = _predictions(pool, rates, mode, positions)
+    errors = [abs(v / paper.tokens_per_s[l] - 1) for paper, pr in zip(positions, predictions)
+              for l, v in pr.items() if v is not None]
+    picks = [(paper, max((l for l in pr if pr[l] is not None), key=pr.get, default=None))
+             for paper, pr in zip(positions, predictions)]
+    return {"positions": len(positions),
+            "rms_log_error": math.sqrt(statistics.fmean(_squared_log_errors(positions, predictions))),
+            "median_abs_error": statistics.median(errors), "regret": regret(picks).summary()}
+
+
+def fit(objective: Objective, bounds, rounds: int, label: str = "") -> tuple[dict[str, float], float]:
     rates = {k: v[0] for k, v in bounds.items()}
     best = objective(rates)
-    print(f"start {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
+    print(f"{label} start {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
     for step in [2 ** (1 / 2 ** i) for i in range(rounds)]:
         improved = True
         while improved:
@@ -130,7 +163,7 @@ def fit(objective: Objective, bounds, rounds: int) -> tuple[dict[str, float], fl
                     value = objective(trial)
                     if value < best - 1e-6:
                         rates, best, improved = trial, value, True
-                        print(f"step {step:.3f} {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
+                        print(f"{label} step {step:.3f} {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
                         break
     return rates, best
 
@@ -151,7 +184,7 @@ def write_profile(hw, rates: dict[str, float], ref: str) -> Path:
     """Replace the fitted keys' lines of the hardware profile's YAML, keeping everything else."""
     path = find("hardware", hw.name)
     text = path.read_text()
-    previous = {k: getattr(hw, k) for k in ("matmul_tflops", "weight_read_gbps", "all_to_all_gbps")}
+    previous = {k: getattr(hw, k) for k in ("matmul_tflops", "weight_read_gbps")}
     lines = {
         "matmul_tflops": (rates["matmul_tflops"], f"{ref}; peak {peak(previous['matmul_tflops']):g} "
                                                   f"({_origin(previous['matmul_tflops'])})"),
@@ -161,6 +194,7 @@ def write_profile(hw, rates: dict[str, float], ref: str) -> Path:
         "kv_read_gbps": (rates["hbm_gbps"], f"{ref} (the same HBM rate as weight reads)"),
         "step_overhead_us": (rates["step_overhead_us"], ref),
         "all_to_all_gbps": (rates["all_to_all_gbps"], f"{ref}: DOP's activation exchange (switches use switch_transfer)"),
+        "all_reduce_gbps": (rates["all_reduce_gbps"], ref),
     }
     for key, (value, why) in lines.items():
         entry = f"{key}: {{value: {float(f'{value:.4g}')!r}, source: paper, ref: \"{why}\"}}"  # YAML reads 2e+04 as text
@@ -183,15 +217,40 @@ def main(argv=None) -> int:
     table = TABLES[hw.platform]
     global _BASE
     _BASE = deployment
-    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-        objective = Objective(deployment, positions, args.mode, pool)
-        rates, best = fit(objective, start_and_bounds(hw), args.rounds)
     command = " ".join(shlex.quote(a) for a in ["python", "bench/fit_sweep_theta.py", *(argv or sys.argv[1:])])
+    def fit_on(subset: str, pool) -> dict:
+        on = [p for p in positions if SUBSETS[subset](p)]
+        objective = Objective(deployment, on, args.mode, pool)
+        rates, best = fit(objective, start_and_bounds(hw), args.rounds, label=subset)
+        return {"rates": rates, "rms_log_error": math.sqrt(best), "evaluations": objective.calls,
+                "scores": {name: scores(pool, rates, args.mode, [p for p in positions if keep(p)])
+                           for name, keep in SUBSETS.items()}}
+
+    subsets = ("all", "input", "batch") if args.held_out else ("all",)
+    # the fits are independent: each runs in a thread, all share one pool of worker processes
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool, ThreadPoolExecutor(len(subsets)) as threads:
+        fits = dict(zip(subsets, threads.map(lambda subset: fit_on(subset, pool), subsets)))
     ref = (f"fitted to {table}'s {len(positions) * 4} throughputs ({args.mode} protocol, rms log error "
-           f"{math.sqrt(best):.3f}) by `{command}`")
-    print(f"fitted after {objective.calls} evaluations: {fmt(rates)}\n{ref}")
+           f"{fits['all']['rms_log_error']:.3f}) by `{command}`")
+    print(f"fitted: {fmt(fits['all']['rates'])}\n{ref}")
+    for subset, f in fits.items():
+        for name, sc in f["scores"].items():
+            held = ("in-sample" if subset in ("all", name) else "held out" if name != "all" else "partly held out")
+            r = sc["regret"]
+            print(f"fit on {subset:5} scored on {name:5} ({held:15}): rms log error {sc['rms_log_error']:.3f}, median "
+                  f"|error| {sc['median_abs_error']:.1%}, picks {r['picks_over_oracle']:.3f}x oracle, "
+                  f"{r['picks_over_best_fixed']:.3f}x fixed {r['best_fixed']}, agree {r['strict']}/{r['positions']}")
     if args.write:
-        print(f"wrote {write_profile(hw, rates, ref)}")
+        print(f"wrote {write_profile(hw, fits['all']['rates'], ref)}")
+    if args.out:
+        data = results.make_result(
+            benchmark="sweep_theta_fit", platform=f"{hw.platform}x{deployment.T}", backend="cost model",
+            model=deployment.model.name, T=deployment.T, dtype=f"{deployment.model.weight_dtype} weights",
+            source="model", command=command, machine=f"fitted for {deployment.T}x {hw.name}",
+            samples=[{"fit_on": k, **v["rates"]} for k, v in fits.items()],
+            summary={"table": table, "mode": args.mode, "fits": fits},
+            notes=f"θ fitted to the paper's {table} (deployment {deployment.name}); scores use the paper's throughputs")
+        print(f"wrote {results.write_result(data, args.out, name=f'sweep_theta_fit-{deployment.name}')}")
     return 0
 
 

@@ -47,7 +47,10 @@ With sparse attention (the model's indexer, top-k) a row attends to at most k ke
 their latents, after the indexer has scored every visible key (TP scores every row on every
 rank: the indexer is not among the head-sharded projections). KDA layers follow the same
 rules with their own widths, except that CP keeps each request's recurrent state on its
-owner, so a CP rank computes KDA like DP.
+owner, so a CP rank computes KDA like DP (SPLASH's runtime) — or, with ``cp_recurrent =
+"positions"`` (a chunked scan, what the paper's DCU sweeps imply), computes a chunk's KDA
+rows where their positions live and passes each chunked request's state along the T ranks
+(T − 1 hops that carry attention's output, so they never hide).
 
 The host term belongs with t0 and δ: what a real runtime spends per layer outside the
 modelled stages, measured per layout by ``splash calibrate``; a profile without it (the
@@ -88,6 +91,7 @@ __all__ = ["BatchArrays", "RankLoads", "rank_loads", "KindCosts", "kind_costs", 
 GB = 1e9
 _LSE_BYTES = 4  # one fp32 log-sum-exp per row and head
 _I = {layout: i for i, layout in enumerate(LAYOUTS)}  # row of each layout in the stacked arrays
+CP_RECURRENT = ("owner", "positions")  # where CP computes a chunk's recurrent (KDA) rows
 TP, CP, DP, DOP = (_I[l] for l in (Layout.TP, Layout.CP, Layout.DP, Layout.DOP))
 
 
@@ -147,8 +151,13 @@ class CostModel:
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, T: int, *, page_size: int,
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
                  layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
-                 graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto"):
-        """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.planning.attention_forms`)."""
+                 graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto",
+                 cp_recurrent: str = "owner"):
+        """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.planning.attention_forms`);
+        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``."""
+        if cp_recurrent not in CP_RECURRENT:
+            raise ValueError(f"cp_recurrent must be one of {', '.join(CP_RECURRENT)} (got {cp_recurrent!r})")
+        self.cp_kda_at_positions = cp_recurrent == "positions"
         self.model, self.hardware, self.T, self.page_size = model, hardware, T, page_size
         self.act_bytes = dtypes.nbytes(compute_dtype)
         self.sparse = model.indexer is not None if sparse is None else bool(sparse and model.indexer is not None)
@@ -198,12 +207,15 @@ class CostModel:
         self.graph_costs = GraphCosts.of(h, n_layers, graph_buckets, self.T) if decode_graphs else None
 
     @classmethod
-    def from_deployment(cls, deployment) -> "CostModel":
+    def from_deployment(cls, deployment, cp_recurrent: str = "owner") -> "CostModel":
+        """Eq 10 of ``deployment`` as SPLASH's runtime executes it (``cp_recurrent``: see the
+        module docstring; the paper's testbed may say otherwise, in its ``disaggregation``)."""
         layers = None if deployment.layers is None else range(deployment.layers)
         return cls(deployment.model, deployment.hardware, deployment.T, page_size=deployment.page_size,
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
                    sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off",
-                   graph_buckets=deployment.graphs.buckets, attention_form=deployment.prefill_attention)
+                   graph_buckets=deployment.graphs.buckets, attention_form=deployment.prefill_attention,
+                   cp_recurrent=cp_recurrent)
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -220,11 +232,12 @@ class CostModel:
         layer_s, scratch, costliest = {}, None, np.full(len(LAYOUTS), -1.0)
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
         form_scale = self._form_scale(x)
+        chunked = 0.0 if x.decode else float(np.count_nonzero(q > 1))  # requests prefilling a chunk
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
             t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops,
                                           form_scale)
-            hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows)
+            hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows, chunked)
             comm = hideable + carried
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
             t_lat = collectives * self.latency
@@ -252,10 +265,7 @@ class CostModel:
     # ---- stages of one layer, every layout at once ([layouts] at the busiest rank) -----
 
     def _projections(self, kc: KindCosts, ld: RankLoads) -> tuple[np.ndarray, np.ndarray]:
-        rows = ld.proj_rows
-        if kc.kind is LayerKind.KDA:  # CP keeps KDA state on the owner, which computes it
-            rows = rows.copy()
-            rows[CP] = ld.own_rows[CP]
+        rows = self._cp_kda_rows(kc, ld)
         cache_rows = rows.copy()
         cache_rows[DOP] = ld.own_rows[DOP]  # DOP writes (and indexes) only its own rows' cache
         flops = (rows * (self.frac[:, None] * kc.flops_row_sharded + kc.flops_row_query)
@@ -263,6 +273,15 @@ class CostModel:
         compute = flops.max(axis=1) / self.flops
         read = np.where(rows.max(axis=1) > 0, (self.frac * kc.weight_bytes + kc.replicated_bytes) / self.weight_bw, 0.0)
         return np.maximum(compute, read), compute >= read
+
+    def _cp_kda_rows(self, kc: KindCosts, ld: RankLoads) -> np.ndarray:
+        """Rows through each rank's projections; a KDA layer's CP rows at the owner, which
+        holds the state, unless CP computes them where their positions live."""
+        rows = ld.proj_rows
+        if kc.kind is LayerKind.KDA and not self.cp_kda_at_positions:
+            rows = rows.copy()
+            rows[CP] = ld.own_rows[CP]
+        return rows
 
     def _form_scale(self, x: BatchArrays) -> np.ndarray:
         """Per layout, the MLA attention work of the forms the runtime's prefill rows attend in over
@@ -298,16 +317,20 @@ class CostModel:
             else:
                 memory = ld.kv_tokens * (kc.kv_bytes_token / self.kv_bw)
         else:  # KDA: recurrent update per row (TP: its head share), state read and written once
-            compute = (ld.own_rows * (kc.flops_row_state / self.flops)).max(axis=1)
+            rows = ld.own_rows
+            if self.cp_kda_at_positions:
+                rows = rows.copy()
+                rows[CP] = ld.proj_rows[CP]
+            compute = (rows * (kc.flops_row_state / self.flops)).max(axis=1)
             memory = ld.state_requests * (2.0 * kc.state_bytes_request / self.kv_bw)
         memory = memory.max(axis=1)
         return np.maximum(compute, memory), compute >= memory
 
-    def _communication(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float):
+    def _communication(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float, chunked: float):
         """R of one layer (seconds at the busiest rank) per layout, in two parts: what may hide
         behind attention (η of Eq 10: CP's history exchange and merge, DOP's Eq 4 exchange) and
         what carries attention's output to the shared blocks and so cannot (TP's and DOP's O
-        reduction, DP's and CP's row gather); and the collective count."""
+        reduction, DP's and CP's row gather, CP's KDA state hand-off); and the collective count."""
         T = self.T
         zeros = np.zeros(len(LAYOUTS))
         if T == 1:
@@ -321,7 +344,12 @@ class CostModel:
         # dop_exchange_bytes peaks at the owner of the most rows (to it) and of the fewest (from it)
         to_owner = own_max * kc.heads * (1.0 - 1.0 / T) * kc.width_to_owner * b
         from_owner = (n - own_min) * (kc.heads / T) * kc.width_from_owner * b
-        if kc.kind is LayerKind.KDA:
+        if kc.kind is LayerKind.KDA and self.cp_kda_at_positions and n > decode_rows:
+            mine = ld.proj_rows[CP] - decode_rows  # the chunk rows whose positions each rank holds
+            handoff = (T - 1) * chunked * kc.state_bytes_request  # each chunked request's state, rank to rank
+            cp_rows = ((n - decode_rows - float(mine.min())) * hidden + handoff) / gather
+            cp_exchange, cp_count = 0.0, T
+        elif kc.kind is LayerKind.KDA:
             cp_exchange, cp_rows, cp_count = 0.0, rows_gather, 1
         else:
             cp_exchange, cp_rows, cp_count = self._cp_traffic(kc, ld, n, decode_rows)
@@ -359,10 +387,7 @@ class CostModel:
         """A of Eq 6 per layout and rank: one layer's activations on the heads each rank
         computes (TP and DOP's projections cover H/T heads), DOP's owner rows on all heads,
         and CP's gathered history and partial outputs."""
-        rows = ld.proj_rows
-        if kc.kind is LayerKind.KDA:
-            rows = rows.copy()
-            rows[CP] = ld.own_rows[CP]
+        rows = self._cp_kda_rows(kc, ld)
         out = kc.scratch_bytes(rows, self.frac[:, None])
         out[DOP] += ld.own_rows[DOP] * kc.heads * kc.head_bytes_row
         if kc.kind is LayerKind.MLA and self.T > 1:

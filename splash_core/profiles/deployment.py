@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 
 from .. import dtypes
@@ -18,6 +19,8 @@ from .schema import Problem, field, fraction, non_negative, one_of, positive, un
 from .transfer import TransferConfig
 
 FORMS = ("auto", "absorbed", "expanded")  # how prefill rows attend (splash_core.planning.attention_forms)
+RESIDENCIES = ("transfer", "last_token")  # how long a prompt's KV stays in the prefill pool
+ADMISSIONS = ("continuous", "waves")  # how the prefill group admits queued requests
 
 
 def _default_overlap():
@@ -77,6 +80,28 @@ class Disaggregation:
     kv_transfer_gbps: Quantity | None = field(
         "bandwidth one prefill rank sends a finished prompt's KV to the decode group at, GB/s "
         "(absent: the transfer takes no time)", default=None)
+    prefill_pool_tokens: dict[Layout, float] = field(
+        "distinct tokens the prefill group's KV pool holds per layout, as the testbed reports them (the "
+        "paper's Table 3); a layout absent here gets Eq 6's room for KV pages. A rank holds 1/T of them, "
+        "TP every one (it replicates each history)", default_factory=dict)
+    prefill_residency: str = field(
+        "how long a prompt's KV stays in the prefill pool: transfer (until it reaches the decode group, as "
+        "SGLang's disaggregation frees it) or last_token (until the request's last output token)",
+        default="transfer", checks=[one_of(*RESIDENCIES)])
+    cp_recurrent: str = field(
+        "where the testbed's CP computes a chunk's recurrent (KDA) rows: owner (which holds the state, as "
+        "SPLASH's runtime does) or positions (where the chunk's positions live, handing the state from rank "
+        "to rank: a chunked scan)", default="owner", checks=[one_of("owner", "positions")])
+    admission: str = field(
+        "how the prefill group admits queued requests: continuous (each as soon as it fits, as SPLASH's and "
+        "SGLang's engines do) or waves (a batch that does not fit runs in waves: the next wave is admitted "
+        "only once every request of the last one has left the pool)", default="continuous",
+        checks=[one_of(*ADMISSIONS)])
+
+    def problems(self):
+        for layout, tokens in self.prefill_pool_tokens.items():
+            if not (math.isfinite(tokens) and tokens > 0):
+                yield Problem(f"prefill_pool_tokens.{layout}", "must be a positive, finite number of tokens", tokens)
 
 
 @dataclasses.dataclass(frozen=True)

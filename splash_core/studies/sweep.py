@@ -83,7 +83,7 @@ def predict(deployment, batch: int, input_tokens: int, output_tokens: int = 1024
     chunk = prefill_chunk or dis.prefill_chunk
     if mode == "colocated":
         return _colocated(deployment, batch, input_tokens, output_tokens, layouts, chunk, decode_stride)
-    prefill = CostModel.from_deployment(deployment)
+    prefill = CostModel.from_deployment(deployment, cp_recurrent=dis.cp_recurrent)
     decode_dep = decode_deployment(deployment, dis)
     decode = CostModel.from_deployment(decode_dep)
     out = tuple(_Pipeline(deployment, prefill, decode_dep, decode, dis, Layout.parse(str(layout)), batch,
@@ -120,7 +120,8 @@ class _Prompt:
     owner: int = -1  # prefill rank that owns it (every layout assigns one; CP and TP ignore it)
     done: int = 0  # prompt tokens prefilled
     finished_s: float = math.inf  # when its last chunk ended
-    freed_s: float = math.inf  # when its KV reached the decode group and left the prefill pool
+    arrived_s: float = math.inf  # when its KV reached the decode group
+    left_s: float = math.inf  # when its KV left the prefill pool (on arrival, or at its last token)
     decode_owner: int = -1
     generated: int = 0
 
@@ -159,16 +160,22 @@ class _Pipeline:
         senders = 1 if self.owners else self.T  # CP's positions and TP's replicas leave from every rank
         bw = dis.kv_transfer_gbps.value * 1e9 * senders if dis.kv_transfer_gbps else math.inf
         self.transfer_s = cost.kv_bytes_token * input_tokens / bw
-        self.prefill_room = self._room(cost, dep, layout, chunk)
+        self.prefill_room = self._room(cost, dep, layout, chunk, dis.prefill_pool_tokens.get(layout))
         self.decode_room = self._room(decode, decode_dep, dis.decode_layout, 0)
+        self.until_last_token = dis.prefill_residency == "last_token"
+        self.waves = dis.admission == "waves"
         self._step_cache: dict = {}
 
     # ---- memory (Eq 6) ----------------------------------------------------------------
 
     @staticmethod
-    def _room(cost: CostModel, dep, layout: Layout, chunk: int) -> float:
-        """Bytes per rank left for KV pages: the budget less M0, R, the layout's weights and
-        the activations of a full chunk (Eq 6's A at its largest)."""
+    def _room(cost: CostModel, dep, layout: Layout, chunk: int, pool_tokens: float | None = None) -> float:
+        """Bytes per rank left for KV pages: the testbed's pool where the profile reports it
+        (``pool_tokens`` distinct tokens over the group), else the budget less M0, R, the layout's
+        weights and the activations of a full chunk (Eq 6's A at its largest)."""
+        if pool_tokens is not None:
+            per_rank = pool_tokens if layout.ownership is Ownership.ALL else pool_tokens / dep.T
+            return per_rank * cost.kv_bytes_token
         i = LAYOUTS.index(layout)
         scratch = 0.0
         if chunk:
@@ -186,14 +193,14 @@ class _Pipeline:
 
     def _admit(self) -> None:
         """Queued requests start, in order, while the decode group can pre-allocate them and
-        their prompts fit the prefill pool."""
+        their prompts fit the prefill pool (in waves: only into an empty prefill pool)."""
         for p in self.resident:
-            if p.freed_s <= self.prefill_clock:  # its transfer ended: the prompt left the prefill pool
+            if p.left_s <= self.prefill_clock:  # the prompt left the prefill pool
                 self.projected[p.owner] -= self.L
-        self.resident = [p for p in self.resident if p.freed_s > self.prefill_clock]
+        self.resident = [p for p in self.resident if p.left_s > self.prefill_clock]
         state = (len(self.resident), len(self.decoding))
-        if self.blocked_at == state:
-            return  # neither pool has released anything since the last request did not fit
+        if self.blocked_at == state or (self.waves and self.resident):
+            return  # nothing released since the last request did not fit, or the wave is not over
         self.blocked_at = None
         while self.queue:
             p = self.queue[0]
@@ -225,8 +232,8 @@ class _Pipeline:
         while self.served < self.batch:
             self._admit()
             rows = self._rows()
-            decode_busy = any(math.isfinite(p.freed_s) for p in self.decoding)
-            release = min((p.freed_s for p in self.resident), default=math.inf)
+            decode_busy = any(math.isfinite(p.arrived_s) for p in self.decoding)
+            release = min((p.left_s for p in self.resident), default=math.inf)
             if rows and (self.prefill_clock <= self.decode_clock or not decode_busy):
                 last_prefill = self._prefill_step(rows)
             elif decode_busy:
@@ -272,15 +279,16 @@ class _Pipeline:
             p.done += take
             if p.done >= self.L:
                 p.finished_s = self.prefill_clock
-                p.freed_s = p.finished_s + self.transfer_s
+                p.arrived_s = p.finished_s + self.transfer_s
+                p.left_s = math.inf if self.until_last_token else p.arrived_s
         return self.prefill_clock
 
     def _decode_until(self, limit: float) -> None:
         """Decode a stride of steps over every request whose KV has arrived, cut short where
         another request's KV arrives, or at ``limit`` (the prefill clock while it may still
         finish prompts)."""
-        active = [p for p in self.decoding if p.freed_s <= self.decode_clock]
-        pending = [p.freed_s for p in self.decoding if p.freed_s > self.decode_clock]
+        active = [p for p in self.decoding if p.arrived_s <= self.decode_clock]
+        pending = [p.arrived_s for p in self.decoding if p.arrived_s > self.decode_clock]
         horizon = min(pending + [limit])
         if not active:
             if not math.isfinite(horizon):
@@ -297,6 +305,7 @@ class _Pipeline:
         for p in active:
             p.generated += k
             if p.generated >= self.out:
+                p.left_s = min(p.left_s, self.decode_clock)
                 self.decoding.remove(p)
                 self.decode_projected[p.decode_owner] -= self.L + self.out
                 self.served += 1
