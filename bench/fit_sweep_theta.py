@@ -63,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also fit on the input-length sweeps alone and on the batch-size sweeps alone, each "
                         "scored on the other")
     p.add_argument("--out", metavar="DIR", help="write the fits and their scores as a sweep_theta_fit result")
+    p.add_argument("--resume", metavar="LOG", help="continue each fit from the last rates and step size it printed "
+                                                   "to LOG (the output of an interrupted run of this command)")
     return p.parse_args(argv)
 
 
@@ -145,11 +147,22 @@ def scores(pool, rates, mode: str, positions) -> dict:
             "median_abs_error": statistics.median(errors), "regret": regret(picks).summary()}
 
 
-def fit(objective: Objective, bounds, rounds: int, label: str = "") -> tuple[dict[str, float], float]:
-    rates = {k: v[0] for k, v in bounds.items()}
+def resumed(log: str | None, label: str) -> tuple[dict[str, float] | None, float]:
+    """The last rates and step size ``label``'s fit printed to ``log`` (None, 2: start afresh)."""
+    found = re.findall(rf"^{label} (?:start|step ([0-9.]+)) (.*?)  rms log error", Path(log).read_text(), re.M) if log else []
+    if not found:
+        return None, 2.0
+    step, text = found[-1]
+    return {k: float(v) for k, v in (pair.split("=") for pair in text.split())}, float(step or 2.0)
+
+
+def fit(objective: Objective, bounds, rounds: int, label: str = "", resume: str | None = None
+        ) -> tuple[dict[str, float], float]:
+    start, first = resumed(resume, label)
+    rates = start or {k: v[0] for k, v in bounds.items()}
     best = objective(rates)
     print(f"{label} start {fmt(rates)}  rms log error {math.sqrt(best):.3f}", flush=True)
-    for step in [2 ** (1 / 2 ** i) for i in range(rounds)]:
+    for step in [2 ** (1 / 2 ** i) for i in range(rounds) if 2 ** (1 / 2 ** i) <= first * 1.0001]:
         improved = True
         while improved:
             improved = False
@@ -221,7 +234,7 @@ def main(argv=None) -> int:
     def fit_on(subset: str, pool) -> dict:
         on = [p for p in positions if SUBSETS[subset](p)]
         objective = Objective(deployment, on, args.mode, pool)
-        rates, best = fit(objective, start_and_bounds(hw), args.rounds, label=subset)
+        rates, best = fit(objective, start_and_bounds(hw), args.rounds, label=subset, resume=args.resume)
         return {"rates": rates, "rms_log_error": math.sqrt(best), "evaluations": objective.calls,
                 "scores": {name: scores(pool, rates, args.mode, [p for p in positions if keep(p)])
                            for name, keep in SUBSETS.items()}}

@@ -529,6 +529,12 @@ def test_sweep_predictions_stand_beside_the_papers_table(tmp_path):
     agree = sum(a == b for a, b in zip(["TP", "DP", "DP"], paper_best))
     assert f"{agree}/3 best layouts agree" in model[0]
     assert f"the best layout agrees at {agree}/3 positions" in model[0]
+    # the picks scored by the paper's own throughputs: their time against the paper's best layout's
+    paper = [{l: float(r[l]) * 1000 for l in ("TP", "CP", "DP", "DOP")} for r in rows]
+    tokens = [16 * (int(r["input_tokens"]) + 1024) for r in rows]
+    picks = sum(t / v[pick] for t, v, pick in zip(tokens, paper, ["TP", "DP", "DP"]))
+    oracle = sum(t / max(v.values()) for t, v in zip(tokens, paper))
+    assert f"their time is {picks / oracle:.3f}x the oracle's" in model[0]
     assert report.status["h200"]["fixed_layout_sweep"] == ["paper (T = 8)", "model (h200x8: T = 8, SPLASH's cost model)"]
 
 

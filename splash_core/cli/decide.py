@@ -100,7 +100,10 @@ def run(args) -> int:
     print(f"{deployment.name}: {len(contexts)} requests, {sum(contexts):,} context tokens, "
           f"T = {deployment.T}, current {current}; {phase} step of {n_rows:,} query rows")
     print(_layout_table(decision, current))
-    print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}")
+    print(f"\nbudget {size(decision.budget_bytes)} per rank; margin {percent(decision.margin, decimals=0)}; the batch "
+          f"reserves {decision.demand_tokens:,.0f} distinct tokens of KV, so admitted in waves it would take the "
+          f"last column's waves per layout (SPLASH's engine admits continuously: a layout whose pool needs more "
+          f"than one holds admission)")
     print(f"decision: {decision.reason}")
     if cost is not None:
         print(scheduler.explain_switch_cost(decision, cost, x))
@@ -132,6 +135,13 @@ def _layout_table(decision, current: Layout) -> str:
         parts = "/".join(f"{r[k] * 1e3:.1f}" for k in ("proj_s", "att_s", "exposed_comm_s", "ffn_s"))
         table_rows.append((str(r["layout"]), r["time_s"] * 1e3, percent(-r["vs_current"], signed=True), parts,
                            size(r["need_gib"] * GIB), "fits" if r["fits_eq6"] else "exceeds", eq5,
-                           f"{r['bounds']['proj']}/{r['bounds']['att']}"))
+                           f"{r['bounds']['proj']}/{r['bounds']['att']}", _pool(r)))
     return table(table_rows, ["layout", "step ms", f"vs {current}", "proj/att/comm/shared ms", "per rank", "Eq 6",
-                              "Eq 5 switch", "proj/att bound"], align="lrrrrlll")
+                              "Eq 5 switch", "proj/att bound", "KV pool (tokens): waves"], align="lrrrrlllr")
+
+
+def _pool(row: dict) -> str:
+    """The layout's KV pool over the group and the admission waves the batch would take in it."""
+    if row["pool_tokens"] is None or row["waves"] is None:
+        return "none"
+    return f"{row['pool_tokens']:,.0f}: {row['waves']}"

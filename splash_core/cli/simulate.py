@@ -38,6 +38,7 @@ def run(args) -> int:
         print_json({"deployment": sim.deployment, "workload": sim.workload, "prefill_chunk": sim.prefill_chunk,
                     "results": [r.summary() for r in sim.results], "best_fixed": best.policy if best else None,
                     "splash_over_best_fixed": ratio, "oracle_over_best_fixed": sim.ratio(ORACLE),
+                    "splash_phases": sim.phases(), "splash_time_over_fixed": sim.regret(),
                     "note": sim.note, "plot": args.plot})
         return 0
     print(f"{deployment.name} serving {workload.name} ({len(workload.requests())} requests, "
@@ -58,6 +59,12 @@ def run(args) -> int:
     if splash.lazy_captures:
         print(f"  decode graphs captured on first use after switches: {splash.lazy_captures}, "
               f"{number(splash.lazy_capture_s * 1e3)} ms")
+    phases = sim.phases()
+    print("\nSPLASH's phases: " + "; ".join(
+        f"{p['layout']} {number(p['start_s'])}-{number(p['end_s'])} s ({p['running_at_start']} -> "
+        f"{p['running_at_end']} running)" for p in phases))
+    if regret := sim.regret():
+        print("SPLASH's time over each fixed layout's: " + ", ".join(f"{k} {v:.3f}x" for k, v in regret.items()))
     if best is not None and ratio is not None:
         print(f"\nSPLASH / best fixed layout ({best.policy}): {ratio:.3f}x; per-step oracle / best fixed: "
               f"{sim.ratio(ORACLE):.3f}x; SPLASH spent {splash.switch_time_s * 1e3:.1f} ms of "

@@ -18,7 +18,7 @@ from .. import results
 from ..layouts import LAYOUTS
 from ..profiles import load
 from ..studies.sweep import MODES, NOTE, predict
-from ..studies.sweep_paper import TABLES, agreement, paper_positions
+from ..studies.sweep_paper import TABLES, agreement, paper_positions, regret, repeat_gap, repeats
 from .args import UsageError
 from .output import print_json, table
 from .plan import parse_tokens
@@ -157,6 +157,21 @@ def _document(deployment, args, sweeps, predicted, output: int) -> dict:
     if pairs_all:
         out["paper_table"] = TABLES.get(deployment.hardware.platform, "")
         out["agreement"] = agreement(pairs_all).summary()
+        out["regret"] = regret((paper, best) for paper, _, best in pairs_all).summary()
+        out["repeats"] = _repeats(pairs_all)
+    return out
+
+
+def _repeats(pairs) -> list[dict]:
+    """The positions the paper measured twice: both measurements, their largest gap, and the
+    pick's time over each measurement's best (its regret under either)."""
+    picks = {id(paper): best for paper, _, best in pairs}
+    out = []
+    for a, b in repeats(paper for paper, _, _ in pairs):
+        pick = picks[id(a)]
+        out.append({"batch": a.batch, "input_tokens": a.input_tokens, "sweeps": [a.sweep, b.sweep],
+                    "paper_best": [a.best, b.best], "largest_gap": repeat_gap(a, b), "pick": pick,
+                    "pick_over_best": [regret([(m, picks[id(m)])]).picks_over_oracle for m in (a, b)]})
     return out
 
 
@@ -190,11 +205,27 @@ def _print(doc: dict) -> None:
             print(f"best layout agrees at {a['agreeing']}/{a['positions']}; "
                   f"{a['within_25_pct']:.0%} of throughputs within 25%")
     if "agreement" in doc:
-        a = doc["agreement"]
+        a, r = doc["agreement"], doc["regret"]
         print(f"\nagainst the paper's {doc['paper_table']}: best layout agrees at {a['agreeing']}/{a['positions']} "
               f"positions ({a['fraction']:.0%}); median |error| {a['median_abs_error']:.0%}, "
               f"{a['within_25_pct']:.0%} of throughputs within 25%")
+        print(f"regret, scored by the paper's throughputs: {r['strict']}/{r['positions']} picks are the paper's best, "
+              f"{r['within_ties']} within {r['tie_margin']:.0%} of it; the picks take {r['picks_over_oracle']:.3f}x the "
+              f"oracle's time (the paper's best everywhere) and {r['picks_over_best_fixed']:.3f}x that of the best "
+              f"fixed layout, {r['best_fixed']} ({r['best_fixed_over_oracle']:.3f}x the oracle's)")
+        _print_repeats(doc["repeats"])
     print(f"({doc['note']})")
+
+
+def _print_repeats(items: list[dict]) -> None:
+    if not items:
+        return
+    print("\npositions the paper measured twice (its own repeat noise):")
+    rows = [[f"{r['batch']:,}", f"{r['input_tokens']:,}", " / ".join(map(str, r["paper_best"])),
+             f"{r['largest_gap']:.1%}", str(r["pick"] or "-"), " / ".join(f"{v:.3f}x" for v in r["pick_over_best"])]
+            for r in items]
+    print(table(rows, ["batch", "input", "paper best (each)", "largest gap", "pick", "pick / best (each)"],
+                align="rrlrlr"))
 
 
 def write(doc: dict, deployment, root: str):

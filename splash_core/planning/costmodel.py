@@ -46,11 +46,9 @@ scaled by the step's expanded-over-absorbed work (DOP and sparse attention stay 
 With sparse attention (the model's indexer, top-k) a row attends to at most k keys and reads
 their latents, after the indexer has scored every visible key (TP scores every row on every
 rank: the indexer is not among the head-sharded projections). KDA layers follow the same
-rules with their own widths, except that CP keeps each request's recurrent state on its
-owner, so a CP rank computes KDA like DP (SPLASH's runtime) — or, with ``cp_recurrent =
-"positions"`` (a chunked scan, what the paper's DCU sweeps imply), computes a chunk's KDA
-rows where their positions live and passes each chunked request's state along the T ranks
-(T − 1 hops that carry attention's output, so they never hide).
+rules with their own widths, except that CP computes KDA like DP at the owner, which holds
+the state (SPLASH's runtime), or, with ``cp_recurrent="positions"`` (a chunked scan, as the
+paper's DCU sweeps imply), where a chunk's positions live, handing the state over T − 1 hops.
 
 The host term belongs with t0 and δ: what a real runtime spends per layer outside the
 modelled stages, measured per layout by ``splash calibrate``; a profile without it (the
@@ -78,6 +76,7 @@ from ..profiles.hardware import HardwareProfile
 from ..profiles.model import LayerKind, ModelProfile
 from .attention_forms import MLADims, expanded_requests, form_flops
 from .batch_loads import BatchArrays, RankLoads, rank_loads
+from .dop_exchange import dop_exchange_bytes, eq4_volume
 from .ffn_costs import ffn_costs, ffn_time
 from .graph_costs import GraphCosts
 from .layer_costs import KindCosts, kind_costs
@@ -398,22 +397,3 @@ class CostModel:
 
 def weight_fraction(layout: Layout, T: int) -> float:
     return 1.0 / T if layout.placement is Placement.SHARDED else 1.0
-
-
-def dop_exchange_bytes(own_rows, heads: int, width_to_owner: int, width_from_owner: int,
-                       elem_bytes: int, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes each rank receives in DOP's two exchanges of one layer (Eq 4 per rank).
-
-    Owner r receives its N_r rows for the (1 − 1/T)·H heads other ranks computed, then every
-    rank receives its H/T heads of the N − N_r rows owned elsewhere. Summed over ranks this is
-    Eq 4: V_DOP = (1 − 1/T)·N·H·(d_q + d_z)·b."""
-    own = np.asarray(own_rows, dtype=np.float64)
-    n = own.sum()
-    to_owner = own * heads * (1.0 - 1.0 / T) * width_to_owner * elem_bytes
-    from_owner = (n - own) * (heads / T) * width_from_owner * elem_bytes
-    return to_owner, from_owner
-
-
-def eq4_volume(rows: int, heads: int, d_q: int, d_z: int, elem_bytes: int, T: int) -> float:
-    """Eq 4 as printed: aggregate bytes received by DOP's two exchanges of one layer."""
-    return (1.0 - 1.0 / T) * rows * heads * (d_q + d_z) * elem_bytes

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..formatting import percent
-from ..layouts import LAYOUTS, Layout
+from ..layouts import LAYOUTS, Layout, Ownership
 from .costmodel import BatchArrays, CostModel, Estimates
 from .graph_costs import moves_weights
 from .manifest import Manifest, plan_switch
@@ -64,6 +64,16 @@ class Decision:
     margin: float
     switch_checks: dict  # Layout -> SwitchCheck, for the candidates Eq 5 was checked for
     note: str = ""  # what decided it, in words
+    pool_tokens: np.ndarray | None = None  # [layouts]: distinct tokens each layout's KV pool holds over the group
+    demand_tokens: float = 0.0  # distinct tokens the batch reserves (Eq 6's K at the reserved lengths)
+
+    def waves(self, layout: Layout) -> int | None:
+        """How many admission waves the batch's reserved KV would take in ``layout``'s pool were
+        it admitted in waves (1: it all fits at once; None: the pool holds nothing)."""
+        pool = None if self.pool_tokens is None else float(self.pool_tokens[LAYOUTS.index(layout)])
+        if pool is None or pool <= 0:
+            return None
+        return max(1, math.ceil(self.demand_tokens / pool))
 
     @property
     def switch(self) -> bool:
@@ -108,23 +118,26 @@ class Decision:
                 "eq5_how": None if check is None else check.how,
                 "proj_s": step.proj_s, "att_s": step.att_s, "latency_s": step.latency_s,
                 "exposed_comm_s": step.exposed_comm_s, "host_s": step.host_s, "ffn_s": step.ffn_s,
-                "bounds": dict(step.bounds),
+                "bounds": dict(step.bounds), "waves": self.waves(layout),
+                "pool_tokens": None if self.pool_tokens is None else float(self.pool_tokens[i]),
             })
         return rows
 
     def explain(self) -> str:
-        lines = [self.reason]
+        lines = [self.reason, f"  the batch reserves {self.demand_tokens:,.0f} distinct tokens of KV"]
         for r in self.layout_rows():
             eq5 = "" if r["switch_eq5"] is None else (
                 f"; switch {'fits' if r['switch_eq5'] else 'exceeds'} Eq 5 at {r['switch_peak_gib']:.2f} GiB "
                 f"({r['eq5_how']})")
+            pool = "" if r["pool_tokens"] is None else f"  pool {r['pool_tokens']:,.0f} tokens, {_waves(r['waves'])}"
             lines.append(f"  {r['layout']!s:<4} {r['time_s'] * 1e3:9.3f} ms ({percent(-r['vs_current'], signed=True)} vs {self.current})  "
-                         f"{r['need_gib']:8.2f} GiB  Eq 6 {'fits' if r['fits_eq6'] else 'exceeds'}{eq5}")
+                         f"{r['need_gib']:8.2f} GiB  Eq 6 {'fits' if r['fits_eq6'] else 'exceeds'}{eq5}{pool}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"action": self.action, "layout": self.layout, "current": self.current, "reason": self.reason,
-                "budget_gib": self.budget_bytes / GIB, "margin": self.margin, "layouts": self.layout_rows()}
+                "budget_gib": self.budget_bytes / GIB, "margin": self.margin, "demand_tokens": self.demand_tokens,
+                "layouts": self.layout_rows()}
 
     def _lead(self, layout: Layout) -> float:
         """How much faster ``layout`` is than the current one (fraction of the current's time)."""
@@ -133,6 +146,10 @@ class Decision:
 
     def _gib(self, layout: Layout) -> str:
         return f"{float(self.need_bytes[LAYOUTS.index(layout)]) / GIB:.2f} GiB needed"
+
+
+def _waves(waves: int | None) -> str:
+    return "holds nothing" if waves is None else "admits the batch at once" if waves == 1 else f"{waves} waves"
 
 
 class Scheduler:
@@ -159,7 +176,8 @@ class Scheduler:
         ci = LAYOUTS.index(current)
         checks: dict[Layout, SwitchCheck] = {}
         make = functools.partial(Decision, estimates=est, need_bytes=need, budget_bytes=self.budget,
-                                 margin=self.margin, switch_checks=checks, current=current)
+                                 margin=self.margin, switch_checks=checks, current=current,
+                                 pool_tokens=self.pool_tokens(est), demand_tokens=float(x.reserved.sum()))
         if not fits[ci]:
             for cand in order:
                 checks[cand] = self._eq5(current, cand, x, est)
@@ -193,6 +211,15 @@ class Scheduler:
                         note=f"{', '.join(refused)} lead by the margin but the switch would exceed memory (Eq 5)")
         return make(action=STAY, layout=current,
                     note=f"{best} leads by only {self._lead(times, ci, best):.1%}, under the {self.margin:.0%} margin")
+
+    def pool_tokens(self, est: Estimates) -> np.ndarray:
+        """Per layout, the distinct tokens its KV pool holds over the group (Eq 6: the budget
+        less M0, R, the layout's weights and this step's activations, at k bytes per token);
+        TP's ranks each hold every token, the others 1/T of them."""
+        per_rank = self.budget - self.fixed - self.cost.weights_bytes - est.scratch_bytes.max(axis=1)
+        tokens = np.maximum(per_rank, 0.0) / max(self.cost.kv_bytes_token, 1e-30)
+        replicated = np.array([l.ownership is Ownership.ALL for l in LAYOUTS])
+        return np.where(replicated, tokens, tokens * self.cost.T)
 
     def switch_cost(self, decision: Decision, x: BatchArrays) -> SwitchCost | None:
         """Eq 7 of the switch ``decision`` makes for batch ``x`` (None when it stays): the exposed

@@ -9,7 +9,7 @@ import statistics
 from ..results import Result
 from .findings_format import finding, of_type, origin, percent
 from .platforms import family
-from .sweeps_vs_paper import agreement, paper_of, table_name
+from .sweeps_vs_paper import agreement, paper_of, regret_of, table_name
 from .switching import blocking_removed, overhead_share
 
 
@@ -20,10 +20,11 @@ def sweeps_vs_paper(results: list[Result]) -> list[str]:
         paper = paper_of(predicted, [r for r in results if family(r.platform) == family(predicted.platform)])
         if paper is None:
             continue
-        a = agreement(predicted, paper)
+        a, scored = agreement(predicted, paper), regret_of(predicted, paper)
         if a.positions:
+            regret = f"; scored by the paper's throughputs, {scored.sentence()}" if scored else ""
             items.append(f"{origin(predicted)} against the paper's {table_name(paper)}: best layout agrees at "
-                         f"{a.agree}/{a.positions} positions ({a.agree / a.positions:.0%}); {a.spread()}")
+                         f"{a.agree}/{a.positions} positions ({a.agree / a.positions:.0%}); {a.spread()}{regret}")
     return finding("Cost model vs the paper's fixed-layout sweeps (Tables 4-6)", items)
 
 

@@ -1,14 +1,18 @@
 """A cost-model sweep (``splash sweep --paper --out``) beside the paper's table of its chapter
 (same model and T): per position the predicted throughput of every layout with its error
-against the paper's, both best layouts, and per sweep and table how many positions agree and
-how the throughput errors spread. The findings at the top of the report quote the totals."""
+against the paper's, both best layouts, and per sweep and table how many positions agree,
+how the throughput errors spread, and the regret of the picks scored by the paper's own
+throughputs (:func:`~splash_core.studies.sweep_paper.regret`). The findings at the top of the
+report quote the totals."""
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
 
+from ..layouts import Layout
 from ..results import Result
+from ..studies.sweep_paper import PaperPosition, Regret, regret
 from .markdown import MISSING, rate, table
 from .sweep_data import LAYOUTS, Sweep, sweeps
 
@@ -50,6 +54,13 @@ def agreement(predicted: Result, paper: Result) -> Agreement:
     return total
 
 
+def regret_of(predicted: Result, paper: Result) -> Regret | None:
+    """The predicted picks of every position the paper measured every layout at, scored by the
+    paper's throughputs (None: no such position)."""
+    picks = _picks(sweeps(predicted), {s.label: s for s in sweeps(paper)})
+    return regret(picks) if picks else None
+
+
 def table_name(paper: Result) -> str:
     """The paper's table a sweep comes from: 'Table 6' of 'Table 6, Figure 10'."""
     return paper.data["reference"].split(",")[0]
@@ -68,9 +79,25 @@ def beside_paper(groups: list[Sweep], paper: Result) -> list[str]:
         lines += table([axis_name, other_name, "TP", "CP", "DP", "DOP", "best (model)", "best (paper)", "agree"],
                        rows, "rrrrrrlll") + [""]
         total += agreed
-    return lines + [f"**Agreement with the paper's {table_name(paper)}:** the best layout agrees at "
-                    f"{total.agree}/{total.positions} positions ({total.agree / total.positions:.0%}); "
-                    f"{total.spread()}.", ""]
+    lines += [f"**Agreement with the paper's {table_name(paper)}:** the best layout agrees at "
+              f"{total.agree}/{total.positions} positions ({total.agree / total.positions:.0%}); "
+              f"{total.spread()}.", ""]
+    scored = regret(picks) if (picks := _picks(groups, theirs)) else None
+    if scored is not None:
+        lines += [f"**Regret, scored by the paper's throughputs:** {scored.sentence()}.", ""]
+    return lines
+
+
+def _picks(groups: list[Sweep], theirs: dict) -> list[tuple[PaperPosition, Layout | None]]:
+    picks = []
+    for sweep in groups:
+        ref = theirs.get(sweep.label)
+        for position in sweep.positions if ref else ():
+            values = {Layout(l): ref.value(l, position) for l in LAYOUTS}
+            if all(v is not None for v in values.values()):
+                pick = sweep.leader(position)
+                picks.append((PaperPosition(sweep.label, *position, values), pick and Layout(pick)))
+    return picks
 
 
 def _compare(sweep: Sweep, ref: Sweep | None) -> tuple[list[list[str]], Agreement]:

@@ -134,6 +134,26 @@ class Simulation:
         """SPLASH's throughput over the best fixed layout's."""
         return self.ratio(SPLASH)
 
+    def phases(self, policy: str = SPLASH) -> list[dict]:
+        """``policy``'s run cut where its layout changes: per phase the layout, when it began and
+        ended (s) and the requests running at its first and last step group."""
+        out: list[dict] = []
+        start = 0.0
+        for end, layout, running in self.result(policy).trace:
+            if out and out[-1]["layout"] == layout:
+                out[-1].update(end_s=end, running_at_end=running)
+            else:
+                out.append({"layout": layout, "start_s": start, "end_s": end, "running_at_start": running,
+                            "running_at_end": running})
+            start = end
+        return out
+
+    def regret(self, policy: str = SPLASH) -> dict[str, float]:
+        """``policy``'s time over each fixed layout's that served every request (< 1: it wins)."""
+        mine = self.result(policy).total_time_s
+        return {r.policy: mine / r.total_time_s for r in self.results
+                if r.policy not in (SPLASH, ORACLE) and not r.rejected and r.total_time_s > 0}
+
     def ratio(self, policy: str) -> float | None:
         """``policy``'s throughput over the best fixed layout's."""
         best = self.best_fixed
