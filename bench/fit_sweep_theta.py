@@ -152,8 +152,8 @@ def resumed(log: str | None, label: str) -> tuple[dict[str, float] | None, float
     found = re.findall(rf"^{label} (?:start|step ([0-9.]+)) (.*?)  rms log error", Path(log).read_text(), re.M) if log else []
     if not found:
         return None, 2.0
-    step, text = found[-1]
-    return {k: float(v) for k, v in (pair.split("=") for pair in text.split())}, float(step or 2.0)
+    steps = [float(step) for step, _ in found if step]  # a resumed run's start line repeats the last step's rates
+    return {k: float(v) for k, v in (pair.split("=") for pair in found[-1][1].split())}, steps[-1] if steps else 2.0
 
 
 def fit(objective: Objective, bounds, rounds: int, label: str = "", resume: str | None = None
