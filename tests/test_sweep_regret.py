@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from splash_core.cli.main import main
-from splash_core.layouts import LAYOUTS, Layout
+from splash_core.layouts import LAYOUTS
 from splash_core.planning.costmodel import BatchArrays, CostModel
 from splash_core.profiles import load
 from splash_core.profiles.schema import ProfileError
