@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -186,10 +187,17 @@ def _overhead(variant: str, layout, eager_us: float, graph_us: float | None) -> 
     return out
 
 
+def _largest(errors: list[float], default: float | None = None) -> float:
+    """The largest of ``errors``, NaN if any is (Python's max drops a NaN that is not first)."""
+    if not errors and default is not None:
+        return default
+    return float("nan") if any(math.isnan(e) for e in errors) else max(errors)
+
+
 def _errors(out: dict, rows: list[dict]) -> dict:
     errors = [abs(r["error_pct"]) for r in rows]
     return {**out, "points": len(errors), "mean_abs_error_pct": statistics.fmean(errors) if errors else 0.0,
-            "max_abs_error_pct": max(errors, default=0.0)}
+            "max_abs_error_pct": _largest(errors, default=0.0)}
 
 
 def _variant_summary(name: str, eta: float | None, held_out: list[dict]) -> dict:
@@ -199,7 +207,7 @@ def _variant_summary(name: str, eta: float | None, held_out: list[dict]) -> dict
     for phase in ("decode", "prefill"):
         errors = [abs(r["error_pct"]) for r in held_out if r["phase"] == phase]
         out[f"{phase}_mean_abs_error_pct"] = statistics.fmean(errors)
-        out[f"{phase}_max_abs_error_pct"] = max(errors)
+        out[f"{phase}_max_abs_error_pct"] = _largest(errors)
     regrets = []  # what running the predicted fastest layout costs over the measured fastest
     for case in sorted({(r["phase"], r["batch"], r["context"]) for r in held_out}):
         group = [r for r in held_out if (r["phase"], r["batch"], r["context"]) == case]

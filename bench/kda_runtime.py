@@ -106,15 +106,18 @@ def _compare(got, ref, tolerance: float) -> dict:
     err = scale = 0.0
     for (ids, a), (ref_ids, b) in zip(got.steps, ref.steps):
         assert ids == ref_ids, "teacher forcing keeps the step sequence"
-        err, scale = max(err, float(np.abs(a - b).max())), max(scale, float(np.abs(b).max()))
+        # np.maximum keeps a NaN (Python's max(0.0, nan) drops it, and NaN logits would pass)
+        err, scale = float(np.maximum(err, np.abs(a - b).max())), float(np.maximum(scale, np.abs(b).max()))
     mismatches = decisive = 0
     for (_, a), (_, b) in zip(got.steps, ref.steps):
         top2 = np.sort(b, axis=1)[:, -2:]
         differ = a.argmax(1) != b.argmax(1)
         mismatches += int(differ.sum())
         decisive += int((differ & (top2[:, 1] - top2[:, 0] > 2 * err)).sum())
-    return {"max_abs_err": err, "ref_scale": scale, "rel_err": err / scale, "greedy_mismatches": mismatches,
-            "decisive_mismatches": decisive, "steps": len(got.steps), "passed": err <= tolerance * scale and decisive == 0}
+    assert len(got.steps) == len(ref.steps), "teacher forcing keeps the step count"  # zip would drop the rest
+    return {"max_abs_err": err, "ref_scale": scale, "rel_err": err / scale if scale else float("nan"),
+            "greedy_mismatches": mismatches, "decisive_mismatches": decisive, "steps": len(got.steps),
+            "passed": len(got.steps) > 0 and err <= tolerance * scale and decisive == 0}
 
 
 def main(argv=None) -> int:

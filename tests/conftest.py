@@ -28,3 +28,13 @@ def rank_pools():
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fail the test if a command would start ranks (spawning or joining a torchrun group)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ranks started for a job that cannot run")
+
+    monkeypatch.setattr("splash_core.engine.launch.RankPool", refuse)
+    monkeypatch.setattr("splash_core.engine.launch.from_env", refuse)

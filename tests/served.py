@@ -27,9 +27,10 @@ class Served:
         exe = shutil.which("splash") or pytest.skip("console script `splash` not installed")
         self.api_key = api_key
         key = ["--api-key", api_key] if api_key else []
-        self.proc = subprocess.Popen([exe, "serve", "--port", "0", "--log-level", "warning", *key, *args],
+        self.proc = subprocess.Popen([exe, "serve", "--port", "0", "--log-level", "info", *key, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
+        self.ranks: list[int] = []  # known once ready (kill() may run before: a server that never got ready)
         self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")),
                                        daemon=True)
         self.reader.start()
@@ -50,8 +51,8 @@ class Served:
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def post(self, path: str, body, **kw) -> requests.Response:
-        return requests.post(self.url + path, json=body, headers=self.headers, timeout=120, **kw)
+    def post(self, path: str, body, headers: dict | None = None, **kw) -> requests.Response:
+        return requests.post(self.url + path, json=body, headers={**self.headers, **(headers or {})}, timeout=120, **kw)
 
     def get(self, path: str) -> requests.Response:
         return requests.get(self.url + path, headers=self.headers, timeout=60)
@@ -85,7 +86,9 @@ class Served:
 
 
 def metric(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The samples of ``name`` whose labels include ``labels``, summed (every metric has ``model_name`` too)."""
+    want = set(labels.items())
+    return sum(v for (n, have), v in samples.items() if n == name and want <= set(have))
 
 
 def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from cli_lines import one_line
 
 from splash_core.cli.main import main
 from splash_core.profiles import ProfileError, load_file
@@ -17,25 +18,6 @@ SHIPPED = builtin_root()
 # cpu-tiny on the synthetic tiny model (the shipped one serves a checkpoint), so a test can swap the model
 DEPLOYMENT = re.sub(r"^model: .*$", "model: tiny-mla", (SHIPPED / "deployments" / "cpu-tiny.yaml").read_text(), flags=re.M)
 MODEL = (SHIPPED / "models" / "tiny-mla.yaml").read_text()
-
-
-def one_line(capsys, command: str) -> str:
-    """The single stderr line of a failed ``splash COMMAND`` (and nothing on stdout)."""
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"splash {command}: error: "), captured.err
-    assert "Traceback" not in captured.err and not captured.out, captured
-    return lines[0]
-
-
-@pytest.fixture
-def no_ranks(monkeypatch):
-    """Fail the test if ``splash run`` would start ranks (spawning or joining a torchrun group)."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("ranks started for a job that cannot run")
-
-    monkeypatch.setattr("splash_core.engine.launch.RankPool", refuse)
-    monkeypatch.setattr("splash_core.engine.launch.from_env", refuse)
 
 
 def write(tmp_path, name: str, text: str):
@@ -183,12 +165,18 @@ def test_bad_arguments_are_one_line_errors(capsys, no_ranks, argv, message):
     assert one_line(capsys, argv[0]) == f"splash {argv[0]}: error: {message}"
 
 
-def test_a_torchrun_world_that_differs_from_t_is_refused(monkeypatch, capsys, no_ranks):
-    monkeypatch.setenv("RANK", "0")
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_torchrun_world_that_differs_from_t_is_refused_by_rank_0_alone(monkeypatch, capsys, no_ranks, command):
     monkeypatch.setenv("WORLD_SIZE", "3")
-    assert main(["run"]) == 2
-    assert one_line(capsys, "run") == ("splash run: error: torchrun started 3 processes, but deployment 'cpu-tiny' "
-                                       "has T = 2: start one process per rank (--nproc-per-node 2)")
+    monkeypatch.setenv("RANK", "1")
+    argv = [command, "--port", "0"] if command == "serve" else [command]
+    assert main(argv) == 0  # rank 0 says it; another rank leaving with a failure would cut rank 0 short
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(argv) == 2
+    assert one_line(capsys, command) == (f"splash {command}: error: torchrun started 3 processes, but deployment "
+                                         "'cpu-tiny' has T = 2: start one process per rank "
+                                         "(--nnodes x --nproc-per-node = 2)")
 
 
 def test_calibrate_does_not_overwrite_a_profile_unless_forced(tmp_path, capsys):

@@ -105,7 +105,7 @@ def test_a_bf16_run_is_checked_within_the_tolerance(rank_pools):
     summary = rank_pools(2).run(serve, Job(deployment, "rollout-tiny", policy="DOP"))[0]
     check = summary.check
     assert summary.compute_dtype == "bf16" and summary.served == 12
-    assert check["passed"] and not check["exact"] and check["tolerance"] == 0.05
+    assert check["passed"] and not check["exact"] and check["error_multiple"] == 4 and check["compute_error"] > 0
     assert check["tokens"] == summary.output_tokens
 
 

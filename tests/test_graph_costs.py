@@ -211,7 +211,7 @@ def test_precopy_choice_charges_the_recapture_to_every_way_of_switching(deployme
     assert all(c.recapture_s == pytest.approx(cost.graph_costs.capture_s) for c in costs)
     assert "re-capturing decode graphs" in best.explain()
     _, kept = plan_transition(x, TP, DOP, cost, cost.evaluate(x), 4, 0.48, layers=range(deployment.layers))
-    assert all(c.recapture_s == 0.0 for c in kept)
+    assert kept and all(c.recapture_s == 0.0 for c in kept)
 
 
 def test_simulate_prints_the_recapture(capsys):

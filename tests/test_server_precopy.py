@@ -82,8 +82,10 @@ def test_metrics_count_precopies_and_switch_kinds():
               "precopy": handed}
     m = Metrics("tiny")
     m.on_step(StepReport(7, "TP", 0.01, "switch", 4, switches=(switch,), precopies=(handed, cancelled)))
-    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
-           for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}
+    samples = [s for f in text_string_to_metric_families(m.render().decode()) for s in f.samples]
+    assert samples and all(s.labels.get("model_name") == "tiny" for s in samples)
+    got = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+           for s in samples}
     assert got[("splash_switches_total", (("dst", "TP"), ("kind", "precopy"), ("src", "DP")))] == 1
     events = {k[1]: v for k, v in got.items() if k[0] == "splash_precopies_total"}
     assert events == {(("dst", "TP"), ("event", "handed_off"), ("src", "DP")): 1,

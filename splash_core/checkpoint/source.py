@@ -54,7 +54,7 @@ class CheckpointWeights:
                 raise CheckpointError(str(self.folder), "*.safetensors", "no weights in the checkpoint folder")
             self._where = {}
             for f in files:
-                with safe_open(str(f), framework="pt") as handle:
+                with _opened(safe_open, str(f)) as handle:
                     self._where.update(dict.fromkeys(handle.keys(), str(f)))
         self._open = safe_open
         self._handles: dict = {}
@@ -69,7 +69,7 @@ class CheckpointWeights:
         if file not in self._handles:
             if not Path(file).is_file():
                 raise CheckpointError(file, name, "the index names this file, which is missing")
-            self._handles[file] = self._open(file, framework="pt")
+            self._handles[file] = _opened(self._open, file)
         return self._handles[file].get_slice(name)
 
     def _stored(self, name: str) -> str:
@@ -152,6 +152,18 @@ class CheckpointWeights:
         out = t.to(device=device, dtype=dtype or t.dtype).contiguous()
         self.seconds += time.perf_counter() - t0
         return out
+
+
+def _opened(safe_open, file: str):
+    """``safe_open(file)``; a file that is not whole safetensors (truncated, damaged, unreadable)
+    is a :class:`CheckpointError` naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        return safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(file, "(file)", f"not a readable safetensors file (truncated or damaged?): "
+                                              f"{exc}") from None
 
 
 def weight_source(profile, seed: int = 0):

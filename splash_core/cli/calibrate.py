@@ -19,11 +19,13 @@ from pathlib import Path
 from ..platform.backend import get_backend
 from ..profiles import loader
 from ..results import machine_description
-from ..studies import calibrate, calibrate_runtime
-from .args import UsageError, at_least
+from .args import UsageError, at_least, writable_file
 from .output import print_json, table
 
 DTYPES = ("bf16", "fp16", "fp32")
+# runtime.step_timing.GRAPH_MODES, spelled here so that building the parser imports no torch
+# (tests/test_cli_package_startup.py holds the two equal)
+GRAPH_MODES = ("auto", "on", "off")
 UNITS = {"memory_gib": "GiB", "matmul_tflops": "TFLOP/s", "attention_tflops": "TFLOP/s",
          "decode_attention_tflops": "TFLOP/s", "host_overlap": "fraction"}
 
@@ -32,7 +34,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure θ (matmul, attention, memory and collective rates, the runtime's "
                                          "host overheads and replayed steps) into a hardware profile")
     p.add_argument("--backend", default="auto", help="backend to calibrate (default: auto)")
-    p.add_argument("--out", required=True, help="hardware profile YAML to write (a new file unless --force)")
+    p.add_argument("--out", required=True, type=writable_file,
+                   help="hardware profile YAML to write (a new file unless --force)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists (e.g. a committed measured profile)")
     p.add_argument("--ranks", type=at_least(1), default=None,
                    help="ranks to spawn on this host (default 1; under torchrun its group is used)")
@@ -43,7 +46,7 @@ def add_parser(sub) -> None:
                    help="compute dtype (default: bf16 on accelerators, fp32 on the host)")
     p.add_argument("--runtime", action=argparse.BooleanOptionalAction, default=True,
                    help="time runtime decode steps per layout and fit the host overheads (default: on)")
-    p.add_argument("--graphs", choices=calibrate_runtime.GRAPH_MODES, default="auto",
+    p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
                    help="decode steps replay captured graphs: auto (where the backend captures them, as the runtime "
                         "serves), on (the backend must), off (eager, as before issue 22); prefill runs eagerly")
     p.add_argument("--model", default=None,
@@ -64,6 +67,8 @@ def _command(args, ranks: int, dtype: str, spec) -> str:
 
 
 def _runtime_spec(args, accelerator: bool):
+    from ..studies import calibrate_runtime
+
     if not args.runtime:
         if args.model or args.layers is not None or args.graphs != "auto":
             raise UsageError("--model, --layers and --graphs choose what the runtime timing builds; drop --no-runtime")
@@ -81,6 +86,7 @@ def run(args) -> int:
     from ..dtypes import torch_dtype
     from ..runtime import group
     from ..runtime.spawn import RankPool
+    from ..studies import calibrate, calibrate_runtime
 
     _check_out(args.out, args.force)
     backend = get_backend(args.backend)
@@ -130,13 +136,9 @@ def run(args) -> int:
 
 
 def _check_out(out: str, force: bool) -> None:
-    """Fail before measuring (minutes) if the profile could not be written where asked."""
-    path = Path(out)
-    if path.is_dir():
-        raise UsageError(f"--out {out}: is a directory, not a file")
-    if not path.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {path.parent} does not exist")
-    if path.exists() and not force:
+    """Fail before measuring (minutes) if the profile would replace a file unasked (``--out``'s
+    type has checked that it can be written)."""
+    if Path(out).exists() and not force:
         raise UsageError(f"--out {out}: the file exists; write a new file, or pass --force to replace it")
 
 

@@ -13,7 +13,7 @@ from ..planning.scheduler import Scheduler
 from ..profiles import load
 from .args import UsageError, at_least
 from .output import GIB, print_json, table
-from .plan import parse_tokens
+from .plan import check_requests_bound, parse_tokens
 
 PHASES = ("decode", "prefill", "mixed")
 PREFILL_CHUNK = 8192  # rows a prefill step gives a request when --query-rows is not set
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
 
 def parse_groups(text: str) -> list[list[int]]:
     """'4x8k,2x100k' -> [[8192] * 4, [102400] * 2]."""
-    groups = []
+    parsed = []
     for group in text.split(","):
         count, sep, tokens = group.strip().lower().partition("x")
         if not sep or not count.strip().isdigit():
@@ -48,7 +48,9 @@ def parse_groups(text: str) -> list[list[int]]:
         context = parse_tokens(tokens)
         if context < 1:
             raise UsageError(f"bad request group {group.strip()!r}: a context must be at least 1 token")
-        groups.append([context] * int(count))
+        parsed.append((int(count), context))
+    check_requests_bound(sum(count for count, _ in parsed), "--requests")  # before any list is built
+    groups = [[context] * count for count, context in parsed]
     if not any(groups):
         raise UsageError("no requests given")
     return groups

@@ -10,7 +10,7 @@ checked against the single-device reference unless ``--no-check``.
 
 from __future__ import annotations
 
-from .args import UsageError
+from .args import UsageError, at_least
 from .engine_job import deployment_for, run_group
 from .output import print_json
 
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                    help="a Hugging Face checkpoint folder (DeepseekV2/V3ForCausalLM; default: the deployment's model)")
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
                    help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")
-    p.add_argument("--T", type=int, default=None, help="ranks in the group (default: the deployment's)")
+    p.add_argument("--T", type=at_least(1), default=None, help="ranks in the group (default: the deployment's)")
     p.add_argument("--layout", default=None, help="compute every step in this layout: TP, CP, DP or DOP")
     p.add_argument("--policy", default=None,
                    help="instead of --layout: splash (the scheduler decides every step) or script:TP,DP,...[:STEPS]")
@@ -75,6 +75,13 @@ def run(args) -> int:
     tokenizer = Tokenizer(folder) if folder else None
     prompt = _prompt(args, model, tokenizer)
     request = _request(args, prompt, tokenizer)
+    why = _refusal(deployment, folder, request, make_policy(policy, deployment))
+    if why:
+        from ..engine.launch import torchrun_rank
+
+        if torchrun_rank():
+            return 2  # under torchrun every process refuses it; rank 0 says why, once
+        raise UsageError(why)
     job = Job(deployment=args.deployment, model=args.model, T=args.T, policy=policy, prompts=(request,),
               check=not args.no_check)
     summary = run_group(job, "generate", args.timeout)
@@ -82,6 +89,8 @@ def run(args) -> int:
         return summary
     if summary is None:  # a rank other than 0 under torchrun
         return 0
+    if summary.rejected and not args.json:  # the engine ended it (a switch it needed was refused): say why
+        raise UsageError(f"the request was rejected: {summary.rejected[0]['reason']}")
     out = summary.outputs[0]
     text = tokenizer.decode(out["token_ids"]) if tokenizer is not None else None
     if args.json:
@@ -91,7 +100,7 @@ def run(args) -> int:
                     "finish_reason": out["finish_reason"], **result})
     else:
         _print_generation(summary, out, text, prompt)
-    return 1 if summary.check_passed is False else 0
+    return 2 if summary.rejected else 1 if summary.check_passed is False else 0
 
 
 def _prompt(args, model, tokenizer) -> list[int]:
@@ -106,6 +115,22 @@ def _prompt(args, model, tokenizer) -> list[int]:
     if not prompt or bad:
         raise UsageError(f"--prompt-ids: need ids in [0, {model.vocab_size}) (got {bad[:3] or 'none'})")
     return prompt
+
+
+def _refusal(deployment, folder: str | None, request, policy) -> str:
+    """Why the request can never run (checked before any rank starts or allocates): longer than
+    the checkpoint's context, or more KV than any layout of the policy holds (admission's rule);
+    "" if it can."""
+    from ..engine.preflight import JobError, check_context, check_requests
+    from ..profiles.workload import RequestSpec
+
+    try:
+        check_context(folder, len(request.prompt), request.max_new_tokens)
+        check_requests(deployment, [RequestSpec(0, len(request.prompt), request.max_new_tokens)], 1, policy, None,
+                       "--max-new-tokens")
+    except JobError as exc:
+        return str(exc)
+    return ""
 
 
 def _request(args, prompt: list[int], tokenizer):

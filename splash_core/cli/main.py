@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 128 + signal.SIGPIPE
     except Terminated:
-        print(f"{_fresh_line()}splash: terminated", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # torchrun stops the other ranks when one fails, and says so
+            print(f"{_fresh_line()}splash: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"{_fresh_line()}splash: interrupted", file=sys.stderr)

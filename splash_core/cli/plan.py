@@ -29,6 +29,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+# Bounds on what the planners materialise, so a typo cannot ask for hundreds of GiB: answers within
+# them are exact, beyond them the command refuses in one line. No deployment's step holds more.
+MAX_REQUESTS = 1 << 17  # requests in one batch (the scheduler's per-request arrays: ~1 KiB each)
+MAX_TOKENS = 1 << 40  # tokens of one request (far past any model's context; sums stay within int64)
+MAX_PAGES = 1 << 25  # KV pages of a switch plan (its per-page key arrays: ~24 bytes each, under 1 GiB)
+
+
+def check_requests_bound(count: int, flag: str) -> None:
+    """UsageError when ``count`` requests exceed :data:`MAX_REQUESTS`."""
+    if count > MAX_REQUESTS:
+        raise UsageError(f"{flag}: {count:,} requests in one batch exceed the {MAX_REQUESTS:,} this command "
+                         f"evaluates (it holds arrays per request; no deployment runs such a batch)")
+
+
 def parse_tokens(text: str) -> int:
     """'131072', '128k' or '1m' (k = 1,024 tokens, as the paper counts)."""
     t = text.strip().lower()
@@ -37,17 +51,22 @@ def parse_tokens(text: str) -> int:
         value = float(t[:-1] if scale > 1 else t) * scale
     except ValueError:
         raise UsageError(f"bad token count {text!r}: expected e.g. 131072, 128k or 1m") from None
-    if value < 0 or value != int(value):
-        raise UsageError(f"bad token count {text!r}: expected a whole number >= 0")
+    if not (0 <= value <= MAX_TOKENS and value == int(value)):  # also nan and inf
+        raise UsageError(f"bad token count {text!r}: expected a whole number from 0 to {MAX_TOKENS:,} (2^40)")
     return int(value)
 
 
 def _batch(args) -> Batch:
+    check_requests_bound(args.batch, "--batch")
     contexts = [parse_tokens(c) for c in args.context.split(",")]
+    if len(contexts) not in (1, args.batch):
+        raise UsageError(f"--context gives {len(contexts)} values for --batch {args.batch}")
+    pages = sum(-(-c // args.page_size) for c in contexts) * (args.batch if len(contexts) == 1 else 1)
+    if pages > MAX_PAGES:
+        raise UsageError(f"--context: the batch holds {pages:,} KV pages of {args.page_size} tokens, more than the "
+                         f"{MAX_PAGES:,} a switch plan lists page by page here; plan fewer or shorter requests")
     if len(contexts) == 1:
         contexts *= args.batch
-    if len(contexts) != args.batch:
-        raise UsageError(f"--context gives {len(contexts)} values for --batch {args.batch}")
     return Batch(tuple(Request(i, s, i % args.T) for i, s in enumerate(contexts)))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..paths import project_path
 from ..results import ResultError
-from .args import UsageError, existing_dir
+from .args import NO_MATPLOTLIB, UsageError, can_draw, existing_dir, writable_dir
 from .output import print_json, table
 
 DEFAULT_RESULTS, DEFAULT_REFERENCE = "bench/results", "bench/reference"
@@ -23,12 +23,15 @@ def add_parser(sub) -> None:
                    help=f"folder of results/<platform>/*.json (default: the project's {DEFAULT_RESULTS}, if any)")
     p.add_argument("--reference", type=existing_dir, default=None,
                    help=f"folder of the paper's CSVs (default: the project's {DEFAULT_REFERENCE})")
-    p.add_argument("--out", default="report", help="output folder for README.md and its images (default report)")
+    p.add_argument("--out", type=writable_dir, default="report",
+                   help="output folder for README.md and its images (default report)")
     p.add_argument("--json", action="store_true", help="machine-readable summary of what was rendered")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if not can_draw():
+        raise UsageError(NO_MATPLOTLIB)
     from ..report import render_report  # matplotlib loads only when a report is drawn
 
     results = args.results
@@ -36,8 +39,6 @@ def run(args) -> int:
         results = project_path(DEFAULT_RESULTS)
         results = results if results.is_dir() else None
     reference = args.reference or project_path(DEFAULT_REFERENCE)
-    if Path(args.out).is_file():
-        raise UsageError(f"--out {args.out}: is a file, not a directory")
     try:
         report = render_report(results, args.out, reference)
     except ResultError as exc:

@@ -10,11 +10,9 @@ describes (one rank per process); otherwise the ranks are spawned here.
 
 from __future__ import annotations
 
-import os
-
 from ..profiles import load
 from .args import UsageError, add_switch_options, at_least, positive_float
-from .engine_job import deployment_for, run_group
+from .engine_job import check_torchrun_world, deployment_for, run_group
 from .output import print_json
 
 DEFAULT_DEPLOYMENT, DEFAULT_WORKLOAD = "cpu-tiny", "rollout-tiny"
@@ -54,7 +52,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..engine import Job  # torch: imported only when the command runs
-    from ..engine.launch import under_torchrun
     from ..engine.policy import make_policy
     from ..engine.preflight import JobError, check_job
     from ..engine.summary import render
@@ -65,10 +62,8 @@ def run(args) -> int:
         policy = make_policy(args.policy, deployment)
     except ValueError as exc:
         raise UsageError(str(exc)) from None  # names the policy
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != deployment.T:
-        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but deployment "
-                         f"{deployment.name!r} has T = {deployment.T}: start one process per rank "
-                         f"(--nproc-per-node {deployment.T})")
+    if not check_torchrun_world(deployment):
+        return 0
     try:
         check_job(deployment, workload, policy, args.kv_pages)  # before any rank starts
     except JobError as exc:

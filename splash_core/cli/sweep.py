@@ -19,7 +19,7 @@ from ..layouts import LAYOUTS
 from ..profiles import load
 from ..studies.sweep import MODES, NOTE, predict
 from ..studies.sweep_paper import TABLES, agreement, paper_positions, regret, repeat_gap, repeats
-from .args import UsageError
+from .args import UsageError, figure_path, writable_dir
 from .output import print_json, table
 from .plan import parse_tokens
 
@@ -41,8 +41,10 @@ def add_parser(sub) -> None:
                                                      "(default: the deployment's disaggregation.prefill_chunk)")
     p.add_argument("--reference", default="bench/reference", help="folder of the paper's CSVs (for --paper)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="PNG", help="draw throughput per layout, best starred (like Figures 4, 8, 10)")
-    p.add_argument("--out", metavar="DIR", help="write a fixed_layout_sweep result (source model) under DIR/<platform>x<T>/")
+    p.add_argument("--plot", metavar="PNG", type=figure_path,
+                   help="draw throughput per layout, best starred (like Figures 4, 8, 10)")
+    p.add_argument("--out", metavar="DIR", type=writable_dir,
+                   help="write a fixed_layout_sweep result (source model) under DIR/<platform>x<T>/")
     p.set_defaults(func=run)
 
 

@@ -12,7 +12,10 @@ KV growth (:func:`~splash_core.planning.ownership.assign_owner`) and is
 - rejected, with the reason, when no layout the policy may run could hold it even alone;
 - admitted when the running requests plus it fit the current layout;
 - admitted when nothing runs and it fits another layout the policy may run (the engine then
-  moves to a layout that holds it before the first step);
+  moves to a layout that holds it in its first step, feeding in that step only what the current
+  layout holds: if the switch is refused, the step runs where it is, and the request ends
+  rejected with the refusal, so no step ever runs out of pages:
+  :class:`~splash_core.engine.controller.Controller`);
 - otherwise left waiting, and so is everything behind it, until requests finish.
 
 A scheduler decision to hold admission skips admission for the next step.
@@ -41,19 +44,38 @@ class KVCapacity:
     T: int
     source: str  # how ``pages`` was chosen, in words
 
-    def need(self, requests: Sequence[Request], owners: Sequence[int] | None = None) -> np.ndarray:
+    def need(self, requests: Sequence[Request], owners: Sequence[int] | None = None,
+             lengths: Sequence[int] | None = None) -> np.ndarray:
         """[len(LAYOUTS)]: the busiest rank's pages per layer for ``requests`` at their reserved
-        lengths, in each layout (``owners`` overrides the requests' own)."""
+        lengths (or at ``lengths``: the pages they hold at those history lengths), in each layout
+        (``owners`` overrides the requests' own)."""
         if not requests:
             return np.zeros(len(LAYOUTS), dtype=np.int64)
-        reserved = [r.reserved_tokens for r in requests]
-        x = BatchArrays.of(reserved, [r.owner for r in requests] if owners is None else owners,
-                           ids=[r.id for r in requests], reserved=reserved)
+        tokens = [r.reserved_tokens for r in requests] if lengths is None else list(lengths)
+        x = BatchArrays.of(tokens, [r.owner for r in requests] if owners is None else owners,
+                           ids=[r.id for r in requests], reserved=tokens)
         return rank_loads(x, self.T, self.page_size).reserved_pages.max(axis=1).astype(np.int64)
 
     def fits(self, requests: Sequence[Request]) -> np.ndarray:
         """[len(LAYOUTS)] bools: which layouts hold ``requests``."""
         return self.need(requests) <= self.pages
+
+    def rows_within(self, requests: Sequence[Request], rows: Sequence[int], layout: Layout) -> list[int]:
+        """``rows`` (one step's rows of ``requests``) cut, in order, so that the histories after the
+        step (fed + rows) fit ``layout``'s pool: what the step may feed where it runs in ``layout``
+        if the switch it asks for is refused. A request may be left with no row."""
+        at = LAYOUTS.index(layout)
+        lengths = [r.fed for r in requests]
+        out = []
+        for k, (r, want) in enumerate(zip(requests, rows)):
+            lo, hi = 0, int(want)  # the largest take that fits, by bisection (pages grow with it)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lengths[k] = r.fed + mid
+                lo, hi = (mid, hi) if self.need(requests, lengths=lengths)[at] <= self.pages else (lo, mid - 1)
+            lengths[k] = r.fed + lo
+            out.append(lo)
+        return out
 
 
 def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], pages: int | None = None) -> KVCapacity:

@@ -5,6 +5,10 @@ admission), give every decoding request one row and the prefilling ones up to ``
 rows per owner rank in admission order, ask the policy for the layout, and check the layout
 against the KV pool. A request that has fed any token holds KV, so it gets at least one row
 in every step until it finishes: a switch moves exactly the histories of the step's batch.
+A step that must leave a layout too small for the running requests (admitted while nothing ran,
+for another layout) feeds only what that layout holds, since a refused switch runs the step
+there; if the switch is refused, those requests end, rejected with the reason, instead of a
+later step running out of pages.
 After the step, :meth:`Controller.record` turns the chosen tokens into progress and finished
 requests, whose pages the next plan releases. Or, where the step can be booked before its tokens
 are known (:meth:`Controller.book_ahead`: a step in the current layout, its sampled outputs
@@ -29,13 +33,12 @@ import numpy as np
 
 from ..layouts import LAYOUTS, Layout
 from ..planning.costmodel import BatchArrays
-from ..runtime.sampling import RowDraw
 from ..runtime.step_batch import StepBatch, StepRequest
 from .admission import Admission, KVCapacity
-from .draws import uniforms
+from .draws import step_sampling
 from .plan import Command, StepPlan
 from .policy import Choice
-from .precopies import FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
+from .precopies import AT_ONCE, FELL_BACK, HANDED_OFF, OUTCOMES, PreCopyRecord
 from .requests import Request, State
 
 
@@ -122,13 +125,20 @@ class Controller:
         self.hold, self.reason = choice.hold, choice.reason
         layout = self._fitting(choice, step)
         self.switch_check = choice.switch if layout is choice.layout else None
+        precopy_steps = choice.precopy_steps if layout is choice.layout else 0
+        if layout is not self.layout and not self._holds(self.layout):
+            rows, precopy_steps = self._within_current(rows, step), AT_ONCE  # no step can wait here for a pre-copy
+            self.switch_check = None  # the scheduler checked the uncut batch: the executor checks this one
+            if not self.running:
+                return StepPlan(Command.IDLE, step, self.layout, releases=self._take_releases())
         members = [StepRequest(r.id, r.owner, r.fed, q) for r, q in zip(self.running, rows) if q]
         batch = StepBatch.build(members, T, page_size)
         by_id = {r.id: r for r in self.running}
         tokens = np.concatenate([by_id[q.id].feed(q.rows) for q in batch.requests])
+        sampling = step_sampling(batch.requests, by_id)
         return StepPlan(Command.STEP, step, layout, batch.requests, tokens, self._take_releases(),
-                        precopy_steps=choice.precopy_steps if layout is choice.layout else 0,
-                        draws=_draws(batch.requests, by_id))
+                        precopy_steps=precopy_steps,
+                        draws=sampling.draws, tracked=sampling.tracked, scored=sampling.scored)
 
     def _arrive(self) -> None:
         now = self._now()
@@ -218,6 +228,36 @@ class Controller:
             self.reason = f"{short}; {fallback} is the policy's next choice that can"
         return fallback
 
+    def _holds(self, layout: Layout) -> bool:
+        """Whether the KV pool holds the running requests, at their reserved lengths, in ``layout``."""
+        return bool(self.capacity.fits(self.running)[LAYOUTS.index(layout)])
+
+    def _within_current(self, rows: list[int], step: int) -> list[int]:
+        """The step moves away from a layout that cannot hold the running requests (admitted while
+        nothing ran, for another layout). If the switch is refused the step runs where it is, so it
+        feeds only what the current layout holds; a started request with no room left there ends."""
+        cut = self.capacity.rows_within(self.running, rows, self.layout)
+        for r, q in zip(self.running, cut):
+            if q == 0 and r.started:
+                self._end_unheld(r, f"the current layout {self.layout} has no room for its next token")
+        return [q for r, q in zip(self.running, cut) if not r.done]
+
+    def _end_unheld(self, r: Request, why: str) -> None:
+        """End running request ``r``, which the current layout cannot hold: rejected with the limit and ``why``."""
+        fits = [str(layout) for layout, ok in zip(LAYOUTS, self.capacity.fits([r])) if ok]
+        r.reject(f"{r.prompt_tokens} prompt + {r.spec.max_new_tokens} output tokens fit the KV pool "
+                 f"({self.capacity.pages} pages of {self.capacity.page_size} tokens per layer and rank) only in "
+                 f"{', '.join(fits) or 'no layout'}, not in {self.layout}, and {why}")
+        if r.started:
+            self.releases.append(r.id)
+        self.running = [x for x in self.running if x is not r]
+
+    def _end_stranded(self, wanted: Layout, refused: str) -> None:
+        """After the switch to ``wanted`` was refused: the running requests the current layout cannot
+        hold end, newest first (the step fed them only what fits here, :meth:`_within_current`)."""
+        while self.running and not self._holds(self.layout):
+            self._end_unheld(self.running[-1], f"the switch to {wanted} was refused: {refused}")
+
     def _take_releases(self) -> tuple[int, ...]:
         out, self.releases = tuple(self.releases), []
         return out
@@ -300,19 +340,8 @@ class Controller:
             if r.state is State.FINISHED:
                 self.releases.append(r.id)
         self.running = [r for r in self.running if r.state is not State.FINISHED]
+        if refused:
+            self._end_stranded(plan.layout, refused)
         self._step_record(plan, ran_in, seconds, booked)
         return produced
 
-
-def _draws(members, by_id) -> tuple[RowDraw, ...]:
-    """The sampled outputs of a step of ``members`` (batch order): each one's uniform number is
-    that of the output index it will have, counting outputs booked ahead and not yet confirmed."""
-    rows = []
-    for row, q in enumerate(members):
-        r = by_id[q.id]
-        if not r.sampling.greedy and r.outputs_this_step(q.rows):
-            rows.append((row, r))
-    if not rows:
-        return ()
-    draws = uniforms([r.sampling for _, r in rows], [r.id for _, r in rows], [len(r.generated) + r.ahead for _, r in rows])
-    return tuple(RowDraw(row, r.sampling, float(u)) for (row, r), u in zip(rows, draws))

@@ -28,6 +28,7 @@ from ..profiles.workload import RequestSpec
 from .admission import KVCapacity
 from .controller import Controller
 from .engine import deployment_of
+from .logprobs import news as logprob_news
 from .messages import AbortRequests, AddRequest, Close, EngineDone, EngineReady, StepReport
 from .plan import Command, StepPlan
 from .policy import make_policy
@@ -121,6 +122,7 @@ class LiveHooks(Hooks):
         self.pools = None
         self.pending_rejected: tuple = ()  # found while planning a step, sent after it
         self.steps = self.switches = 0
+        self.arrived: dict[int, float] = {}  # requests not scheduled yet: when they arrived (their queue time)
 
     # ---- before a plan: what the front end sent -------------------------------------------
 
@@ -146,8 +148,10 @@ class LiveHooks(Hooks):
         if isinstance(message, AddRequest):
             prompt = np.asarray(message.prompt_ids, dtype=np.int64)
             self.controller.add(Request(RequestSpec(message.id, len(prompt), message.max_new_tokens), prompt,
-                                        sampling=message.sampling))
+                                        sampling=message.sampling, logprobs=message.logprobs,
+                                        prompt_logprobs=message.prompt_logprobs))
             self.watch.add(message.id)
+            self.arrived[message.id] = time.monotonic()
         elif isinstance(message, AbortRequests):
             self._drop(r.id for r in self.controller.abort(list(message.ids), self.steps))
         elif isinstance(message, Close):
@@ -163,6 +167,8 @@ class LiveHooks(Hooks):
     def _drop(self, ids) -> None:
         ids = list(ids)
         self.watch.difference_update(ids)
+        for rid in ids:
+            self.arrived.pop(rid, None)
         self.controller.forget(ids)
         self.dirty = self.dirty or bool(ids)
 
@@ -184,17 +190,21 @@ class LiveHooks(Hooks):
 
     def after_step(self, plan: StepPlan, produced: list, seconds: float, switch) -> None:
         c = self.controller
+        scores = logprob_news(plan, produced, c.requests)
         finished = tuple((r.id, r.finish_reason) for r in produced if r.state is State.FINISHED)
+        finished += scores.pop("finished")  # requests that only scored their prompt
         switches = tuple({"src": str(s.src), "dst": str(s.dst), "reason": s.reason, "refused": s.refused,
                           "exposed_ms": float(switch.exposed_ms) if switch is not None and not s.refused else 0.0,
                           "kind": switch_kind(s), "precopy": s.precopy.as_dict() if s.precopy is not None else {}}
                          for s in c.switches)
         self.steps += 1
         self.switches += sum(not s["refused"] for s in switches)
+        began = time.monotonic() - seconds
+        queued = tuple((q.id, began - self.arrived.pop(q.id)) for q in plan.requests if q.id in self.arrived)
         report = StepReport(plan.step, str(c.layout), seconds, self._phase(plan, switch), int(sum(q.rows for q in plan.requests)),
                             tuple((r.id, r.generated[-1]) for r in produced), finished,
                             self.pending_rejected, switches, len(c.queue), len(c.running),
-                            self._take_pools(), tuple(r.as_dict() for r in c.precopy_events))
+                            self._take_pools(), tuple(r.as_dict() for r in c.precopy_events), queued=queued, **scores)
         self.pending_rejected = ()
         self._drop(rid for rid, _ in finished)
         c.steps.clear()  # a server runs for days: keep no per-step history here

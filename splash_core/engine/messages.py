@@ -17,10 +17,27 @@ from ..runtime.sampling import SamplingParams
 
 @dataclasses.dataclass(frozen=True)
 class AddRequest:
+    """A request; ``max_new_tokens`` may be 0 when ``prompt_logprobs`` is asked (it only scores its
+    prompt). ``logprobs`` / ``prompt_logprobs``: None, or the number of most likely alternatives
+    reported beside each generated / prompt token's logprob."""
+
     id: int
     prompt_ids: Sequence[int]
     max_new_tokens: int
     sampling: SamplingParams
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model's raw distribution at its position (the logits
+    before temperature, penalties and filters: vLLM's default), and the ``top`` most likely
+    (token, logprob) pairs there, most likely first (ties: lower id first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +81,10 @@ class StepReport:
     running: int = 0
     pools: tuple | None = None  # every rank's pool usage (steps.pool_usage), when reported
     precopies: tuple = ()  # records (as dicts) of the pre-copies that began or ended in the step
+    logprobs: tuple = ()  # (request id, TokenLogprob) of each generated token of a request that asked
+    # (request id, (None, TokenLogprob, ...)): a prompt's logprobs (None for position 0), once its prefill ended
+    prompt_logprobs: tuple = ()
+    queued: tuple = ()  # (request id, seconds from its arrival at rank 0 to the start of its first step)
 
 
 @dataclasses.dataclass(frozen=True)

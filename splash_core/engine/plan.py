@@ -2,12 +2,13 @@
 
 Wire format (int64, two broadcasts from rank 0 per step over the host collectives, so planning
 never waits for the device): a fixed header
-``[command, step, layout, requests, tokens, releases, report, precopy_steps, draws]``, then a body
+``[command, step, layout, requests, tokens, releases, report, precopy_steps, sampling]``, then a body
 holding, in order, ``requests`` x (id, owner, start, rows) in batch order, the ``tokens`` to feed
 (rows in batch order), the ids of finished requests whose pages every rank frees before the
-step, and ``draws`` x (row, temperature, top_k, top_p, u): the step's sampled outputs
-(:class:`~splash_core.runtime.sampling.RowDraw`; the three reals as the int64 bits of their
-float64). The tokens reach the device by an asynchronous copy.
+step, and ``sampling`` words of the step's sampling section
+(:class:`~splash_core.engine.draws.StepSampling`: its draws, with their reals as the int64 bits
+of their float64, the requests that keep a token history and those whose prompt logprobs need
+every row's logits). The tokens reach the device by an asynchronous copy.
 
 Commands: STEP runs a step; IDLE frees the releases and runs nothing (rank 0 has nothing to run
 yet: it sends one at least every second, so ranks waiting for work stay inside the collective
@@ -28,8 +29,9 @@ import torch
 
 from ..layouts import LAYOUTS, Layout
 from ..platform.device import to_device
-from ..runtime.sampling import RowDraw, SamplingParams
+from ..runtime.sampling import RowDraw
 from ..runtime.step_batch import StepBatch, StepRequest
+from .draws import StepSampling
 
 _HEADER = 9
 
@@ -53,17 +55,20 @@ class StepPlan:
     releases: tuple[int, ...] = ()
     report: bool = False  # every rank reports its KV pool after this plan
     precopy_steps: int = 0  # a switch to ``layout`` goes by a pre-copy of this many steps (0: the policy's one step)
-    draws: tuple[RowDraw, ...] = ()  # the step's sampled outputs (every other output is the argmax)
+    draws: tuple[RowDraw, ...] = ()  # the step's sampled or adjusted outputs (every other output is the argmax)
+    tracked: tuple[tuple[int, int], ...] = ()  # (id, prompt tokens) of requests whose fed tokens enter their history
+    scored: tuple[int, ...] = ()  # requests whose every row's logits are wanted (prompt logprobs)
 
     def encode(self) -> tuple[np.ndarray, np.ndarray]:
         """(header [9], body) as int64 arrays."""
+        sampling = StepSampling(self.draws, self.tracked, self.scored).encode()
         header = np.array([int(self.command), self.step, LAYOUTS.index(self.layout), len(self.requests),
                            len(self.tokens), len(self.releases), int(self.report), self.precopy_steps,
-                           len(self.draws)], dtype=np.int64)
+                           len(sampling)], dtype=np.int64)
         body = np.concatenate([np.array([[r.id, r.owner, r.start, r.rows] for r in self.requests],
                                         dtype=np.int64).reshape(-1),
                                np.asarray(self.tokens, dtype=np.int64), np.array(self.releases, dtype=np.int64),
-                               _encode_draws(self.draws)])
+                               sampling])
         return header, body
 
     def batch(self, T: int, page_size: int) -> StepBatch:
@@ -83,8 +88,8 @@ def exchange(collectives, device, plan: StepPlan | None,
         header = torch.from_numpy(h)
         body = torch.from_numpy(b)
     collectives.broadcast(header, src=0)
-    command, step, layout, n_req, n_tok, n_rel, report, precopy_steps, n_draw = (int(v) for v in header.tolist())
-    size = 4 * n_req + n_tok + n_rel + 5 * n_draw
+    command, step, layout, n_req, n_tok, n_rel, report, precopy_steps, n_sampling = (int(v) for v in header.tolist())
+    size = 4 * n_req + n_tok + n_rel + n_sampling
     if body is None:
         body = torch.zeros(size, dtype=torch.int64)
     if size:
@@ -96,21 +101,10 @@ def exchange(collectives, device, plan: StepPlan | None,
                         tuple(StepRequest(*map(int, r)) for r in rows),
                         host[4 * n_req: 4 * n_req + n_tok],
                         tuple(int(i) for i in host[4 * n_req + n_tok: 4 * n_req + n_tok + n_rel]),
-                        bool(report), precopy_steps, _decode_draws(host[4 * n_req + n_tok + n_rel:]))
+                        bool(report), precopy_steps)
+        sampling = StepSampling.decode(host[4 * n_req + n_tok + n_rel:])
+        plan = dataclasses.replace(plan, draws=sampling.draws, tracked=sampling.tracked, scored=sampling.scored)
     return plan, _fed(host[4 * n_req: 4 * n_req + n_tok], device, previous, plan.step)
-
-
-def _encode_draws(draws) -> np.ndarray:
-    reals = np.array([[d.params.temperature, d.params.top_p, d.u] for d in draws], dtype=np.float64).view(np.int64)
-    ints = np.array([[d.row, d.params.top_k] for d in draws], dtype=np.int64)
-    return np.concatenate([ints.reshape(-1, 2), reals.reshape(-1, 3)], axis=1).reshape(-1)
-
-
-def _decode_draws(body: np.ndarray) -> tuple[RowDraw, ...]:
-    rows = body.reshape(-1, 5)
-    reals = np.ascontiguousarray(rows[:, 2:]).view(np.float64)
-    return tuple(RowDraw(int(r[0]), SamplingParams(temperature=float(x[0]), top_k=int(r[1]), top_p=float(x[1])),
-                         float(x[2])) for r, x in zip(rows, reals))
 
 
 def _fed(tokens: np.ndarray, device, previous: torch.Tensor | None, step: int) -> torch.Tensor:

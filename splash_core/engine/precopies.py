@@ -11,7 +11,9 @@ that its steps did not complete (memory was short: it paused) hands off what it 
 layers it did not copy moving whole in the handoff; having copied no layer, it falls back to the
 one-step switch, and so does a handoff that Eq 5 or the pools refuse (the copies count as held); a one-step
 switch refused too runs the step in the current layout, as a refused switch does, and the
-plan's next step begins a new pre-copy. A failed copy cancels the pre-copy
+plan's next step begins a new pre-copy. A plan whose ``precopy_steps`` is :data:`AT_ONCE` switches
+in one step even where every switch is a pre-copy (the controller's, when the current layout
+cannot hold the running requests: steps beside a pre-copy would run there). A failed copy cancels the pre-copy
 (the step it ran beside is unaffected), and so does a step whose new pages need the room the
 copies hold; the next step begins a new one.
 """
@@ -26,6 +28,7 @@ from .plan import StepPlan
 HANDOFF_MODE = Mode.SPLASH  # the handoff is an ordinary layer-pipelined switching step
 COPYING, HANDED_OFF, CANCELLED, FELL_BACK = "copying", "handed_off", "cancelled", "fell_back"
 OUTCOMES = (HANDED_OFF, CANCELLED, FELL_BACK)
+AT_ONCE = -1  # a plan's precopy_steps: switch in this step, without a pre-copy, whatever the mode
 
 
 @dataclasses.dataclass
@@ -92,7 +95,7 @@ class PreCopies:
             return model.step(batch, tokens), None, "", False
         if active is None:
             steps = self.steps if self.forced else plan.precopy_steps
-            if steps:
+            if steps and plan.precopy_steps != AT_ONCE:
                 active = self.active = self.executor.precopy(dst, batch, steps)
                 self.record = PreCopyRecord(plan.step, str(current), str(dst), steps)
                 self.events.append(self.record)

@@ -1,14 +1,19 @@
-"""What ``splash run`` checks before any rank starts, so a job that cannot run fails at once with
-one line instead of after the ranks have spawned and allocated their pools: the runtime must be
-able to store the model's KV cache format, and every request of the workload must fit, alone,
-in a layout the policy may run (else admission would reject it at run time and the run would
-serve less than it was asked to)."""
+"""What ``splash run`` and ``splash generate`` check before any rank starts, so a job that cannot
+run fails at once with one line instead of after the ranks have spawned and allocated their
+pools: the runtime must be able to store the model's KV cache format, every request must fit,
+alone, in a layout the policy may run (else admission would reject it at run time and the run
+would serve less than it was asked to), and a prompt given to ``generate`` must fit the
+checkpoint's context length."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
 from ..model.kv_format import kv_format_problem
+from ..profiles.checkpoint_config import read_config
+from ..profiles.workload import RequestSpec
 from .admission import Admission, KVCapacity, plan_capacity
 from .requests import Request
 
@@ -23,19 +28,39 @@ def check_job(deployment, workload, policy, kv_pages: int | None = None) -> KVCa
     problem = kv_format_problem(deployment.model)
     if problem:
         raise JobError(f"deployment {deployment.name!r}: model.kv_cache: {problem}")
-    specs = workload.requests()
+    return check_requests(deployment, workload.requests(), workload.concurrency, policy, kv_pages,
+                          f"workload {workload.name!r}")
+
+
+def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, policy, kv_pages: int | None,
+                   what: str) -> KVCapacity:
+    """The KV capacity a run of ``specs`` gets (as :func:`~splash_core.engine.admission.plan_capacity`
+    sizes it: nothing is allocated here); JobError naming the first request that no layout the
+    policy may run could hold, by the rule admission applies at run time and ``splash serve`` to
+    every request (:meth:`~splash_core.engine.admission.Admission.refusal`). ``what``: the
+    requests' source in words, for the message."""
+    if not specs:
+        raise JobError(f"{what}: no requests to run")
     try:
-        capacity = plan_capacity(deployment, workload.concurrency,
-                                 [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages)
+        capacity = plan_capacity(deployment, concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages)
     except ValueError as exc:
         raise JobError(str(exc)) from None
-    admission = Admission(capacity, workload.concurrency, policy.layouts)
+    admission = Admission(capacity, concurrency, policy.layouts)
     refused = [(spec, admission.refusal(Request(spec, np.zeros(0, np.int64)))) for spec in specs]
     refused = [(spec, reason) for spec, reason in refused if reason]
     if refused:
         spec, reason = refused[0]
         others = f" ({len(refused) - 1} more like it)" if len(refused) > 1 else ""
         fix = "raise --kv-pages" if kv_pages is not None else "give the deployment more memory"
-        raise JobError(f"workload {workload.name!r}: request {spec.id} can never run{others}: {reason} "
+        raise JobError(f"{what}: request {spec.id} can never run{others}: {reason} "
                        f"under policy {policy.name}; {fix} or shorten the requests")
     return capacity
+
+
+def check_context(folder: str | None, prompt_tokens: int, max_new_tokens: int) -> None:
+    """JobError if prompt + output exceed the checkpoint's context length (``max_position_embeddings``
+    in its config.json; a model without a checkpoint folder states none), as ``splash serve`` refuses."""
+    limit = read_config(folder)[1].get("max_position_embeddings") if folder else None
+    if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit:
+        raise JobError(f"{prompt_tokens} prompt + {max_new_tokens} output tokens exceed this model's context "
+                       f"length of {limit} tokens (max_position_embeddings in its config.json)")

@@ -13,7 +13,13 @@ and every decode step feeds the last generated token and yields the next, chosen
 request's :class:`~splash_core.runtime.sampling.SamplingParams`. A request generates
 ``max_new_tokens`` tokens, or fewer when it emits one of its stop ids (EOS; workload requests have
 none: the paper's protocol generates exactly ``max_new_tokens``); the last generated token is
-never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens.
+never fed back, so its history peaks at ``prompt + max_new_tokens - 1`` tokens. A request of
+``max_new_tokens = 0`` only scores its prompt (its prompt logprobs are its output: an evaluation
+harness's loglikelihood) and finishes, by length, with the step that feeds its last prompt token.
+
+A request may want the logprob of each generated token (``logprobs``: with its ``logprobs`` most
+likely alternatives) and of each prompt token (``prompt_logprobs``, the same): rank 0 computes
+them from the step's logits (:mod:`splash_core.engine.logprobs`) and keeps them here.
 
 A step may be booked *ahead* of its tokens (rank 0 plans the next step while the device still
 runs this one, issue 22 §3): :meth:`Request.advance_ahead` records its progress with the output
@@ -65,6 +71,10 @@ class Request:
     token_times: list[float] = dataclasses.field(default_factory=list)  # time.monotonic() of each generated token
     ahead: int = 0  # outputs booked ahead of their tokens (not in ``generated`` yet)
     ahead_row: int = -1  # the row of the last such output in its step's tokens (batch order)
+    logprobs: int | None = None  # None: no logprobs; k: each generated token's logprob and the k most likely
+    prompt_logprobs: int | None = None  # the same for each prompt token (None: not wanted)
+    token_logprobs: list = dataclasses.field(default_factory=list)  # messages.TokenLogprob per generated token
+    prompt_scores: list = dataclasses.field(default_factory=list)  # TokenLogprob per prompt token but the first
 
     @property
     def id(self) -> int:
@@ -117,6 +127,8 @@ class Request:
         self.fed += rows
         if self.state is State.PREFILLING and self.fed < self.prompt_tokens:
             return  # mid-prompt: the prediction is not an output
+        if self._scored_only(step):
+            return
         self.state = State.DECODING
         self.generated.append(int(next_token))
         if int(next_token) in self.sampling.stop_token_ids:
@@ -129,7 +141,7 @@ class Request:
         returned) is row ``row`` of the step's tokens. Finishing by ``max_new_tokens`` is known
         now; a stop id only at :meth:`confirm`."""
         self.fed += rows
-        if self.state is State.PREFILLING and self.fed < self.prompt_tokens:
+        if self.state is State.PREFILLING and self.fed < self.prompt_tokens or self._scored_only(step):
             return False
         self.state, self.ahead, self.ahead_row = State.DECODING, self.ahead + 1, row
         if len(self.generated) + self.ahead >= self.spec.max_new_tokens:
@@ -149,7 +161,14 @@ class Request:
 
     def outputs_this_step(self, rows: int) -> bool:
         """Whether a step feeding ``rows`` of this request yields an output token."""
-        return self.fed + rows >= self.prompt_tokens
+        return self.fed + rows >= self.prompt_tokens and self.spec.max_new_tokens > 0
+
+    def _scored_only(self, step: int) -> bool:
+        """The prompt was fed: a request that generates nothing finishes (by length) here."""
+        if self.spec.max_new_tokens:
+            return False
+        self.state, self.finished_step, self.finish_reason = State.FINISHED, step, "length"
+        return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,11 @@ current layout, or, when the plan names another layout, the switch executor's st
 which every layer moves to it while the batch keeps computing (with ``switch_mode="precopy"``,
 a pre-copy over ``precopy_steps`` steps first, then the handoff: :mod:`~splash_core.engine.precopies`).
 Every rank chooses the step's
-tokens on its device (the logits are identical on every rank): the argmax, or for a sampled
-output the draw the plan carries (:mod:`~splash_core.runtime.sampling`); rank 0 books them. A
+tokens on its device (the logits are identical on every rank): the argmax, or for a sampled or
+adjusted output the draw the plan carries, from logits adjusted by the request's token history,
+which every rank keeps on its device (:mod:`~splash_core.runtime.sampling`,
+:mod:`~splash_core.runtime.token_history`); rank 0 books them, with the logprobs of the
+requests that asked, computed on its device in the same step (:mod:`~splash_core.engine.logprobs`). A
 step in the current layout is booked *ahead*: rank 0 plans the next step before its tokens
 reach the host, that plan feeds them by reference to the device's tokens, and rank 0 waits for
 them only once the next step is queued behind it (issue 22 §3; ``overlap=False`` books every
@@ -39,7 +42,9 @@ from ..runtime.model import Model
 from ..runtime.sampling import apply_draws
 from ..runtime.step_tokens import StepTokens
 from ..runtime.switch import SwitchExecutor, SwitchRefused
+from ..runtime.token_history import TokenHistory
 from .controller import Controller
+from .logprobs import LogprobJobs, scored_rows
 from .plan import Command, StepPlan, exchange
 from .precopies import PreCopies
 
@@ -125,6 +130,7 @@ class _Launched:
     precopies: tuple = ()  # the pre-copy records that began or ended in the step
     wait: str = ""  # why rank 0 must book it before planning the next step ("": it may book it ahead)
     booked: bool = False
+    logprobs: LogprobJobs | None = None  # what rank 0 computed of the step for requests that asked
 
 
 def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
@@ -165,6 +171,7 @@ class _StepLoop:
         if switch_mode in ("precopy", "auto") and self.executor is not None:
             self.precopies = PreCopies(self.executor, precopy_steps, forced=switch_mode == "precopy")
         self.reports: list = []
+        self.history = TokenHistory(self.model.profile.vocab_size, self.model.device)
         self.step = 0
         self.flight: _Launched | None = None  # the last step issued, not yet booked (rank 0); its tokens (every rank)
         self.booked_until = time.perf_counter()  # when rank 0 last booked a step
@@ -212,6 +219,7 @@ class _StepLoop:
         its pool where the plan asks."""
         for rid in plan.releases:
             self.model.release(rid)
+            self.history.release(rid)
             if self.precopies is not None:
                 self.precopies.release(rid)
         pools = self.ctx.host_collectives().all_gather_object(pool_usage(self.model)) if plan.report else None
@@ -222,8 +230,9 @@ class _StepLoop:
         """Issue the step; rank 0 then books the step before it, now queued behind this one."""
         if self.on_step is not None:
             self.on_step(self.ctx, self.step)
+        self.history.feed(plan.requests, tokens, dict(plan.tracked))
         launched = _launch(self.ctx, self.model, self.executor, self.controller, plan, tokens, self.switch_mode,
-                           self.precopies)
+                           self.precopies, self.history)
         if self.lead and not self.overlap:
             launched.wait = launched.wait or "sync"
         if launched.report is not None:
@@ -237,27 +246,44 @@ class _StepLoop:
         self.booked_until = _book(self.controller, self.hooks, flight, self.booked_until)
 
 
-def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mode: str, precopies) -> _Launched:
-    """Issue ``plan``'s step; on rank 0, say whether it must be booked before the next plan."""
+def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mode: str, precopies,
+            history: TokenHistory) -> _Launched:
+    """Issue ``plan``'s step (its fed tokens already in ``history``); on rank 0, say whether it must
+    be booked before the next plan."""
     started = time.perf_counter()
     current = model.layers[0].layout
-    pick = (lambda greedy, logits: apply_draws(greedy, logits, plan.draws)) if plan.draws else None
-    if plan.layout is current and (precopies is None or precopies.active is None):
-        launched = _Launched(plan, model.step_tokens(plan.batch(model.T, model.page_size), tokens, pick), started)
-    else:
-        if precopies is not None:
-            logits, report, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
-                ctx, executor, controller, plan, model, precopies.mode, precopy))
+    pick = _picker(plan, history)
+    jobs = LogprobJobs.of(plan, controller.requests) if controller is not None else None
+    report = jobs.compute if jobs is not None else None
+    with model.scoring(scored_rows(plan)):
+        if plan.layout is current and (precopies is None or precopies.active is None):
+            launched = _Launched(plan, model.step_tokens(plan.batch(model.T, model.page_size), tokens, pick, report),
+                                 started)
         else:
-            switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
-            logits, report, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
-            copying = False
-        launched = _Launched(plan, StepTokens.start(apply_draws(logits.argmax(dim=-1), logits, plan.draws),
-                                                    lambda: logits, model.streams), started,
-                             report, refused, copying, precopies=tuple(precopies.events) if precopies else (),
-                             wait="switch" if plan.layout is not current and not copying else "precopy")
-    launched.ran_in = model.layers[0].layout
+            if precopies is not None:
+                every, switched, refused, copying = precopies.run(plan, tokens, lambda precopy: _share_switch_plan(
+                    ctx, executor, controller, plan, model, precopies.mode, precopy))
+            else:
+                switch = _share_switch_plan(ctx, executor, controller, plan, model, switch_mode)
+                every, switched, refused = _run_step(model, executor, plan, tokens, switch_mode, switch)
+                copying = False
+            logits = every[: len(plan.requests)]
+            chosen = logits.argmax(dim=-1) if pick is None else pick(logits.argmax(dim=-1), logits)
+            launched = _Launched(plan, StepTokens.start(chosen, lambda: logits, model.streams,
+                                                        None if report is None else report(chosen, every)), started,
+                                 switched, refused, copying, precopies=tuple(precopies.events) if precopies else (),
+                                 wait="switch" if plan.layout is not current and not copying else "precopy")
+    launched.ran_in, launched.logprobs = model.layers[0].layout, jobs
     return launched
+
+
+def _picker(plan: StepPlan, history: TokenHistory):
+    """``pick(greedy, logits)`` of the plan's draws (None without draws), their histories read
+    from ``history`` where a draw adjusts by one."""
+    if not plan.draws:
+        return None
+    rows = history.rows([d.request for d in plan.draws]) if any(d.request >= 0 for d in plan.draws) else None
+    return lambda greedy, logits: apply_draws(greedy, logits, plan.draws, rows)
 
 
 def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float) -> float:
@@ -275,6 +301,8 @@ def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float)
                                      precopying=flight.copying, precopies=flight.precopies, booked=flight.wait)
     else:
         produced = controller.confirm(flight.plan, next_tokens, seconds)
+    if flight.logprobs is not None:
+        flight.logprobs.book(flight.tokens.extra_host(), produced, controller.requests)
     hooks.after_step(flight.plan, produced, seconds, flight.report)
     return done
 

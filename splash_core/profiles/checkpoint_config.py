@@ -68,6 +68,20 @@ def read_config(folder: str | Path) -> tuple[Path, dict]:
     return path, data
 
 
+def optional_json_object(path: Path) -> dict:
+    """The JSON object in ``path`` ({} where there is no such file): a checkpoint's side files
+    (tokenizer_config.json, generation_config.json)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(str(path), "(json)", f"cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(str(path), "(top)", f"expected a JSON object (got {type(data).__name__})")
+    return data
+
+
 def family(config: dict, file: str) -> str:
     """'deepseek_v2' or 'deepseek_v3', from ``architectures`` (else ``model_type``)."""
     archs = config.get("architectures") or []

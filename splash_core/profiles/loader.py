@@ -41,8 +41,10 @@ def profile_class(kind: str) -> type:
 
 
 def builtin_root() -> Path:
-    """The profiles shipped with SPLASH (``profiles/`` of the source tree)."""
-    return SOURCE_ROOT / "profiles"
+    """The profiles shipped with SPLASH: ``splash_profiles/`` beside ``splash_core`` where a wheel
+    installed them (pyproject.toml maps the one to the other), else ``profiles/`` of the checkout."""
+    installed = SOURCE_ROOT / "splash_profiles"
+    return installed if installed.is_dir() else SOURCE_ROOT / "profiles"
 
 
 def search_roots() -> list[Path]:
@@ -99,48 +101,66 @@ def load_file(kind: str, path: Path):
 
 
 def read_yaml(path: Path) -> Any:
-    """A YAML file's data; ProfileError for an unreadable file, invalid YAML, or a key given
-    twice in one mapping (PyYAML alone keeps the last silently)."""
+    """A YAML file's data; ProfileError for an unreadable file, text that is not UTF-8, invalid
+    YAML, a key given twice in one mapping (PyYAML alone keeps the last silently), an alias
+    inside its own anchor (data that contains itself) or nesting deeper than Python recurses."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except IsADirectoryError:
         raise ProfileError(str(path), "(file)", "is a directory, not a file") from None
     except FileNotFoundError:
         raise ProfileError(str(path), "(file)", "the file does not exist") from None
     except OSError as exc:
         raise ProfileError(str(path), "(file)", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(str(path), "(file)", f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+                                                f"at offset {exc.start}") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        _reject_duplicate_keys(node, "", str(path))
+        _check_nodes(node, "", str(path), set(), set())
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ProfileError(str(path), "(yaml)", f"not valid YAML at {where}: {problem}") from None
+    except RecursionError:
+        raise ProfileError(str(path), "(yaml)", "nested too deeply to read") from None
     finally:
         loader.dispose()
 
 
-def _reject_duplicate_keys(node: yaml.Node, path: str, file: str) -> None:
+def _check_nodes(node: yaml.Node, path: str, file: str, open_: set[int], done: set[int]) -> None:
+    """Reject duplicate keys and aliases that point into their own anchor. ``open_`` holds the
+    nodes being walked (an alias to one of them is data containing itself), ``done`` the nodes
+    walked already (each node once, however many aliases repeat it)."""
+    if id(node) in open_:
+        raise ProfileError(file, path or "(top)", "an alias inside its own anchor: the data would contain itself")
+    if id(node) in done:
+        return
+    open_.add(id(node))
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _reject_duplicate_keys(item, f"{path}[{i}]", file)
+            _check_nodes(item, f"{path}[{i}]", file, open_, done)
     elif isinstance(node, yaml.MappingNode):
         lines: dict[str, int] = {}
         for key, value in node.value:
             if key.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                _check_nodes(value, path, file, open_, done)
                 continue
-            name = key.value if isinstance(key, yaml.ScalarNode) else str(key.start_mark)
+            name = key.value if isinstance(key, yaml.ScalarNode) else f"(key at line {key.start_mark.line + 1})"
             line = key.start_mark.line + 1
             sub = f"{path}.{name}" if path else name
             if name in lines:
                 raise ProfileError(file, sub, f"duplicate key {name!r} (lines {lines[name]} and {line})")
             lines[name] = line
-            _reject_duplicate_keys(value, sub, file)
+            _check_nodes(key, sub, file, open_, done)
+            _check_nodes(value, sub, file, open_, done)
+    open_.discard(id(node))
+    done.add(id(node))
 
 
 def from_mapping(kind: str, data: dict, *, file: str):

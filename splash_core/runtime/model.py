@@ -9,7 +9,8 @@ rows; the feed-forward part keeps one parallelism whatever the attention layout
 all-reduce each), so DP/DOP/CP rows are gathered to every rank before it and each owner selects
 its rows again at the next attention layer, as DP-attention engines do.
 
-Logits are those of each request's last row, vocabulary-parallel (each rank computes
+Logits are those of each request's last row (then those of the rows :meth:`Model.scoring` names,
+for prompt logprobs), vocabulary-parallel (each rank computes
 ceil(V/T) rows of the LM head) and all-gathered, so logits and greedy tokens are identical on
 every rank.
 
@@ -27,6 +28,7 @@ bucket (:mod:`~splash_core.runtime.decode_graphs`); prefill, mixed and switching
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -89,6 +91,7 @@ class Model:
         vocab = even_shard(profile.vocab_size, self.rank, self.T)
         head = weights.get("lm_head.weight", rows=slice(vocab.start, vocab.stop))
         self.lm_head = torch.cat([head, head.new_zeros(self.vocab_per_rank - head.shape[0], head.shape[1])])
+        self.scored_rows: np.ndarray | None = None  # rows of the next steps whose logits follow the last rows'
         self.graphs: DecodeGraphs | None = None
         graphs = config.graphs
         if graphs is not None and config.mla_layers and not config.kda_layers and graphs.mode != "off" and \
@@ -132,10 +135,22 @@ class Model:
 
     # ---- one step -------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def scoring(self, rows: np.ndarray | None):
+        """Inside, a step's logits are followed by those of its ``rows`` (indices into its rows, in
+        batch order; None or empty: none), as every step path (a switch's, a pre-copy's) calls
+        :meth:`step`. A step with such rows runs eagerly: they are prompt rows, never a decode step's."""
+        self.scored_rows = rows if rows is not None and len(rows) else None
+        try:
+            yield
+        finally:
+            self.scored_rows = None
+
     def step(self, batch: StepBatch, tokens: torch.Tensor, *, layouts: Sequence[Layout] | None = None,
              before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
         """Run ``tokens`` [N] (rows in batch order) through the model; logits [R, V] float32 of each
-        request's last row, in batch request order, identical on every rank.
+        request's last row, in batch request order, identical on every rank (inside :meth:`scoring`,
+        [R + E, V]: then those of its E rows).
 
         Two keywords serve live switching (:mod:`splash_core.runtime.switch`): ``layouts`` (one per
         layer) are the layouts the layers compute in by the time they run, so the step's new pages
@@ -148,20 +163,25 @@ class Model:
             return replayed.logits()
         return self._eager(batch, tokens, before_layer)
 
-    def step_tokens(self, batch: StepBatch, tokens: torch.Tensor, pick=None) -> StepTokens:
+    def step_tokens(self, batch: StepBatch, tokens: torch.Tensor, pick=None, report=None) -> StepTokens:
         """:meth:`step`, plus each request's next token chosen on the device and copied to pinned
         host memory behind an event: the host reads them (:meth:`StepTokens.host`) once the
         device got there, without draining anything else, and ``tokens`` may be the previous
         step's device tokens (they never visit the host). The token is the greedy one (chosen
         inside the captured graph where the step replays one), or ``pick(greedy, logits)``'s
-        [R] device tensor where given (the engine's sampled rows)."""
+        [R] device tensor where given (the engine's sampled rows). ``report(tokens, logits)``, where
+        given, is a device tensor copied to the host with the tokens (rank 0's logprobs); its
+        ``logits`` are [R + E, V] inside :meth:`scoring`, :meth:`StepTokens.logits` [R, V] always."""
         replayed = self._begin(batch, tokens, None, None)
         if replayed is not None:
-            greedy, logits = replayed.tokens(), replayed.logits
+            greedy, logits, every = replayed.tokens(), replayed.logits, replayed.logits
         else:
             out = self._eager(batch, tokens)
-            greedy, logits = out.argmax(dim=-1), (lambda: out)
-        return StepTokens.start(greedy if pick is None else pick(greedy, logits()), logits, self.streams)
+            last = out[: len(batch)]
+            greedy, logits, every = last.argmax(dim=-1), (lambda: last), (lambda: out)
+        chosen = greedy if pick is None else pick(greedy, logits())
+        extra = None if report is None else report(chosen, every())
+        return StepTokens.start(chosen, logits, self.streams, extra)
 
     def _begin(self, batch: StepBatch, tokens: torch.Tensor, layouts, before_layer) -> DecodeOutputs | None:
         """Check the batch and reserve its pages; replay it where it is a decode step the graphs take."""
@@ -170,12 +190,14 @@ class Model:
         if tokens.numel() != batch.num_rows:
             raise ValueError(f"{tokens.numel()} tokens for a batch of {batch.num_rows} rows")
         self.reserve(batch, layouts)
-        if self.graphs is None or layouts is not None or before_layer is not None:
+        if self.graphs is None or layouts is not None or before_layer is not None or self.scored_rows is not None:
             return None
         return self.graphs.run(batch, tokens)
 
     def _eager(self, batch: StepBatch, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:
         step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
+        if self.scored_rows is not None:  # the rows whose logits are wanted (a cached property, set here)
+            step.last_rows = to_device(np.concatenate([batch.last_rows, self.scored_rows]), self.device, torch.int64)
         return self.forward(step, tokens.to(self.device).long(), before_layer)
 
     def forward(self, step: StepContext, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:

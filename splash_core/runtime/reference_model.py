@@ -14,6 +14,8 @@ weight source are shared with the runtime.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -54,21 +56,29 @@ class ReferenceModel:
         return torch.cat([self.logits(self.forward(req.id, req.start, tokens[lo:hi])[-1:])
                           for req, lo, hi in zip(batch.requests, batch.row_offsets, batch.row_offsets[1:])])
 
-    def forward(self, request: int, start: int, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, request: int, start: int, tokens: torch.Tensor,
+                watch: Callable[[str, torch.Tensor], None] | None = None) -> torch.Tensor:
         """The residual stream [n, d] after the last block for ``tokens`` of ``request`` at
-        positions ``start``..; appends to the request's histories."""
+        positions ``start``..; appends to the request's histories. ``watch`` (if given) sees the
+        residual stream after every sub-step, named ("layer 3 attention", ...)."""
         w, eps = self.w, self.profile.rms_norm_eps
+        seen = watch or (lambda step, h: None)
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)
         h = w["model.embed_tokens.weight"][tokens]
+        seen("the embedding", h)
         for layer in range(self.count):
             pre = layer_prefix(layer)
-            attention = self._kda if self.kinds[layer] is LayerKind.KDA else self._attention
+            kda = self.kinds[layer] is LayerKind.KDA
+            attention = self._kda if kda else self._attention
             h = h + attention(layer, request, start, rms_norm(h, w[f"{pre}.input_layernorm.weight"], eps), pos)
+            seen(f"layer {layer} {'KDA' if kda else 'attention'}", h)
             x = rms_norm(h, w[f"{pre}.post_attention_layernorm.weight"], eps)
             if self.profile.runtime_moe_layer(layer):
-                h = h + self._moe(layer, x)
+                h = h + self._moe(layer, x, pos)
+                seen(f"layer {layer} MoE", h)
             elif self.profile.intermediate_size:
                 h = h + self._mlp(f"{pre}.mlp", x)
+                seen(f"layer {layer} MLP", h)
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -80,9 +90,14 @@ class ReferenceModel:
         gate = torch.nn.functional.silu(x @ w[f"{prefix}.gate_proj.weight"].t())
         return (gate * (x @ w[f"{prefix}.up_proj.weight"].t())) @ w[f"{prefix}.down_proj.weight"].t()
 
-    def _moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def _route(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts) of rows ``x`` at positions ``pos`` in MoE layer ``layer``."""
+        p = f"{layer_prefix(layer)}.mlp"
+        return route(x, self.w[f"{p}.gate.weight"], self.w.get(f"{p}.gate.e_score_correction_bias"), self.profile.moe)
+
+    def _moe(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         moe, p = self.profile.moe, f"{layer_prefix(layer)}.mlp"
-        weights, experts = route(x, self.w[f"{p}.gate.weight"], self.w.get(f"{p}.gate.e_score_correction_bias"), moe)
+        weights, experts = self._route(layer, x, pos)
         combine = torch.zeros(x.shape[0], moe.n_routed_experts, device=x.device).scatter_add_(1, experts, weights)
         out = sum(combine[:, j, None] * self._mlp(f"{p}.experts.{j}", x).float() for j in range(moe.n_routed_experts))
         if moe.n_shared_experts:

@@ -6,7 +6,8 @@ replays one), copied asynchronously into pinned host memory, and an event record
 copy: the host may prepare the next step meanwhile and reads the tokens when it needs them,
 waiting only for that event (issue 22 §3). The device tokens themselves can feed the next step
 (:meth:`Model.step_tokens <splash_core.runtime.model.Model.step_tokens>` takes device tokens)
-without a round trip.
+without a round trip. Rank 0's logprobs of the step (:meth:`StepTokens.start`'s ``extra``) travel
+the same way, behind the same event.
 """
 
 from __future__ import annotations
@@ -27,18 +28,17 @@ class StepTokens:
     pinned: torch.Tensor  # [R] int64 host memory the copy lands in
     event: Any  # recorded behind the copy (StreamOps.new_event)
     _logits: Callable[[], torch.Tensor]
+    extra: torch.Tensor | None = None  # host memory the ``extra`` copy lands in
 
     @classmethod
-    def start(cls, tokens: torch.Tensor, logits: Callable[[], torch.Tensor], streams) -> "StepTokens":
-        """Copy ``tokens`` (device) to the host asynchronously and record the event behind it."""
-        if tokens.device.type == "cpu":
-            pinned = tokens
-        else:
-            pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            pinned.copy_(tokens, non_blocking=True)
+    def start(cls, tokens: torch.Tensor, logits: Callable[[], torch.Tensor], streams,
+              extra: torch.Tensor | None = None) -> "StepTokens":
+        """Copy ``tokens`` (device), and ``extra`` where given, to the host asynchronously and
+        record the event behind them."""
         event = streams.new_event()
+        out = cls(tokens, _to_host(tokens), event, logits, None if extra is None else _to_host(extra))
         event.record()
-        return cls(tokens, pinned, event, logits)
+        return out
 
     def ready(self) -> bool:
         """Whether the tokens are on the host already (never waits)."""
@@ -49,8 +49,24 @@ class StepTokens:
         self.event.synchronize()
         return self.pinned.numpy()
 
+    def extra_host(self) -> np.ndarray | None:
+        """The ``extra`` tensor on the host (after :meth:`host`, or waiting for the event likewise)."""
+        if self.extra is None:
+            return None
+        self.event.synchronize()
+        return self.extra.numpy()
+
     def logits(self) -> torch.Tensor:
         """The step's logits [R, V] float32 (for requests that sample rather than take the argmax).
         Ask before the model's next step: a replayed step's logits live in its graph's buffers,
         which the next replay rewrites (the tokens are a copy and stay)."""
         return self._logits()
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself on the host, else a copy into pinned host memory that does not wait."""
+    if tensor.device.type == "cpu":
+        return tensor
+    pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    pinned.copy_(tensor, non_blocking=True)
+    return pinned

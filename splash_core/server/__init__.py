@@ -2,8 +2,12 @@
 
 Modules, one concept each:
 
-- ``protocol``: request bodies of the endpoints read into one call, and OpenAI-style errors.
+- ``bodies``: the request bodies' allow-list (pydantic): every field implemented or refused by name.
+- ``protocol``: request bodies read into calls (one per choice), and OpenAI-style errors.
 - ``render``: response bodies and stream chunks, as OpenAI's and SGLang's APIs write them.
+- ``logprobs``: log-probabilities in OpenAI's legacy completions and chat shapes.
+- ``tokenize``: vLLM's ``/tokenize`` and ``/detokenize``.
+- ``headers``: the API key and ``X-Request-Id`` (ASGI middleware).
 - ``text``: a request's text as its tokens arrive (incremental detokenizing, stop strings).
 - ``frontend``: requests in flight, the link to rank 0's engine loop, the server's state.
 - ``metrics``: the Prometheus metrics of ``/metrics``.

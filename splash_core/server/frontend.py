@@ -43,6 +43,9 @@ class Handle:
     token_times: list = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (call.logprobs)
+    # call.echo: one entry per prompt token, aligned with call.prompt_ids: None for the first, then TokenLogprob
+    prompt_logprobs: list | None = None
 
     @property
     def done(self) -> bool:
@@ -88,10 +91,11 @@ class Frontend:
 
     def submit(self, call: Call) -> Handle:
         self.check_open()
-        handle = Handle(next(self.ids), call, time.monotonic(), asyncio.Queue(), TextStream(self.served.tokenizer,
-                                                                                            call.stop))
+        text = TextStream(self.served.tokenizer, call.stop, call.include_stop)
+        handle = Handle(next(self.ids), call, time.monotonic(), asyncio.Queue(), text)
         self.handles[handle.id] = handle
-        self.outbox.put(AddRequest(handle.id, call.prompt_ids, call.max_new_tokens, call.sampling))
+        self.outbox.put(AddRequest(handle.id, call.prompt_ids, call.max_new_tokens, call.sampling,
+                                   logprobs=call.logprobs, prompt_logprobs=(call.logprobs or 0) if call.echo else None))
         return handle
 
     def abort(self, handle: Handle) -> None:
@@ -140,11 +144,16 @@ class Frontend:
         self.layout, self.waiting, self.running = report.layout, report.waiting, report.running
         if report.pools is not None:
             self.pools = report.pools
-        now, finished = time.monotonic(), dict(report.finished)
+        now, finished, logprobs = time.monotonic(), dict(report.finished), dict(report.logprobs)
+        for rid, entries in report.prompt_logprobs:  # before the first token: its event may end the request
+            if rid in self.handles:
+                self.handles[rid].prompt_logprobs = list(entries)
         for rid, token in report.tokens:
             handle = self.handles.get(rid)
             if handle is None:
                 continue  # aborted here already
+            if rid in logprobs:
+                handle.logprobs.append(logprobs[rid])
             handle.token_ids.append(int(token))
             handle.token_times.append(now)
             self.metrics.generated.inc()
@@ -163,6 +172,9 @@ class Frontend:
                 self.outbox.put(AbortRequests((rid,)))  # the engine does not know the text reached a stop string
             if reason is not None:
                 self._end(handle, reason, "finished", emit=False)
+        for rid in set(finished) - {rid for rid, _ in report.tokens}:  # scored its prompt only (max_new_tokens 0)
+            if rid in self.handles:
+                self._end(self.handles[rid], finished[rid], "finished")
         for rid, reason in report.rejected:
             handle = self.handles.get(rid)
             if handle is not None:
@@ -176,7 +188,8 @@ class Frontend:
             return
         handle.finish_reason = reason or "error"
         self.handles.pop(handle.id, None)
-        self.metrics.on_end(state, len(handle.call.prompt_ids), handle.arrived, handle.token_times)
+        self.metrics.on_end(state, len(handle.call.prompt_ids), handle.arrived, handle.token_times,
+                             handle.finish_reason)
         if emit:
             handle.events.put_nowait(("error", error) if error is not None else ("token", "", None, reason))
 

@@ -2,52 +2,102 @@
 and chat completions (whole and as stream chunks), SGLang's ``/generate`` output and its
 ``/model_info`` and ``/server_info``.
 
-A token event is ``("token", text piece, token id or None, finish reason or None)``
-(:mod:`~splash_core.server.frontend`); each renderer turns one into a stream chunk
-(``chunk``), and a finished request into the whole response (``whole``).
+One response (:class:`Reply`) gathers the handles of its choices (``n`` per prompt, in index
+order). A token event is ``("token", text piece, token id or None, finish reason or None)``
+(:mod:`~splash_core.server.frontend`); each renderer turns one into a stream chunk (``chunk``),
+and a finished reply into the whole response (``whole``). Logprobs come from each handle's
+:class:`~splash_core.engine.messages.TokenLogprob` s (:mod:`~splash_core.server.logprobs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
+import uuid
+from typing import Any
 
 from .. import __version__
+from . import logprobs
 
 
-def _head(handle, prefix: str, obj: str) -> dict:
-    return {"id": f"{prefix}-{handle.id}", "object": obj, "created": handle.created, "model": handle.call.model}
+@dataclasses.dataclass
+class Reply:
+    """One response: its id (unique across restarts), when it was created, the handles of its
+    choices in index order (``n`` per prompt) and the tokenizer that names tokens."""
+
+    prefix: str  # cmpl, chatcmpl or gen
+    handles: list
+    n: int = 1
+    tokenizer: Any = None
+    id: str = ""
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
+
+    def usage(self) -> dict:
+        """Each prompt's tokens once (not once per choice), every choice's output tokens."""
+        prompt = sum(len(h.call.prompt_ids) for h in self.handles[::self.n])
+        completion = sum(len(h.token_ids) for h in self.handles)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.handles[0].call.model}
 
 
-def _usage_chunk(handle, prefix: str, obj: str) -> dict:
-    return {**_head(handle, prefix, obj), "choices": [], "usage": handle.usage()}
+def _usage_chunk(reply: Reply, obj: str) -> dict:
+    return {**reply.head(obj), "choices": [], "usage": reply.usage()}
 
 
-def _completion_chunk(handle, event, first: bool) -> dict:
-    _, piece, _, reason = event
-    return {**_head(handle, "cmpl", "text_completion"), "usage": None,
-            "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}]}
+def _completion_chunk(reply: Reply, handle, event, first: bool, at: tuple[int, int]) -> dict:
+    """``at``: (the event's token's position among the choice's tokens, characters sent before it)."""
+    _, piece, token, reason = event
+    scored = None
+    if handle.call.logprobs is not None and token is not None:
+        scored = logprobs.completion_token(handle, reply.tokenizer, *at)
+    return {**reply.head("text_completion"), "usage": None,
+            "choices": [{"index": handle.call.index, "text": piece, "logprobs": scored, "finish_reason": reason}]}
 
 
-def _completion_whole(handle) -> dict:
-    return {**_head(handle, "cmpl", "text_completion"), "usage": handle.usage(),
-            "choices": [{"index": 0, "text": handle.text.text, "logprobs": None, "finish_reason": handle.finish_reason}]}
+def _completion_whole(reply: Reply) -> dict:
+    choices = []
+    for h in reply.handles:
+        prompt = _prompt_text(h, reply.tokenizer) if h.call.echo else ""
+        scored = None if h.call.logprobs is None else logprobs.completion(h, reply.tokenizer)
+        choices.append({"index": h.call.index, "text": prompt + h.text.text, "logprobs": scored,
+                        "finish_reason": h.finish_reason})
+    return {**reply.head("text_completion"), "usage": reply.usage(), "choices": choices}
 
 
-def _chat_chunk(handle, event, first: bool) -> dict:
-    _, piece, _, reason = event
+def _prompt_text(handle, tokenizer) -> str:
+    call = handle.call
+    if call.prompt_text is not None:
+        return call.prompt_text
+    # special tokens included: the echoed text is what the logprobs' tokens spell
+    return tokenizer.decode(call.prompt_ids, skip_special_tokens=False) if tokenizer is not None else ""
+
+
+def _chat_chunk(reply: Reply, handle, event, first: bool, at: tuple[int, int]) -> dict:
+    _, piece, token, reason = event
     delta = {"role": "assistant", "content": piece} if first else {"content": piece}
-    return {**_head(handle, "chatcmpl", "chat.completion.chunk"), "usage": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+    scored = None
+    if handle.call.logprobs is not None and token is not None:
+        scored = logprobs.chat(handle, reply.tokenizer, slice(at[0], at[0] + 1))
+    return {**reply.head("chat.completion.chunk"), "usage": None,
+            "choices": [{"index": handle.call.index, "delta": delta, "logprobs": scored, "finish_reason": reason}]}
 
 
-def _chat_whole(handle) -> dict:
-    message = {"role": "assistant", "content": handle.text.text}
-    return {**_head(handle, "chatcmpl", "chat.completion"), "usage": handle.usage(),
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": handle.finish_reason}]}
+def _chat_whole(reply: Reply) -> dict:
+    choices = []
+    for h in reply.handles:
+        scored = None if h.call.logprobs is None else logprobs.chat(h, reply.tokenizer)
+        choices.append({"index": h.call.index, "message": {"role": "assistant", "content": h.text.text},
+                        "logprobs": scored, "finish_reason": h.finish_reason})
+    return {**reply.head("chat.completion"), "usage": reply.usage(), "choices": choices}
 
 
-def _generate_meta(handle, reason: str | None) -> dict:
+def _generate_meta(reply: Reply, handle, reason: str | None) -> dict:
     finish = None
     if reason == "length":
         finish = {"type": "length", "length": handle.call.max_new_tokens}
@@ -55,29 +105,30 @@ def _generate_meta(handle, reason: str | None) -> dict:
         finish = {"type": "stop", "matched": handle.token_ids[-1] if handle.token_ids else None}
     elif reason is not None:
         finish = {"type": reason}
-    usage = handle.usage()
-    meta = {"id": str(handle.id), "prompt_tokens": usage["prompt_tokens"],
-            "completion_tokens": usage["completion_tokens"], "finish_reason": finish}
+    usage = reply.usage()
+    meta = {"id": reply.id, "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+            "finish_reason": finish}
     if reason is not None:
         meta["e2e_latency"] = time.monotonic() - handle.arrived
     return meta
 
 
-def _generate_chunk(handle, event, first: bool) -> dict:
+def _generate_chunk(reply: Reply, handle, event, first: bool, at: tuple[int, int]) -> dict:
     return {"text": handle.text.text[:handle.text.sent], "output_ids": list(handle.token_ids),
-            "meta_info": _generate_meta(handle, event[3])}
+            "meta_info": _generate_meta(reply, handle, event[3])}
 
 
-def _generate_whole(handle) -> dict:
+def _generate_whole(reply: Reply) -> dict:
+    handle = reply.handles[0]
     return {"text": handle.text.text, "output_ids": list(handle.token_ids),
-            "meta_info": _generate_meta(handle, handle.finish_reason)}
+            "meta_info": _generate_meta(reply, handle, handle.finish_reason)}
 
 
-completion = types.SimpleNamespace(chunk=_completion_chunk, whole=_completion_whole,
-                                   usage_chunk=lambda h: _usage_chunk(h, "cmpl", "text_completion"))
-chat = types.SimpleNamespace(chunk=_chat_chunk, whole=_chat_whole,
-                             usage_chunk=lambda h: _usage_chunk(h, "chatcmpl", "chat.completion.chunk"))
-generate = types.SimpleNamespace(chunk=_generate_chunk, whole=_generate_whole, usage_chunk=lambda h: None)
+completion = types.SimpleNamespace(prefix="cmpl", chunk=_completion_chunk, whole=_completion_whole,
+                                   usage_chunk=lambda r: _usage_chunk(r, "text_completion"))
+chat = types.SimpleNamespace(prefix="chatcmpl", chunk=_chat_chunk, whole=_chat_whole,
+                             usage_chunk=lambda r: _usage_chunk(r, "chat.completion.chunk"))
+generate = types.SimpleNamespace(prefix="gen", chunk=_generate_chunk, whole=_generate_whole, usage_chunk=lambda r: None)
 
 
 def model_card(frontend) -> dict:

@@ -3,8 +3,9 @@
 Tokens are decoded incrementally by the ``tokenizers`` library's ``DecodeStream`` (a character
 split over several byte-level tokens comes out whole, once complete; special tokens such as EOS
 are skipped), so the pieces joined equal decoding every token at once. Stop strings are cut
-where they first appear: text that could still be the start of one is held back until it
-cannot, so no client ever sees part of a stop string.
+where they first appear (or just after, with ``include_stop``: vLLM's
+``include_stop_str_in_output``): text that could still be the start of one is held back until it
+cannot, so no client ever sees part of a stop string it will not get whole.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 class TextStream:
     """The text of one request; :meth:`push` each generated token, then :meth:`flush`."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), include_stop: bool = False):
         from tokenizers.decoders import DecodeStream
 
-        self.tokenizer, self.stop = tokenizer, tuple(stop)
+        self.tokenizer, self.stop, self.include_stop = tokenizer, tuple(stop), include_stop
         self.decoder = DecodeStream(skip_special_tokens=True) if tokenizer is not None else None
         self.hold = max((len(s) for s in self.stop), default=1) - 1  # characters a stop string could still claim
         self.text = ""  # decoded so far (cut at a stop string once one appeared)
@@ -31,9 +32,10 @@ class TextStream:
         self.text += self.decoder.step(self.tokenizer.fast, int(token)) or ""
         if self.stop:
             start = max(0, before - self.hold)  # a stop string may begin in text already held
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [(i, i + len(s) * self.include_stop) for i, s in ((self.text.find(s, start), s) for s in self.stop)
+                    if i >= 0]
             if hits:
-                self.text, self.stopped = self.text[:min(hits)], True
+                self.text, self.stopped = self.text[:min(hits)[1]], True
                 return self.flush()
         ready = len(self.text) - self.hold
         if ready <= self.sent:
