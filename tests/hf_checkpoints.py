@@ -1,5 +1,5 @@
-"""Tiny DeepseekV2/V3 checkpoints written by transformers itself (``save_pretrained``), for the
-proof that SPLASH computes what transformers computes.
+"""Tiny DeepseekV2/V3 and GLM-4.7-Flash (Glm4MoeLite) checkpoints written by transformers itself
+(``save_pretrained``), for the proof that SPLASH computes what transformers computes.
 
 Weights are re-drawn at unit scale (linear N(0, 1/fan_in), norms 1 + N(0, 0.1²), embeddings
 N(0, 1), router bias N(0, 0.1²)) instead of transformers' N(0, 0.02²), so activations and logits
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config  # noqa: E402
+from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Glm4MoeLiteConfig  # noqa: E402
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCK = (128, 128)
@@ -42,14 +42,19 @@ VARIANTS = {
     # DeepSeek-V2-Lite layout: q_lora_rank null (a plain q_proj), softmax routing by groups, YaRN
     "v2-lite": dict(arch="v2", q_lora_rank=None, rope_parameters=YARN, topk_method="group_limited_greedy", n_group=4,
                     topk_group=2, n_shared_experts=2, routed_scaling_factor=1.0),
+    # GLM-4.7-Flash layout: MoE layers named by mlp_layer_types (BASE's first_k_dense_replace = 1 agrees with it;
+    # transformers ignores that key, SPLASH checks it)
+    # (vocab: the builtin tiny tokenizer's, so `splash generate --model` has a tokenizer to copy in)
+    "glm4-moe-lite": dict(arch="glm4_moe_lite", mlp_layer_types=["dense", "sparse"], vocab_size=384,
+                          rope_parameters={"rope_type": "default", "rope_theta": 20000.0}, n_group=4, topk_group=2,
+                          n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=1.8, rms_norm_eps=1e-5),
 }
+CONFIGS = {"v2": DeepseekV2Config, "v3": DeepseekV3Config, "glm4_moe_lite": Glm4MoeLiteConfig}
 
 
 def config(variant: str):
     spec = {**BASE, **VARIANTS[variant]}
-    arch = spec.pop("arch")
-    cls = DeepseekV3Config if arch == "v3" else DeepseekV2Config
-    return cls(**spec)
+    return CONFIGS[spec.pop("arch")](**spec)
 
 
 def _redraw(model, seed: int) -> None:

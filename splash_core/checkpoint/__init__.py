@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints of the DeepSeek MLA family (DeepseekV2/V3ForCausalLM) and what goes
-with them.
+"""Hugging Face checkpoints of the MLA families (the architectures of
+:data:`~splash_core.profiles.checkpoint_families.FAMILIES`: DeepSeek-V2/V3/V3.2, GLM-4.7-Flash,
+Kimi-Linear) and what goes with them.
 
 Modules, one concept each:
 

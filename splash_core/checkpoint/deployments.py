@@ -44,6 +44,11 @@ def check_checkpoint(deployment: DeploymentProfile) -> None:
     if folder is None:
         return
     from ..model.weights import tensor_shapes
+    from ..profiles.checkpoint_family import CheckpointError
     from .source import CheckpointWeights
 
+    if profile.indexer is not None:  # dense attention past top-k keys would compute another model
+        raise CheckpointError(f"{folder}/config.json", "index_topk", "the engine does not run DeepSeek Sparse "
+                              "Attention yet (the runtime's layers can); it would attend densely (issue 37)",
+                              profile.indexer.topk)
     CheckpointWeights(folder, profile).check(tensor_shapes(profile, deployment.layers))

@@ -14,6 +14,9 @@ presents it as the runtime computes with it:
   query and key rotate alike, so their dot products, and so the model, are unchanged;
 - with ``tie_word_embeddings`` and no ``lm_head.weight`` the LM head reads the embedding.
 
+Every stored tensor must be one the model reads (or its FP8 scale), an ignored MTP layer's, or one
+its family declares inert; any other is refused by name at construction, never dropped silently.
+
 ``bytes_read`` and ``seconds`` count what was read from the files, for load reports.
 """
 
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from ..profiles.checkpoint_config import CheckpointError, profile_fields, profile_from_checkpoint
+from ..profiles.checkpoint_family import COMMON_INERT_TENSORS
 from . import fp8
 from .tiny import ensure_written
 
@@ -41,6 +45,8 @@ class CheckpointWeights:
         self.profile = profile or profile_from_checkpoint(self.folder)
         _, facts = profile_fields(self.folder)
         self.block, self.tied = facts["fp8_block"], facts["tie_word_embeddings"]
+        self._mtp_layers, self._inert = facts["mtp_layers"], (*COMMON_INERT_TENSORS, *facts["inert_tensors"])
+        self._rename = facts["stored_name"]  # the family's tensor names (e.g. Kimi's block_sparse_moe)
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -59,6 +65,20 @@ class CheckpointWeights:
         self._open = safe_open
         self._handles: dict = {}
         self.bytes_read, self.seconds = 0, 0.0
+        self._refuse_unmapped()
+
+    def _refuse_unmapped(self) -> None:
+        """Raise :class:`CheckpointError` naming the first stored tensor nothing maps."""
+        from ..model.weights import tensor_shapes
+
+        mapped = set(map(self._rename, tensor_shapes(self.profile)))
+        mapped |= {fp8.scale_name(n) for n in mapped}
+        mtp = tuple(f"model.layers.{i}." for i in self._mtp_layers)
+        for name in sorted(self._where):
+            if name in mapped or (mtp and name.startswith(mtp)) or any(p.fullmatch(name) for p in self._inert):
+                continue
+            raise CheckpointError(self._where[name], name, "tensor SPLASH does not map (refused rather than "
+                                  "ignored: it may change outputs)")
 
     # ---- what is there ------------------------------------------------------------------
 
@@ -75,10 +95,10 @@ class CheckpointWeights:
     def _stored(self, name: str) -> str:
         if name == "lm_head.weight" and name not in self._where and self.tied:
             return "model.embed_tokens.weight"
-        return name
+        return self._rename(name)
 
     def _quantized(self, name: str) -> bool:
-        return self.block is not None and fp8.scale_name(name) in self._where
+        return self.block is not None and fp8.scale_name(self._stored(name)) in self._where
 
     def check(self, shapes: dict) -> None:
         """Raise :class:`CheckpointError` for the first tensor of ``shapes`` (name -> full shape,
@@ -91,13 +111,14 @@ class CheckpointWeights:
                                       f"shape {list(got)} disagrees with config.json, which implies {list(shape)}")
             if self._quantized(name):
                 grid = [-(-n // b) for n, b in zip(shape, self.block)]
-                scale = tuple(self._slice(fp8.scale_name(name)).get_shape())
+                scale_name = fp8.scale_name(self._stored(name))
+                scale = tuple(self._slice(scale_name).get_shape())
                 if scale != tuple(grid):
-                    raise CheckpointError(self._where[fp8.scale_name(name)], fp8.scale_name(name),
+                    raise CheckpointError(self._where[scale_name], scale_name,
                                           f"shape {list(scale)} is not the {self.block[0]}x{self.block[1]} block grid "
                                           f"{grid} of the weight")
             elif part.get_dtype() == "F8_E4M3":
-                raise CheckpointError(self._where[name], name, "FP8 weight without weight_scale_inv "
+                raise CheckpointError(self._where[self._stored(name)], name, "FP8 weight without weight_scale_inv "
                                       "(or config.json lacks quantization_config)")
 
     # ---- reading ------------------------------------------------------------------------
@@ -144,7 +165,8 @@ class CheckpointWeights:
             t = part[rows, cols]
         self.bytes_read += t.numel() * t.element_size()
         if self._quantized(name):
-            scale = self._slice(fp8.scale_name(name))[fp8.scale_rows(rows, self.block[0]), fp8.scale_rows(cols, self.block[1])]
+            scale = self._slice(fp8.scale_name(stored))[fp8.scale_rows(rows, self.block[0]),
+                                                        fp8.scale_rows(cols, self.block[1])]
             self.bytes_read += scale.numel() * scale.element_size()
             t = fp8.dequantize(t.to(device), scale.to(device), rows, cols, self.block)
         if pick is not None:

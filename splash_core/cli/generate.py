@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                        description="Generate from a prompt with the engine on T ranks: the text and the token ids, "
                                    "in one layout or with live switching (--policy).")
     p.add_argument("--model", metavar="PATH", default=None,
-                   help="a Hugging Face checkpoint folder (DeepseekV2/V3ForCausalLM; default: the deployment's model)")
+                   help="a Hugging Face checkpoint folder (DeepseekV2/V3, Glm4MoeLite or KimiLinear ForCausalLM; "
+                        "default: the deployment's model)")
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
                    help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")
     p.add_argument("--T", type=at_least(1), default=None, help="ranks in the group (default: the deployment's)")

@@ -149,7 +149,8 @@ class MLAMath:
         self.dims = MLADims.of(profile.mla)
         m = profile.mla
         self.d_c, self.d_r, self.d_n, self.d_v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
-        self.eps, self.theta, self.rope_scaling = profile.rms_norm_eps, profile.rope_theta, profile.rope_scaling
+        self.eps, self.theta, self.rope_scaling = m.latent_norm_eps, profile.rope_theta, profile.rope_scaling
+        self.rotates = profile.mla_rope
         self.scale = softmax_scale(profile)
         self.fused = fused or KERNELS
 

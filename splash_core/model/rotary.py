@@ -77,6 +77,12 @@ class Rotary:
             cos, sin = cos * scale, sin * scale
         return cls(torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
 
+    @classmethod
+    def identity(cls, n: int, dim: int, device=None) -> "Rotary":
+        """No rotation of n rows (cos 1, sin 0: ``x cos + swap(x) sin`` is ``x`` exactly), for MLA
+        without position encoding."""
+        return cls(torch.ones(n, dim, device=device), torch.zeros(n, dim, device=device))
+
     def rows(self, index) -> "Rotary":
         """The rotation of a subset of the rows (a slice keeps views)."""
         return Rotary(self.cos[index], self.sin[index])

@@ -101,7 +101,7 @@ def layer_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[in
         shapes[f"{a}.kv_b_proj.weight"] = (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
         shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
         if profile.indexer is not None:
-            shapes[f"{a}.indexer.wk.weight"] = (profile.indexer.head_dim, d)
+            shapes.update(indexer_tensor_shapes(profile, a))
     elif kind is LayerKind.KDA:
         shapes.update(kda_tensor_shapes(profile, layer))
     if profile.runtime_moe_layer(layer):
@@ -109,6 +109,16 @@ def layer_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[in
     elif profile.intermediate_size:
         shapes.update(mlp_shapes(f"{p}.mlp", profile.intermediate_size, d))
     return shapes
+
+
+def indexer_tensor_shapes(profile: ModelProfile, attention: str) -> dict[str, tuple[int, ...]]:
+    """The DSA indexer's tensors under attention prefix ``attention`` (its queries read Q-A's output)."""
+    idx, d = profile.indexer, profile.hidden_size
+    i = f"{attention}.indexer"
+    queries_from = profile.mla.q_lora_rank or d
+    return {f"{i}.wk.weight": (idx.head_dim, d), f"{i}.wq_b.weight": (idx.heads * idx.head_dim, queries_from),
+            f"{i}.k_norm.weight": (idx.head_dim,), f"{i}.k_norm.bias": (idx.head_dim,),
+            f"{i}.weights_proj.weight": (idx.heads, d)}
 
 
 def mlp_shapes(prefix: str, width: int, d: int) -> dict[str, tuple[int, ...]]:

@@ -1,16 +1,12 @@
 """A checkpoint folder's ``config.json`` as a model profile (no hand-written YAML for a checkpoint).
 
-Reads what DeepSeek's and transformers' configs of ``DeepseekV2ForCausalLM`` and
-``DeepseekV3ForCausalLM`` say (which covers Kimi-K2 and Moonlight style checkpoints), with
-transformers' defaults for keys a config leaves out. Both spellings of the rotary settings are
-read: ``rope_theta`` + ``rope_scaling`` (DeepSeek's files, transformers 4) and ``rope_parameters``
-(transformers 5). Keys that do not change inference (``initializer_range``, ``use_cache``,
-``num_nextn_predict_layers``: MTP layers are never read...) are ignored; a key whose value SPLASH
-cannot honour is refused with a :class:`CheckpointError` naming it.
-
-Semantics that differ between the two families are resolved here, so the runtime sees one
-definition: V2 always rotates interleaved pairs; V2's ``norm_topk_prob`` renormalises *instead of*
-scaling by ``routed_scaling_factor`` (DeepSeek-V2's code), V3's before scaling.
+The family named by ``architectures`` (:data:`~splash_core.profiles.checkpoint_families.FAMILIES`)
+supplies transformers' defaults, the keys it reads beyond the common ones and the keys it knows do
+not change outputs; any other key is refused with a :class:`CheckpointError` naming it, as is a key
+whose value SPLASH cannot honour. Both spellings of the rotary settings are read: ``rope_theta`` +
+``rope_scaling`` (DeepSeek's files, transformers 4) and ``rope_parameters`` (transformers 5).
+Semantics that differ between families are resolved by the family's ``normalize``, so the runtime
+sees one definition.
 """
 
 from __future__ import annotations
@@ -20,23 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from .builtin_checkpoints import BUILTINS, builtin_folder
+from .checkpoint_families import FAMILIES
+from .checkpoint_family import CheckpointError, CheckpointFamily
 from .model import ModelProfile
 from .schema import ProfileError, build, convert
 
-ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
-# transformers' defaults for the keys read below (DeepseekV2Config / DeepseekV3Config)
-_DEFAULTS = {
-    "deepseek_v2": dict(q_lora_rank=1536, n_group=None, topk_group=None, topk_method="greedy", scoring_func="softmax",
-                        first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=1.0,
-                        n_shared_experts=2, n_routed_experts=64, moe_intermediate_size=1407, num_experts_per_tok=None,
-                        rope_interleave=True, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1,
-                        eos_token_id=2),
-    "deepseek_v3": dict(q_lora_rank=1536, n_group=8, topk_group=4, topk_method="noaux_tc", scoring_func="sigmoid",
-                        first_k_dense_replace=3, norm_topk_prob=True, routed_scaling_factor=2.5,
-                        n_shared_experts=1, n_routed_experts=256, moe_intermediate_size=2048, num_experts_per_tok=8,
-                        rope_interleave=True, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0,
-                        eos_token_id=1),
-}
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
              "qk_rope_head_dim", "v_head_dim", "vocab_size", "intermediate_size")
 # keys whose only supported value is the one given (None: the key may be absent or null)
@@ -45,10 +29,6 @@ _MUST_BE = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "m
 _YARN_KEYS = {"type", "rope_type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast",
               "beta_slow", "mscale", "mscale_all_dim", "truncate"}
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-class CheckpointError(ProfileError):
-    """A checkpoint SPLASH cannot serve: names the file, the key or tensor, and why (one line)."""
 
 
 def read_config(folder: str | Path) -> tuple[Path, dict]:
@@ -82,30 +62,33 @@ def optional_json_object(path: Path) -> dict:
     return data
 
 
-def family(config: dict, file: str) -> str:
-    """'deepseek_v2' or 'deepseek_v3', from ``architectures`` (else ``model_type``)."""
+def family(config: dict, file: str) -> CheckpointFamily:
+    """The family that reads ``config``, from ``architectures`` (else ``model_type``)."""
     archs = config.get("architectures") or []
-    known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+    known = [FAMILIES[a] for a in archs if a in FAMILIES]
     if known:
         return known[0]
-    if not archs and config.get("model_type") in ARCHITECTURES.values():
-        return config["model_type"]
-    raise CheckpointError(file, "architectures", f"SPLASH serves {', '.join(ARCHITECTURES)}",
+    by_type = {f.kind: f for f in FAMILIES.values()}
+    if not archs and config.get("model_type") in by_type:
+        return by_type[config["model_type"]]
+    raise CheckpointError(file, "architectures", f"SPLASH serves {', '.join(FAMILIES)}",
                           archs or config.get("model_type"))
 
 
 def profile_fields(folder: str | Path, raw: dict | None = None) -> tuple[dict, dict]:
     """(the model profile as a mapping of its fields, generation facts: bos/eos ids, tied
-    embeddings, quantization) derived from ``folder``'s config.json (or ``raw``, the config of a
-    folder not written yet)."""
+    embeddings, quantization, ignored MTP layers) derived from ``folder``'s config.json (or
+    ``raw``, the config of a folder not written yet)."""
     path, raw = read_config(folder) if raw is None else (Path(folder).expanduser() / "config.json", raw)
     file = str(path)
-    kind = family(raw, file)
-    c = _with_defaults(raw, kind)
+    fam = family(raw, file)
+    _refuse_unknown_keys(raw, fam, file)
+    c = _with_defaults(raw, fam)
     _check_supported(c, raw, file)
+    c = fam.normalize(c, file) if fam.normalize else c
     fields: dict[str, Any] = {
         "name": Path(folder).expanduser().resolve().name,
-        "source": f"{file} ({kind})",
+        "source": f"{file} ({fam.kind})",
         "hidden_size": c["hidden_size"],
         "vocab_size": c["vocab_size"],
         "intermediate_size": c["intermediate_size"],
@@ -114,28 +97,43 @@ def profile_fields(folder: str | Path, raw: dict | None = None) -> tuple[dict, d
                 "kv_lora_rank": c["kv_lora_rank"], "qk_nope_head_dim": c["qk_nope_head_dim"],
                 "qk_rope_head_dim": c["qk_rope_head_dim"], "v_head_dim": c["v_head_dim"]},
         "rms_norm_eps": float(c["rms_norm_eps"]),
-        "rope_interleave": True if kind == "deepseek_v2" else bool(c["rope_interleave"]),
+        "rope_interleave": bool(c["rope_interleave"]),
         "checkpoint": str(Path(folder).expanduser().resolve()),
     }
     fields.update(_rope(raw, file))
-    moe = _moe(c, kind, file)
+    moe = _moe(c, file)
     if moe:
         fields["moe"] = moe
+    if fam.extra_fields:
+        fields.update(fam.extra_fields(c, file))
     quant = _quantization(raw, file)
     dtype = _weight_dtype(raw, file)
     fields["weight_dtype"] = dtype
     fields["kv_cache"] = {"latent_dtype": dtype, "rope_dtype": dtype}
-    if quant:
-        fields["notes"] = (f"weights stored as FP8 e4m3 with {quant[0]}x{quant[1]} block scales "
-                           f"(weight_scale_inv), dequantized to the compute format at load")
-    return fields, _generation_facts(c, kind, quant, file)
+    facts = _generation_facts(c, fam, quant, file)
+    notes = [f"weights stored as FP8 e4m3 with {quant[0]}x{quant[1]} block scales (weight_scale_inv), "
+             f"dequantized to the compute format at load"] if quant else []
+    if facts["mtp_layers"]:
+        notes.append(f"MTP layers {facts['mtp_layers'].start}..{facts['mtp_layers'].stop - 1} "
+                     f"(num_nextn_predict_layers) ignored: they feed nothing back into the model's outputs")
+    if notes:
+        fields["notes"] = "; ".join(notes)
+    return fields, facts
 
 
-def _with_defaults(raw: dict, kind: str) -> dict:
-    """``raw`` over transformers' defaults for ``kind``."""
+def _refuse_unknown_keys(raw: dict, fam: CheckpointFamily, file: str) -> None:
+    """A key neither read nor known to be inert may change outputs: refuse it by name."""
+    unknown = sorted(set(raw) - fam.known_keys())
+    if unknown:
+        raise CheckpointError(file, unknown[0], f"config key not supported by SPLASH's {fam.kind} reader "
+                              f"(refused rather than ignored: it may change outputs)", raw[unknown[0]])
+
+
+def _with_defaults(raw: dict, fam: CheckpointFamily) -> dict:
+    """``raw`` over transformers' defaults for the family."""
     # a null takes transformers' default, except where null means something (no Q-LoRA, no groups, no id)
     meaningful_null = {"q_lora_rank", "n_group", "topk_group", "bos_token_id", "eos_token_id", "n_routed_experts"}
-    return {**_DEFAULTS[kind], **{k: v for k, v in raw.items() if v is not None or k in meaningful_null}}
+    return {**fam.defaults, **{k: v for k, v in raw.items() if v is not None or k in meaningful_null}}
 
 
 def _check_supported(c: dict, raw: dict, file: str) -> None:
@@ -146,6 +144,10 @@ def _check_supported(c: dict, raw: dict, file: str) -> None:
     for key, want in _MUST_BE.items():
         if key in raw and raw[key] is not None and raw[key] != want:
             raise CheckpointError(file, key, f"not supported: SPLASH runs {key} = {json.dumps(want)}", raw[key])
+    kv_heads = raw.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != c["num_attention_heads"]:
+        raise CheckpointError(file, "num_key_value_heads", "MLA expands keys per query head: must equal "
+                              "num_attention_heads", kv_heads)
 
 
 def _weight_dtype(raw: dict, file: str) -> str:
@@ -156,11 +158,16 @@ def _weight_dtype(raw: dict, file: str) -> str:
     return dtype
 
 
-def _generation_facts(c: dict, kind: str, quant: tuple[int, int] | None, file: str) -> dict:
+def _generation_facts(c: dict, fam: CheckpointFamily, quant: tuple[int, int] | None, file: str) -> dict:
     eos = c.get("eos_token_id")
-    return {"family": kind, "bos_token_id": c.get("bos_token_id"),
+    layers, mtp = c["num_hidden_layers"], c.get("num_nextn_predict_layers") or 0
+    if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
+        raise CheckpointError(file, "num_nextn_predict_layers", "expected a count of MTP layers", mtp)
+    return {"family": fam.kind, "bos_token_id": c.get("bos_token_id"),
             "eos_token_ids": tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-            "tie_word_embeddings": bool(c.get("tie_word_embeddings")), "fp8_block": quant, "config": file}
+            "tie_word_embeddings": bool(c.get("tie_word_embeddings")), "fp8_block": quant, "config": file,
+            "mtp_layers": range(layers, layers + mtp), "inert_tensors": fam.inert_tensors,
+            "stored_name": fam.stored_name or str}
 
 
 def _rope(raw: dict, file: str) -> dict:
@@ -192,7 +199,7 @@ def _rope(raw: dict, file: str) -> dict:
     return out
 
 
-def _moe(c: dict, kind: str, file: str) -> dict | None:
+def _moe(c: dict, file: str) -> dict | None:
     experts = c.get("n_routed_experts")
     if not experts:
         return None
@@ -200,13 +207,10 @@ def _moe(c: dict, kind: str, file: str) -> dict | None:
         raise CheckpointError(file, "num_experts_per_tok", "required with n_routed_experts")
     norm = bool(c["norm_topk_prob"])
     scale = float(c["routed_scaling_factor"])
-    if kind == "deepseek_v2" and norm and c["num_experts_per_tok"] > 1:
-        scale = 1.0  # DeepSeek-V2 renormalises the chosen weights instead of scaling them
     return {"n_routed_experts": experts, "num_experts_per_tok": c["num_experts_per_tok"],
             "moe_intermediate_size": c["moe_intermediate_size"], "n_shared_experts": c.get("n_shared_experts") or 0,
             "first_k_dense_replace": min(c.get("first_k_dense_replace") or 0, c["num_hidden_layers"]),
-            "scoring_func": c.get("scoring_func") or _DEFAULTS[kind]["scoring_func"],
-            "topk_method": c.get("topk_method") or _DEFAULTS[kind]["topk_method"],
+            "scoring_func": c["scoring_func"], "topk_method": c["topk_method"],
             "n_group": c.get("n_group") or 1, "topk_group": c.get("topk_group") or 1,
             "norm_topk_prob": norm, "routed_scaling_factor": scale}
 

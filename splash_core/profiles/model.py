@@ -32,6 +32,8 @@ class MLAConfig:
     qk_nope_head_dim: int = field("per-head non-rotary query/key width d_n", checks=[positive])
     qk_rope_head_dim: int = field("rotary width d_r (shared rotary key)", checks=[positive])
     v_head_dim: int = field("per-head value width d_v", checks=[positive])
+    # DeepSeek's and transformers' Q and KV latent norms keep the RMSNorm default, whatever rms_norm_eps says
+    latent_norm_eps: float = field("RMSNorm epsilon of the query and KV latents", default=1e-6, checks=[positive])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +163,9 @@ class ModelProfile:
     rms_norm_eps: float = field("RMSNorm epsilon", default=1e-6, checks=[positive])
     rope_theta: float = field("RoPE base", default=10000.0, checks=[positive])
     rope_scaling: RopeScaling | None = field("YaRN scaling of the rotary frequencies (None: plain RoPE)", default=None)
+    mla_rope: bool = field(
+        "MLA layers rotate their d_r channels by position (False: Kimi-Linear's MLA, which encodes no "
+        "position: the shared d_r key channels attend unrotated)", default=True)
     rope_interleave: bool = field(
         "the checkpoint's rotary channels are interleaved pairs (DeepSeek's layout); the loader permutes "
         "them into the rotate-half order the runtime computes in", default=False)

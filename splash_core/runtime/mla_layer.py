@@ -23,6 +23,11 @@ rows, the same on every rank. In between, per layout:
   sends its partial (out, lse) to the row's owner, which merges them by log-sum-exp, applies
   W_UV and O and all-gathers. A rank holding none of a row's keys returns lse = -inf.
 
+With DeepSeek Sparse Attention (an ``indexer``) the pages store each token's indexer key as the
+indexer uses it (normalised, rotated), and the rank attending for a row attends over the row's
+top-k keys only (:mod:`~splash_core.runtime.sparse_attention`): in TP, DP and DOP it holds the
+whole history; in CP the ranks all-gather their local top-k candidates to select globally.
+
 New tokens' cache entries are written before attention, so a row attends to itself and to the
 earlier rows of its chunk (causal by position).
 """
@@ -32,11 +37,13 @@ from __future__ import annotations
 import torch
 
 from ..layouts import Layout
+from ..model.dsa import IndexerWeights
 from ..model.mla import MLAMath, MLAWeights
 from ..model.weights import HeadShardedLayer
 from . import exchange
 from .expanded_attention import attend_expanded
 from .kv_pool import LayerKV
+from .sparse_attention import attend_sparse
 from .step_context import AttentionView, StepContext
 
 
@@ -44,8 +51,11 @@ class MLALayer(HeadShardedLayer):
     """Layout, weights and pages of one MLA layer on one rank."""
 
     def __init__(self, index: int, layout: Layout, weights: MLAWeights, kv: LayerKV, math: MLAMath,
-                 rank: int, T: int):
+                 rank: int, T: int, indexer: IndexerWeights | None = None, index_topk: int = 0):
+        """``indexer``: DeepSeek Sparse Attention's indexer (None: dense attention), each row
+        attending to its ``index_topk`` selected keys; needs the pool to store indexer keys."""
         self.index = index
+        self.indexer, self.index_topk = indexer, index_topk
         self.math = math
         self.kv = kv
         self.rank, self.T = rank, T
@@ -69,7 +79,7 @@ class MLALayer(HeadShardedLayer):
         slots = step.write_slots(self.kv, self.layout)
         self.math.write_latent(self.weights, kv, rot, self.kv.kv, slots)
         if keys is not None:
-            self.kv.write(slots, None, keys)
+            self.kv.write(slots, None, keys if self.indexer is None else self.indexer.finish_keys(keys, rot))
 
     def _store(self, step: StepContext, entries, keys) -> None:
         """CP: write, of the cache entries ``entries`` (and ``keys``) of all rows, the rows whose
@@ -83,18 +93,31 @@ class MLALayer(HeadShardedLayer):
             keys = None if keys is None else keys.index_select(0, index)
         self.kv.write(step.write_slots(self.kv, self.layout), entries, keys)
 
-    def _attend(self, q: torch.Tensor, step: StepContext):
-        view = step.attention_view(self.kv, self.layout)
-        return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
+    def _index(self, x, q_in, rot):
+        """(indexer queries [n, H, D], head weights [n, H]) of hidden rows ``x`` with query input
+        ``q_in`` and RoPE ``rot``; None without an indexer."""
+        return None if self.indexer is None else (self.indexer.queries(q_in, rot), self.indexer.head_weights(x))
 
-    def _attend_values(self, q_in, rot, step: StepContext):
-        """(values [n, h, d_v], lse [n, h]) of the rows this rank attends for, from their query
-        input ``q_in`` and RoPE ``rot``: absorbed, or, for the rows of requests that attend
-        expanded (:meth:`StepContext.form_rows`), expanded."""
+    def _attend(self, q: torch.Tensor, step: StepContext, index=None):
+        """(out, lse) of absorbed queries ``q``; with an indexer, over each row's selected keys,
+        ``index`` being :meth:`_index` of the rows attended for."""
+        view = step.attention_view(self.kv, self.layout)
+        if self.indexer is None:
+            return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
+        # CP holds keys split by position: its top-k is global, unless no context exceeds k (all are selected)
+        global_topk = self.layout is Layout.CP and int(step.batch.contexts.max()) > self.index_topk
+        return attend_sparse(q, *index, self.kv, view,
+                             self.index_topk, self.math.scale, self.math.d_c,
+                             (lambda local: _from_every_rank(step, local)) if global_topk else None)
+
+    def _attend_values(self, q_in, rot, step: StepContext, x):
+        """(values [n, h, d_v], lse [n, h]) of the rows this rank attends for, from their hidden
+        rows ``x``, query input ``q_in`` and RoPE ``rot``: absorbed (always with sparse attention),
+        or, for the rows of requests that attend expanded (:meth:`StepContext.form_rows`), expanded."""
         m, w = self.math, self.weights
-        rows = step.form_rows(self.layout, m.attention_form, m.dims)
+        rows = None if self.indexer is not None else step.form_rows(self.layout, m.attention_form, m.dims)
         if rows is None:
-            out, lse = self._attend(m.queries(w, q_in, rot), step)
+            out, lse = self._attend(m.queries(w, q_in, rot), step, self._index(x, q_in, rot))
             return m.values(w, out), lse
         return self._mixed_forms(m.head_queries(w, q_in, rot), rows, step)
 
@@ -119,14 +142,14 @@ class MLALayer(HeadShardedLayer):
         return values, lse
 
     def _rotary(self, step: StepContext, own: bool):
-        return step.rotary(self.math.d_r, self.math.theta, own, self.math.rope_scaling)
+        return step.rotary(self.math.d_r, self.math.theta, own, self.math.rope_scaling, rotates=self.math.rotates)
 
     def _tp(self, x, step):
         m, w = self.math, self.weights
         rot = self._rotary(step, own=False)
         q_in, kv, keys = m.project(w, x)
         self._write(step, kv, rot, keys)
-        values, _ = self._attend_values(q_in, rot, step)
+        values, _ = self._attend_values(q_in, rot, step, x)
         o = m.project_values(w, values)
         step.collectives.all_reduce(o)
         return o
@@ -141,15 +164,17 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         self._write(step, kv, rot, keys)
-        values, _ = self._attend_values(q_in, rot, step)
+        values, _ = self._attend_values(q_in, rot, step, x[step.own_rows])
         return exchange.gather_rows(step, m.project_values(w, values))
 
     def _dop(self, x, step):
         m, w = self.math, self.weights
         q_in, kv, keys = m.project(w, x, kv_rows=step.own_rows)
         q = m.queries(w, q_in, self._rotary(step, own=False))  # [N, H/T, W]: this rank's heads, all rows
-        self._write(step, kv, self._rotary(step, own=True), keys)
-        out_own, _ = self._attend(exchange.rows_to_owners(step, q), step)
+        rot_own = self._rotary(step, own=True)
+        self._write(step, kv, rot_own, keys)
+        own = step.own_rows
+        out_own, _ = self._attend(exchange.rows_to_owners(step, q), step, self._index(x[own], q_in[own], rot_own))
         o = m.output(w, exchange.owners_to_rows(step, out_own))
         step.collectives.all_reduce(o)
         return o
@@ -158,20 +183,30 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         entries = m.latent(w, kv, rot)
-        forms = step.form_rows(self.layout, m.attention_form, m.dims)
+        forms = None if self.indexer is not None else step.form_rows(self.layout, m.attention_form, m.dims)
+        index = self._index(x[step.own_rows], q_in, rot)  # travels with the queries: CP attends every row
+        if index is not None:
+            keys = self.indexer.finish_keys(keys, rot)
         # Expanded rows travel as per-head queries (d_n + d_r wide), so every row does then.
         q_own = m.queries(w, q_in, rot) if forms is None else m.head_queries(w, q_in, rot)
         n, heads, width = q_own.shape
         parts = [q_own.reshape(n, heads * width), entries] + ([keys] if keys is not None else [])
+        if index is not None:
+            parts += [index[0].flatten(1), index[1].to(entries.dtype)]
         gathered = exchange.gather_rows(step, torch.cat(parts, dim=1))
         # Views into the gathered rows: the kernels need only a unit channel stride, the cache
         # write copies anyway.
         q = gathered[:, : heads * width].view(-1, heads, width)
         all_entries = gathered[:, heads * width: heads * width + m.kv_width]
-        all_keys = gathered[:, heads * width + m.kv_width:] if keys is not None else None
+        end = heads * width + m.kv_width + (keys.shape[1] if keys is not None else 0)
+        all_keys = gathered[:, heads * width + m.kv_width: end] if keys is not None else None
+        if index is not None:
+            idx_heads, idx_dim = index[0].shape[1:]
+            index = (gathered[:, end: end + idx_heads * idx_dim].reshape(-1, idx_heads, idx_dim),
+                     gathered[:, end + idx_heads * idx_dim:].float())
         self._store(step, all_entries, all_keys)
         if forms is None:
-            out, lse = self._attend(q, step)
+            out, lse = self._attend(q, step, index)
             outs, lses = exchange.partials_to_owners(step, out, lse)
             merged, _ = step.kernels.merge(outs, lses)
             return exchange.gather_rows(step, m.output(w, merged))
@@ -180,6 +215,13 @@ class MLALayer(HeadShardedLayer):
         outs, lses = exchange.partials_to_owners(step, values, lse)
         merged, _ = step.kernels.merge(outs, lses)
         return exchange.gather_rows(step, m.project_values(w, merged))
+
+
+def _from_every_rank(step: StepContext, local: torch.Tensor) -> torch.Tensor:
+    """All ranks' equal-shaped ``local`` [n, k] stacked [T, n, k], on every rank (an all-gather)."""
+    out = local.new_empty(step.T * local.shape[0], local.shape[1])
+    step.collectives.all_gather_into(out, local.contiguous())
+    return out.view(step.T, *local.shape)
 
 
 _FORWARD = {Layout.TP: MLALayer._tp, Layout.DP: MLALayer._dp, Layout.DOP: MLALayer._dop, Layout.CP: MLALayer._cp}

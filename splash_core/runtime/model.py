@@ -37,6 +37,7 @@ import torch
 
 from ..checkpoint.source import weight_source
 from ..layouts import Layout, Placement
+from ..model.dsa import IndexerWeights
 from ..model.kda import KDAMath, KDAWeights
 from ..model.mla import MLAMath, MLAWeights
 from ..model.weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
@@ -94,7 +95,8 @@ class Model:
         self.scored_rows: np.ndarray | None = None  # rows of the next steps whose logits follow the last rows'
         self.graphs: DecodeGraphs | None = None
         graphs = config.graphs
-        if graphs is not None and config.mla_layers and not config.kda_layers and graphs.mode != "off" and \
+        eager = config.kda_layers or config.sparse_attention  # per-request host loops: never captured
+        if graphs is not None and config.mla_layers and not eager and graphs.mode != "off" and \
                 (graphs.mode == "static" or ops.graph_ops is not None):
             self.graphs = DecodeGraphs(self, graphs, ops.graph_ops)
 
@@ -109,8 +111,9 @@ class Model:
             return KDALayer(i, layout, KDAWeights.load(weights.source, profile, i, heads, **kw), self.recurrent[i],
                             kda_math, kda_kernels, rank, T)
         heads = head_shard(profile.mla.heads, rank, T) if sharded else None
+        indexer = IndexerWeights.load(weights.source, profile, i, **kw) if self.config.sparse_attention else None
         return MLALayer(i, layout, MLAWeights.load(weights.source, profile, i, heads, **kw), self.pool[i], self.math,
-                        rank, T)
+                        rank, T, indexer, profile.indexer.topk if indexer is not None else 0)
 
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *,

@@ -34,7 +34,8 @@ class ModelConfig:
     replay captured graphs (None, or mode ``off``: never; mode ``auto`` needs the backend's graph
     ops; models with KDA layers always run eagerly). ``attention_form``: how prefill rows attend
     (:mod:`splash_core.planning.attention_forms`; DOP layers always attend absorbed: their owners
-    hold no one else's kv_b heads)."""
+    hold no one else's kv_b heads). ``sparse_attention``: MLA layers attend over the DSA indexer's
+    top-k keys (needs a profile with an indexer; not yet in CP, nor with decode graphs)."""
 
     profile: ModelProfile
     layouts: Layout | Sequence[Layout]
@@ -46,8 +47,11 @@ class ModelConfig:
     num_layers: int | None = None
     graphs: GraphConfig | None = None
     attention_form: str = "auto"
+    sparse_attention: bool = False
 
     def __post_init__(self):
+        if self.sparse_attention and self.profile.indexer is None:
+            raise ValueError(f"sparse attention needs a DSA indexer; model {self.profile.name!r} has none")
         count = self.layer_count
         layouts = [self.layouts] * count if isinstance(self.layouts, Layout) else list(self.layouts)
         if len(layouts) != count:

@@ -3,13 +3,15 @@
 Deliberately a different computation from :class:`~splash_core.runtime.model.Model`: no pages,
 no kernels, no weight absorption, no collectives. Each request keeps a dense history of
 normalised latents and rotated rotary keys per layer; attention expands them per head with
-W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask. KDA layers keep
+W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask; with a DSA
+indexer and ``sparse`` each request also keeps its indexer keys, and the mask keeps only each
+query's top-k keys (a mask over dense scores, not a gather of the selected entries). KDA layers keep
 each request's whole history of pre-convolution inputs (convolved with ``F.conv1d`` over the
 full sequence, not from a cache) and its state, updated token by token in the transition form
 ``S <- (I - beta k kᵀ) diag(exp g) S + beta k vᵀ`` (not the kernels' delta form). MoE layers run
 every expert on every row and combine them with a dense [rows, experts] matrix of the routing
-weights (not the runtime's grouped, expert-parallel path). Only RMSNorm, RoPE, the router and the
-weight source are shared with the runtime.
+weights (not the runtime's grouped, expert-parallel path). Only RMSNorm, RoPE, the router, the DSA
+indexer's scores and top-k (:mod:`~splash_core.model.dsa`) and the weight source are shared with the runtime.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..model.dsa import IndexerWeights, index_scores, select
 from ..model.experts import route
 from ..model.fp8_cache import round_trip
 from ..model.kv_format import scaled_layout
 from ..model.ops import rms_norm
-from ..model.rotary import rope, softmax_scale
+from ..model.rotary import Rotary, rope, softmax_scale
 from ..model.weights import WeightSource, layer_prefix, tensor_shapes
 from ..profiles.model import LayerKind, ModelProfile
 from .step_batch import StepBatch
@@ -33,11 +36,16 @@ class ReferenceModel:
     """The whole model on one device, all heads, every history kept densely."""
 
     def __init__(self, profile: ModelProfile, source: WeightSource, device="cpu", dtype=torch.float32,
-                 num_layers: int | None = None, kv_dtype: torch.dtype | None = None):
+                 num_layers: int | None = None, kv_dtype: torch.dtype | None = None, sparse: bool = False):
         """``kv_dtype``: the format the runtime's KV pool stores (None: ``dtype``); each new latent
         and rotary key is rounded to it, as a write into the pool rounds it: through the
-        scaled-fp8 format where the profile's cache has scales (``kv_dtype`` is then its latent's)."""
-        self.profile, self.dtype, self.kv_dtype = profile, dtype, kv_dtype
+        scaled-fp8 format where the profile's cache has scales (``kv_dtype`` is then its latent's).
+        ``sparse``: attend over the DSA indexer's top-k keys only, the model's real function
+        (transformers'); without it attention is dense, as the runtime's layers attend unless
+        their :class:`~splash_core.runtime.model_config.ModelConfig` asks for ``sparse_attention``."""
+        if sparse and profile.indexer is None:
+            raise ValueError(f"sparse attention needs a DSA indexer; model {profile.name!r} has none")
+        self.profile, self.dtype, self.kv_dtype, self.sparse = profile, dtype, kv_dtype, sparse
         self.scaled = scaled_layout(profile) if kv_dtype is not None else None
         count = profile.num_layers if num_layers is None else num_layers
         self.kinds = profile.layer_kinds[:count]
@@ -45,9 +53,10 @@ class ReferenceModel:
         self.w = {name: source.get(name, shape, device=device, dtype=dtype) for name, shape in shapes.items()}
         self.count = count
         self.cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(count)]
+        self.index_keys: list[dict[int, torch.Tensor]] = [{} for _ in range(count)]  # DSA indexer keys [T, D]
 
     def release(self, request_id: int) -> None:
-        for layer in self.cache:
+        for layer in self.cache + self.index_keys:
             layer.pop(request_id, None)
 
     def step(self, batch: StepBatch, tokens: torch.Tensor) -> torch.Tensor:
@@ -107,17 +116,20 @@ class ReferenceModel:
     def _attention(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         m, w = self.profile.mla, self.w
         a = f"{layer_prefix(layer)}.self_attn"
-        eps, theta, scaling = self.profile.rms_norm_eps, self.profile.rope_theta, self.profile.rope_scaling
+        eps, theta, scaling = m.latent_norm_eps, self.profile.rope_theta, self.profile.rope_scaling
         H, dn, dr, dv, dc = m.heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
         if m.q_lora_rank:
-            q = rms_norm(x @ w[f"{a}.q_a_proj.weight"].t(), w[f"{a}.q_a_layernorm.weight"], eps) @ w[f"{a}.q_b_proj.weight"].t()
+            q_in = rms_norm(x @ w[f"{a}.q_a_proj.weight"].t(), w[f"{a}.q_a_layernorm.weight"], eps)
+            q = q_in @ w[f"{a}.q_b_proj.weight"].t()
         else:
+            q_in = x
             q = x @ w[f"{a}.q_proj.weight"].t()
         q = q.view(-1, H, dn + dr)
-        q_nope, q_rope = q[..., :dn], rope(q[..., dn:], pos, theta, scaling)
+        rotate = (lambda t: rope(t, pos, theta, scaling)) if self.profile.mla_rope else (lambda t: t)  # noqa: E731
+        q_nope, q_rope = q[..., :dn], rotate(q[..., dn:])
         kv = x @ w[f"{a}.kv_a_proj_with_mqa.weight"].t()
         c_new = rms_norm(kv[:, :dc], w[f"{a}.kv_a_layernorm.weight"], eps)
-        k_rope_new = rope(kv[:, dc:], pos, theta, scaling)
+        k_rope_new = rotate(kv[:, dc:])
         if self.scaled is not None:
             c_new, k_rope_new = round_trip(torch.cat([c_new, k_rope_new], dim=1), self.scaled).split([dc, dr], dim=1)
         elif self.kv_dtype is not None:
@@ -133,9 +145,27 @@ class ReferenceModel:
         scores = (torch.einsum("nhd,shd->nhs", q_nope, k_nope)
                   + torch.einsum("nhr,sr->nhs", q_rope, k_rope)) * softmax_scale(self.profile)
         visible = torch.arange(c.shape[0], device=c.device)[None, :] <= pos[:, None]
+        if self.sparse:
+            visible = self._selected(layer, request, x, q_in, pos, visible)
         probs = torch.softmax(scores.float().masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
         out = torch.einsum("nhs,shv->nhv", probs.to(v.dtype), v).reshape(-1, H * dv)
         return out @ w[f"{a}.o_proj.weight"].t()
+
+    def _selected(self, layer: int, request: int, x: torch.Tensor, q_in: torch.Tensor, pos: torch.Tensor,
+                  visible: torch.Tensor) -> torch.Tensor:
+        """DSA: of the ``visible`` [n, T] keys, those the indexer selects for each query (its top-k);
+        appends the new rows' indexer keys to the request's history of them."""
+        a, w = f"{layer_prefix(layer)}.self_attn.indexer", self.w
+        iw = IndexerWeights(w[f"{a}.wq_b.weight"], w[f"{a}.wk.weight"], w[f"{a}.k_norm.weight"],
+                            w[f"{a}.k_norm.bias"], w[f"{a}.weights_proj.weight"])
+        rotary = Rotary.at(pos, self.profile.mla.qk_rope_head_dim, self.profile.rope_theta, self.profile.rope_scaling)
+        new = iw.keys(x, rotary)
+        keys = torch.cat([self.index_keys[layer].get(request, new[:0]), new])
+        self.index_keys[layer][request] = keys
+        scores = index_scores(iw.queries(q_in, rotary), iw.head_weights(x), keys, visible)
+        indices, valid = select(scores, self.profile.indexer.topk)
+        chosen = torch.zeros_like(visible).scatter_(1, indices, valid)
+        return chosen & visible
 
     def _kda(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         kda, w, eps = self.profile.kda, self.w, self.profile.rms_norm_eps

@@ -74,11 +74,14 @@ class StepContext:
         """[N] int64 positions of all rows (RoPE)."""
         return self._tensor(self.batch.row_positions)
 
-    def rotary(self, dim: int, theta: float, own: bool = False, scaling: RopeScaling | None = None) -> Rotary:
-        """RoPE of all rows' positions (``own``: this rank's rows), computed once per step."""
-        key = (dim, theta, scaling)
+    def rotary(self, dim: int, theta: float, own: bool = False, scaling: RopeScaling | None = None,
+               rotates: bool = True) -> Rotary:
+        """RoPE of all rows' positions (``own``: this rank's rows), computed once per step
+        (``rotates`` False: no rotation, for MLA without position encoding)."""
+        key = (dim, theta, scaling, rotates)
         if key not in self._rotary:
-            every = Rotary.at(self.positions, dim, theta, scaling)
+            every = (Rotary.at(self.positions, dim, theta, scaling) if rotates
+                     else Rotary.identity(len(self.positions), dim, self.positions.device))
             self._rotary[key] = (every, every.rows(self.own_rows))
         return self._rotary[key][own]
 

@@ -1,0 +1,135 @@
+"""DeepSeek Sparse Attention's lightning indexer in Triton: scores of every visible key, then top-k.
+
+Key ``j`` of query row ``i`` scores ``sum_h w[i, h] * ReLU(scale * q[i, h] . k[j])``: ``k`` is the one
+indexer key per token, kept in pages beside the latent cache (``[pages, page_size, dim]``, the
+same physical pages, so the block table and page index of the MLA kernels find them), ``q``
+the per-head indexer queries and ``w`` the per-head weights with every factor the model applies
+already in them (DeepSeek-V3.2 multiplies its weight projection by ``heads ** -0.5``; ``scale``
+is the indexer's ``head_dim ** -0.5``). A key is visible to a row when its page is held
+(not -1) and its position is at or before the row's.
+
+Keys are named by their *slot* in the request's table: ``slot * page_size + offset``, the order
+the block table lists them. That is what :mod:`.dsa_attention` gathers by, and it needs no
+inverse of the page index, so a CP rank holding every other page, or a table with holes,
+scores and selects its own keys exactly as a whole history would. A key's position is
+``page_index[req, slot] * page_size + offset`` (:func:`key_positions`).
+
+A program scores one row against ``tile.keys`` keys: the key tile is loaded once and every
+head block's dot reads it. A uint8 key cache holds the stored scaled-fp8 indexer format
+(:func:`splash_core.model.kv_format.indexer_layout`: e4m3 codes, then float32 group scales, no
+rotary part), dequantized right after the load as :mod:`.attention` reads its latent. Top-k is
+``torch.topk`` over the score rows; a row seeing fewer keys than k selects all it sees and
+pads with -1. The score rows are materialized (4 bytes a row and key slot: a 128K history costs
+512 KiB a row), so a long prefill chunk is scored a block of rows at a time by its caller.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..model.kv_format import ScaledFP8
+from .attention import _index, _latent_keys
+from .config import AttentionTile, block
+
+INDEXER_TILE = AttentionTile(rows=1, heads=16, keys=32)
+
+
+@triton.jit(do_not_specialize=["heads", "table_width", "s_bt", "s_pi", "s_sn"])
+def _indexer_kernel(
+    Q, W, K, BlockTable, PageIndex, RowReq, RowPos, Scores,
+    scale, heads, table_width,
+    s_qn, s_qh, s_wn, s_kp, s_kt, s_bt, s_pi, s_sn,
+    PAGE_SIZE: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr, SCALE_GROUPS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    key = tl.program_id(1) * KEYS + tl.arange(0, KEYS)
+    req = tl.load(RowReq + row).to(tl.int64)
+    pos = tl.load(RowPos + row)
+    in_range = key < table_width * PAGE_SIZE
+    slot = key // PAGE_SIZE
+    offset = key % PAGE_SIZE
+    page = tl.load(BlockTable + req * s_bt + slot, mask=in_range, other=-1)
+    key_pos = tl.load(PageIndex + req * s_pi + slot, mask=in_range, other=0) * PAGE_SIZE + offset
+    visible = in_range & (page >= 0) & (key_pos <= pos)
+
+    d = tl.arange(0, BLOCK_D)
+    k_base = K + page.to(tl.int64)[:, None] * s_kp + offset.to(tl.int64)[:, None] * s_kt
+    keys = _latent_keys(k_base, d, visible[:, None] & (d < DIM)[None, :], DIM, SCALE_GROUPS, Q.dtype.element_ty)
+    total = tl.zeros([KEYS], tl.float32)
+    for h0 in range(0, heads, HEADS):
+        head = h0 + tl.arange(0, HEADS)
+        head_ok = head < heads
+        q = tl.load(Q + row * s_qn + head.to(tl.int64)[:, None] * s_qh + d[None, :],
+                    mask=head_ok[:, None] & (d < DIM)[None, :], other=0.0)
+        w = tl.load(W + row * s_wn + head, mask=head_ok, other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(keys), input_precision=PRECISION)  # [HEADS, KEYS]
+        total += tl.sum(tl.maximum(s * scale, 0.0) * w[:, None], 0)
+    tl.store(Scores + row * s_sn + key, tl.where(visible, total, float("-inf")), mask=in_range)
+
+
+def indexer_scores(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale, *,
+                   tile: AttentionTile = INDEXER_TILE):
+    """Scores ``[N, table_width * page_size]`` float32 of every key slot for each query row, -inf
+    where the key is not visible. ``q`` [N, H, D], ``weights`` [N, H], ``index_keys``
+    [pages, page_size, D] (or uint8 scaled-fp8 bytes; unit channel stride), tables and rows as the
+    MLA kernels take them."""
+    scaled = index_keys.dtype == torch.uint8
+    if q.dim() != 3 or index_keys.dim() != 3 or (q.shape[2] != index_keys.shape[2] and not scaled):
+        raise ValueError(f"q [N, H, D] and index_keys [pages, page_size, D] must share D "
+                         f"(got {tuple(q.shape)} and {tuple(index_keys.shape)})")
+    groups = ScaledFP8.of_width(index_keys.shape[2], q.shape[2], 0).groups if scaled else 0
+    if weights.shape != q.shape[:2]:
+        raise ValueError(f"weights must be [N, H] = {tuple(q.shape[:2])} (got {tuple(weights.shape)})")
+    if index_keys.stride(2) != 1:
+        raise ValueError("index_keys needs a unit channel stride")
+    if tile.rows != 1 or tile.value_split != 1:
+        raise ValueError(f"indexer tile {tile.label()}: one row a program and no value split")
+    block_table = _index(block_table, "block_table", 2)
+    page_index = _index(page_index, "page_index", 2)
+    row_req, row_pos = _index(row_req, "row_req", 1), _index(row_pos, "row_pos", 1)
+    q = q if q.stride(2) == 1 else q.contiguous()
+    weights = weights.contiguous()
+    rows, heads, dim = q.shape
+    table_width = block_table.shape[1]
+    page_size = index_keys.shape[1]
+    scores = torch.empty(rows, table_width * page_size, dtype=torch.float32, device=q.device)
+    if scores.numel() == 0 or heads == 0:
+        return scores.fill_(float("-inf"))
+    grid = (rows, triton.cdiv(table_width * page_size, tile.keys))
+    _indexer_kernel[grid](
+        q, weights, index_keys, block_table, page_index, row_req, row_pos, scores,
+        float(scale), heads, table_width,
+        q.stride(0), q.stride(1), weights.stride(0), index_keys.stride(0), index_keys.stride(1),
+        block_table.stride(0), page_index.stride(0), scores.stride(0),
+        PAGE_SIZE=page_size, DIM=dim, BLOCK_D=block(dim), HEADS=tile.heads, KEYS=tile.keys,
+        PRECISION="ieee" if q.dtype == torch.float32 else None, SCALE_GROUPS=groups,
+        num_warps=tile.warps, num_stages=tile.stages,
+    )
+    return scores
+
+
+def select_top_k(scores, top_k: int):
+    """``(slots [N, min(top_k, keys)] int32, their scores)``: each row's best visible key slots,
+    -1 (score -inf) where the row sees fewer than ``top_k`` keys."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1 (got {top_k})")
+    values, slots = torch.topk(scores, min(top_k, scores.shape[1]), dim=1)
+    return torch.where(torch.isneginf(values), -1, slots).to(torch.int32), values
+
+
+def indexer_top_k(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale, top_k: int, *,
+                  tile: AttentionTile = INDEXER_TILE):
+    """The lightning indexer's selection: :func:`indexer_scores` then :func:`select_top_k`."""
+    scores = indexer_scores(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale, tile=tile)
+    return select_top_k(scores, top_k)
+
+
+def key_positions(slots, page_index, row_req, page_size: int):
+    """Token positions of key ``slots`` [N, K] (-1 stays -1): what a CP merge of per-rank
+    selections compares, since each rank's slots count only its own pages."""
+    req = row_req.long()[:, None]
+    page = page_index.long()[req, slots.clamp(min=0).long() // page_size]
+    return torch.where(slots >= 0, page * page_size + slots.long() % page_size, -1)
