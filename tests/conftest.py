@@ -9,6 +9,14 @@ import pytest
 
 os.environ.setdefault("SPLASH_BACKENDS", "")  # tests see every installed plugin unless a test narrows it
 
+# Triton decides interpreter or compiler when it defines a kernel, its own library's included, so on a
+# host without an accelerator the interpreter goes on before any test module (transformers' models
+# among them) imports Triton; tests/kernel_interpreter.py does the same for a kernel test run alone.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    import kernel_interpreter  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def rank_pools():

@@ -26,7 +26,6 @@ import torch
 from transformers import AutoModelForCausalLM  # hf_checkpoints skips this module without transformers
 from transformers.models.deepseek_v32 import DeepseekV32Config
 
-from splash_core.checkpoint.deployments import check_checkpoint, resolve
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 from splash_core.profiles.checkpoint_family import CheckpointError
@@ -119,11 +118,3 @@ def test_relabelled_v32_is_refused(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="index_"):
         profile_from_checkpoint(tmp_path)
-
-
-def test_runtime_serving_is_refused_in_one_line(checkpoint):
-    """`splash generate/serve/run --model DIR` check the folder before any rank starts: the engine
-    does not ask the runtime for sparse attention yet, so a DSA checkpoint is refused naming index_topk."""
-    deployment = resolve("cpu-tiny", model=checkpoint[0])
-    with pytest.raises(CheckpointError, match=r"config\.json: index_topk: .*densely.*\(got 6\)$"):
-        check_checkpoint(deployment)

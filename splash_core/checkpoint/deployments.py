@@ -16,13 +16,15 @@ from .tiny import ensure_written
 
 def resolve(ref, *, model: str | None = None, T: int | None = None, layout: str | None = None) -> DeploymentProfile:
     """Deployment ``ref`` (name, path or profile) with the given replacements. A ``model`` folder's
-    KV cache stores the deployment's compute format (as vLLM's ``kv_cache_dtype: auto``)."""
+    KV cache stores the deployment's compute format (as vLLM's ``kv_cache_dtype: auto``), all its
+    layers run, and it attends over its DSA indexer's top-k keys where it has one."""
     deployment = ref if isinstance(ref, DeploymentProfile) else load("deployment", ref)
     changes: dict = {}
     if model is not None:
         fmt = deployment.compute_dtype
         changes["model"] = profile_from_checkpoint(model, {"kv_cache": {"latent_dtype": fmt, "rope_dtype": fmt}})
         changes["layers"] = None  # the deployment's layer cut was for its own model
+        changes["sparse_attention"] = None  # and its attention: sparse iff the folder's model has an indexer
     if T is not None:
         changes["T"] = T
     if layout is not None:
@@ -44,11 +46,6 @@ def check_checkpoint(deployment: DeploymentProfile) -> None:
     if folder is None:
         return
     from ..model.weights import tensor_shapes
-    from ..profiles.checkpoint_family import CheckpointError
     from .source import CheckpointWeights
 
-    if profile.indexer is not None:  # dense attention past top-k keys would compute another model
-        raise CheckpointError(f"{folder}/config.json", "index_topk", "the engine does not run DeepSeek Sparse "
-                              "Attention yet (the runtime's layers can); it would attend densely (issue 37)",
-                              profile.indexer.topk)
     CheckpointWeights(folder, profile).check(tensor_shapes(profile, deployment.layers))

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
                        description="Generate from a prompt with the engine on T ranks: the text and the token ids, "
                                    "in one layout or with live switching (--policy).")
     p.add_argument("--model", metavar="PATH", default=None,
-                   help="a Hugging Face checkpoint folder (DeepseekV2/V3, Glm4MoeLite or KimiLinear ForCausalLM; "
+                   help="a Hugging Face checkpoint folder (DeepseekV2/V3/V32, Glm4MoeLite or KimiLinear ForCausalLM; "
                         "default: the deployment's model)")
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
                    help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")

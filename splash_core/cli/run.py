@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,
                    help=f"deployment profile: name or path (default {DEFAULT_DEPLOYMENT})")
     p.add_argument("--model", metavar="PATH", default=None,
-                   help="a Hugging Face checkpoint folder (DeepseekV2/V3, Glm4MoeLite or KimiLinear ForCausalLM) "
+                   help="a Hugging Face checkpoint folder (DeepseekV2/V3/V32, Glm4MoeLite or KimiLinear ForCausalLM) "
                         "to serve instead of the "
                         "deployment's model")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                                    "until SIGTERM or Ctrl-C. With no arguments: the tiny checkpoint of "
                                    f"{DEFAULT_DEPLOYMENT} on two CPU ranks.")
     p.add_argument("--model", metavar="PATH", default=None,
-                   help="a Hugging Face checkpoint folder (DeepseekV2/V3, Glm4MoeLite or KimiLinear ForCausalLM) "
+                   help="a Hugging Face checkpoint folder (DeepseekV2/V3/V32, Glm4MoeLite or KimiLinear ForCausalLM) "
                         "to serve instead of the "
                         "deployment's model")
     p.add_argument("--deployment", default=DEFAULT_DEPLOYMENT,

@@ -16,7 +16,9 @@ vocabulary; and nothing to compare (no request finished with a generated token: 
 False). Every verdict below is written so that a NaN makes it fail (``not gap <= allowed``).
 
 In float32 (compute and KV cache) the check is exact (layouts differ from the reference only in
-reduction order): every token must be the reference's greedy one.
+reduction order): every token must be the reference's greedy one. Where the deployment attends
+sparsely (a DSA indexer: :func:`~splash_core.runtime.model_config.attends_sparsely`) the reference
+attends over each query's top-k keys too, the model's real function.
 
 Below float32 the engine's logits carry the compute format's rounding error, and where the
 reference's top two logits are closer than that error the engine may pick the other one. The
@@ -83,6 +85,7 @@ import torch
 from ..checkpoint.source import weight_source
 from ..dtypes import torch_dtype
 from ..model.weights import RoundedWeights
+from ..runtime.model_config import attends_sparsely
 from ..runtime.nonfinite import constant_rows, first_nonfinite_step, first_nonfinite_weight
 from ..runtime.reference_scorer import HeldWeights, Scorer
 from ..runtime.sampling import GREEDY, History, SamplingParams, adjust_logits, choose_rows, in_kept
@@ -179,10 +182,11 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
     if low_compute:
         source = RoundedWeights(source, compute)
     kv_format = None if kv == torch.float32 else kv
-    ref = Scorer(deployment.model, source, device, torch.float32, deployment.layers, kv_dtype=kv_format)
+    sparse = attends_sparsely(deployment)  # the function the engine's layers compute
+    ref = Scorer(deployment.model, source, device, torch.float32, deployment.layers, kv_dtype=kv_format, sparse=sparse)
     measured = low_compute and tolerance is None
-    low = (Scorer(deployment.model, HeldWeights(ref.w), device, compute, deployment.layers, kv_dtype=kv_format)
-           if measured else None)  # the same rounded weights, computing in the compute format
+    low = (Scorer(deployment.model, HeldWeights(ref.w), device, compute, deployment.layers, kv_dtype=kv_format,
+                  sparse=sparse) if measured else None)  # the same rounded weights, computing in the compute format
     rule = _Rule(exact, 0.0 if exact else kv_tolerance(kv) if tolerance is None else tolerance,
                  ERROR_MULTIPLE if measured else 0.0, low)
     chosen, of = _cheapest(deployment, prompts, outputs, chunk, flop_budget)

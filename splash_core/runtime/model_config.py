@@ -22,6 +22,13 @@ from .kv_pool import PageFormat
 from .recurrent_pool import RecurrentFormat
 
 
+def attends_sparsely(deployment) -> bool:
+    """Whether ``deployment``'s MLA layers attend over its model's DSA indexer's top-k keys: its
+    ``sparse_attention`` (None: whenever the model has an indexer), as the cost model charges."""
+    has_indexer = deployment.model.indexer is not None
+    return has_indexer if deployment.sparse_attention is None else bool(deployment.sparse_attention and has_indexer)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The model one rank builds: ``profile``'s first ``num_layers`` layers (None: all), each in
@@ -35,7 +42,7 @@ class ModelConfig:
     ops; models with KDA layers always run eagerly). ``attention_form``: how prefill rows attend
     (:mod:`splash_core.planning.attention_forms`; DOP layers always attend absorbed: their owners
     hold no one else's kv_b heads). ``sparse_attention``: MLA layers attend over the DSA indexer's
-    top-k keys (needs a profile with an indexer; not yet in CP, nor with decode graphs)."""
+    top-k keys (needs a profile with an indexer; decode steps then run eagerly, never from graphs)."""
 
     profile: ModelProfile
     layouts: Layout | Sequence[Layout]
@@ -63,9 +70,9 @@ class ModelConfig:
     @classmethod
     def of(cls, deployment, *, pages_per_layer: int, layouts=None) -> "ModelConfig":
         """A deployment's model: its profile, page size, compute format, layer count, initial
-        layout (unless ``layouts`` is given), decode graphs and prefill attention; the KV pool stores
-        the model's cache format (one the runtime can store:
-        :func:`~splash_core.model.kv_format.kv_format_problem`)."""
+        layout (unless ``layouts`` is given), decode graphs, prefill attention and sparse attention
+        (:func:`attends_sparsely`); the KV pool stores the model's cache format (one the runtime can
+        store: :func:`~splash_core.model.kv_format.kv_format_problem`)."""
         kv = deployment.model.kv_cache
         problem = kv_format_problem(deployment.model)
         if problem:
@@ -74,7 +81,7 @@ class ModelConfig:
                    pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                    dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
                    kv_scales=kv.scale_bytes // SCALE_BYTES, num_layers=deployment.layers, graphs=deployment.graphs,
-                   attention_form=deployment.prefill_attention)
+                   attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment))
 
     @property
     def layer_count(self) -> int:
