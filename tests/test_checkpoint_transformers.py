@@ -132,6 +132,17 @@ def _deployment(folder: str, T: int) -> dict:
             "memory_fraction": 0.5, "reserve_gib": 0.0, "page_size": PAGE, "compute_dtype": "fp32"}
 
 
+def assert_switches_keep_tokens(pool, folder: str, ref, T: int) -> None:
+    """Greedy prompts served through all 12 switch directions give transformers' tokens ``ref``
+    and pass SPLASH's exact reference check (shared by the other families' proofs)."""
+    prompts = tuple(GenerationRequest(tuple(p), NEW) for p in PROMPTS)
+    summary = pool.run(serve, Job(_deployment(folder, T), policy=ScriptedPolicy(ALL_DIRECTIONS, every=2),
+                                  prompts=prompts))[0]
+    assert len({(s.src, s.dst) for s in summary.switches if not s.refused}) == 12
+    assert [out["token_ids"] for out in summary.outputs] == [tokens for tokens, _ in ref]
+    assert summary.check["passed"] and summary.check["exact"] and summary.check["tokens"] == len(PROMPTS) * NEW
+
+
 @pytest.mark.parametrize("T", [2, 4])
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, checkpoints, T):
     folder, _, ref = checkpoints["v3-yarn-interleaved"]

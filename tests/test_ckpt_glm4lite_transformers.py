@@ -25,9 +25,6 @@ import torch
 
 from splash_core.checkpoint import tiny
 from splash_core.cli.main import main
-from splash_core.engine import Job, serve
-from splash_core.engine.policy import ScriptedPolicy
-from splash_core.engine.requests import GenerationRequest
 from splash_core.layouts import Layout
 from splash_core.profiles.checkpoint_config import CheckpointError, profile_from_checkpoint
 
@@ -78,12 +75,7 @@ def test_every_layout_gives_transformers_logits_and_tokens(rank_pools, glm, T):
 
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, glm):
     folder, ref = glm
-    prompts = tuple(GenerationRequest(tuple(p), base.NEW) for p in base.PROMPTS)
-    job = Job(base._deployment(folder, 4), policy=ScriptedPolicy(base.ALL_DIRECTIONS, every=2), prompts=prompts)
-    summary = rank_pools(4).run(serve, job)[0]
-    assert len({(s.src, s.dst) for s in summary.switches if not s.refused}) == 12
-    assert [out["token_ids"] for out in summary.outputs] == [tokens for tokens, _ in ref]
-    assert summary.check["passed"] and summary.check["exact"] and summary.check["tokens"] == 2 * base.NEW
+    base.assert_switches_keep_tokens(rank_pools(4), folder, ref, 4)
 
 
 def test_each_rank_reads_only_its_slices(glm):

@@ -31,9 +31,6 @@ from transformers import AutoModelForCausalLM, KimiLinearConfig
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.checkpoint.tiny import write_tokenizer
 from splash_core.cli.main import main
-from splash_core.engine import Job, serve
-from splash_core.engine.policy import ScriptedPolicy
-from splash_core.engine.requests import GenerationRequest
 from splash_core.layouts import Layout
 from splash_core.profiles.checkpoint_config import CheckpointError, profile_from_checkpoint
 
@@ -109,12 +106,7 @@ def test_the_check_fails_when_mla_rotates(rank_pools, kimi):
 
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, kimi):
     folder, ref = kimi
-    prompts = tuple(GenerationRequest(tuple(p), base.NEW) for p in base.PROMPTS)
-    job = Job(base._deployment(folder, 2), policy=ScriptedPolicy(base.ALL_DIRECTIONS, every=2), prompts=prompts)
-    summary = rank_pools(2).run(serve, job)[0]
-    assert len({(s.src, s.dst) for s in summary.switches if not s.refused}) == 12
-    assert [out["token_ids"] for out in summary.outputs] == [tokens for tokens, _ in ref]
-    assert summary.check["passed"] and summary.check["exact"] and summary.check["tokens"] == 2 * base.NEW
+    base.assert_switches_keep_tokens(rank_pools(2), folder, ref, 2)
 
 
 def test_each_rank_reads_only_its_slices(kimi):
