@@ -20,7 +20,12 @@ replayed steps' terms of the hardware profile (t0 and time per layer of
 
 Per variant: the mean and largest absolute error on the held-out points per phase, and per
 layout and phase; and at each held-out (phase, batch, context) how much slower the layout the
-model picks measured than the measured fastest (the regret of trusting the model). Writes
+model picks measured than the measured fastest (the regret of trusting the model).
+
+``--dsa`` also holds the cost model's sparse-attention charges against what the runtime does for
+tiny V3.2- and GLM-5-shaped models on two CPU ranks, step by step in every layout
+(:mod:`splash_bench.dsa_check`: decode graphs, where the indexer scores, the pairs attended, CP's
+top-k candidate bytes); any disagreement makes the exit code 1. Writes
 ``<out>/<platform>/costmodel_check.json`` (source ``model``) and prints a table. Nothing here is
 tuned by hand, and nothing is fitted per position.
 
@@ -59,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fit-context", type=int, default=8192, help="context the fitted variants' host terms are fitted at")
     p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
     p.add_argument("--name", default="costmodel_check", help="file name (stem) of the result")
+    p.add_argument("--dsa", action="store_true",
+                   help="also check the cost model against the runtime's sparse attention on two CPU ranks")
     return p.parse_args(argv)
 
 
@@ -225,6 +232,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.measured}: a runtime_step result is needed (got {result.benchmark})")
     hardware = hardware_for(result, args.hardware)
     summary = check(result, hardware, args.fit_context)
+    if args.dsa:
+        from splash_bench.dsa_check import dsa_summary
+
+        summary["dsa"] = dsa_summary()
     data = results.make_result(
         benchmark="costmodel_check", platform=result.platform, backend=result.data["backend"],
         model=result.data["model"], T=result.data["T"], dtype=result.data["dtype"], samples=[], summary=summary,
@@ -244,6 +255,13 @@ def main(argv=None) -> int:
             f"  {l}: {cell.get((v['variant'], str(l), 'decode'), float('nan')):5.1f} / "
             f"{cell.get((v['variant'], str(l), 'prefill'), float('nan')):5.1f}" for l in LAYOUTS))
     print("wrote", results.write_result(data, args.out, args.name))
+    dsa = summary.get("dsa")
+    if dsa is not None:
+        print(f"sparse attention (DSA): {'agrees' if dsa['passed'] else 'DISAGREES'} over {dsa['steps_compared']} "
+              f"steps (candidate bytes of {dsa['cp_history_steps']} CP steps priced as gathering the history "
+              "not compared)")
+        print("".join(f"  {p}\n" for p in dsa["problems"]), end="")
+        return 0 if dsa["passed"] else 1
     return 0
 
 

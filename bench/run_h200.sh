@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8 expanded forms overlap graphmem sampling
+# serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -117,6 +117,13 @@ for s in "${sections[@]}"; do
                 python3 bench/serve_bench.py \$A --reuse --keep --temperature 1.0 --name served_bench-ab-sampled;
                 if [ -d .oldtree ]; then SPLASH_GIT_COMMIT=\${OLD_COMMIT:-old} PYTHONPATH=\$PWD/.oldtree \
                   python3 bench/serve_bench.py \$A --reuse --temperature 1.0 --name served_bench-ab-sampled-before; fi" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling)"; exit 2 ;;
+    # DeepSeek Sparse Attention (one GPU): the conformance suite's DSA and MLA cases, then a V3.2-width decode step
+    # and prefill chunk at 32K/128K, dense vs sparse, Triton vs FlashMLA, bf16 and fp8 caches, beside their roofline
+    dsa) section dsa 560 bash -c "python3 -m pytest -q -p no:cacheprovider -rs --pyargs splash_core.testing \
+           --splash-backend hopper --splash-ranks 1 -k 'dsa or mla';
+         python3 bench/dsa_step.py --out $RES/dsa --budget-s ${DSA_BUDGET:-300} --write-providers $RES/dsa/providers.json" ;;
+    # FP8 block-scaled GEMMs (one GPU): the Triton kernel beside bf16 and torch's row-wise FP8 at DeepSeek-V3 shapes
+    fp8gemm) section fp8gemm 300 python3 bench/fp8_gemm.py --out "$RES/fp8gemm" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm)"; exit 2 ;;
   esac
 done

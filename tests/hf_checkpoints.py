@@ -1,5 +1,5 @@
-"""Tiny DeepseekV2/V3 and GLM-4.7-Flash (Glm4MoeLite) checkpoints written by transformers itself
-(``save_pretrained``), for the proof that SPLASH computes what transformers computes.
+"""Tiny DeepseekV2/V3, GLM-4.7-Flash (Glm4MoeLite) and GLM-5 (GlmMoeDsa) checkpoints written by
+transformers itself (``save_pretrained``), for the proof that SPLASH computes what transformers computes.
 
 Weights are re-drawn at unit scale (linear N(0, 1/fan_in), norms 1 + N(0, 0.1²), embeddings
 N(0, 1), router bias N(0, 0.1²)) instead of transformers' N(0, 0.02²), so activations and logits
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Glm4MoeLiteConfig  # noqa: E402
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Glm4MoeLiteConfig,  # noqa: E402
+                          GlmMoeDsaConfig)
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BLOCK = (128, 128)
@@ -49,7 +50,15 @@ VARIANTS = {
                           rope_parameters={"rope_type": "default", "rope_theta": 20000.0}, n_group=4, topk_group=2,
                           n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=1.8, rms_norm_eps=1e-5),
 }
-CONFIGS = {"v2": DeepseekV2Config, "v3": DeepseekV3Config, "glm4_moe_lite": Glm4MoeLiteConfig}
+# GLM-5 layout: shared-indexer layers (full, shared, full, shared), interleaved indexer RoPE, v_head_dim != qk_nope,
+# index_topk 6 so that selection drops keys within a few tokens (write it with write_dsa: positive head weights)
+VARIANTS["glm5-shared"] = dict(
+    arch="glm_moe_dsa", num_hidden_layers=4, indexer_types=["full", "shared", "full", "shared"],
+    mlp_layer_types=["dense", "sparse", "sparse", "sparse"], vocab_size=384, v_head_dim=24, rope_parameters=YARN,
+    n_group=4, topk_group=2, n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=2.5, rms_norm_eps=1e-5,
+    index_n_heads=8, index_head_dim=16, index_topk=6)
+CONFIGS = {"v2": DeepseekV2Config, "v3": DeepseekV3Config, "glm4_moe_lite": Glm4MoeLiteConfig,
+           "glm_moe_dsa": GlmMoeDsaConfig}
 
 
 def config(variant: str):
@@ -81,6 +90,20 @@ def write(variant: str, folder: Path, *, dtype=torch.float32, seed: int = 0, loa
     _redraw(model, seed)
     model.to(dtype).save_pretrained(folder)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=load_dtype or dtype).eval()
+
+
+def write_dsa(variant: str, folder: Path, *, seed: int = 0):
+    """:func:`write` for a model with a DSA indexer, its per-head indexer weights made positive: exact
+    ties of the index scores (all heads' ReLUs zero), which top-k breaks arbitrarily and transformers
+    itself then breaks differently for different sequence lengths, become as rare as in real models."""
+    model = AutoModelForCausalLM.from_config(config(variant), dtype=torch.float32)
+    _redraw(model, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if layer.self_attn.indexer is not None:
+                layer.self_attn.indexer.weights_proj.weight.abs_()
+    model.save_pretrained(folder)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 def quantize_fp8(w: torch.Tensor, block=BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

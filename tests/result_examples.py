@@ -166,6 +166,20 @@ def device_examples() -> dict[str, tuple[dict, list]]:
              for b in (1, 16) for path, ms in (("eager", 2.0), ("graph", 1.0))]
             + [{"batch": b, "context": 8192, "layers": 3, "layout": "TP", "path": "roofline", "roofline_ms": 0.4}
                for b in (1, 16)]),
+        "dsa_step": (
+            {"rates": {"copy_gbps": 3000.0, "matmul_tflops": 700.0, "copy_mib": 2048, "matmul_n": 8192},
+             "points": [{"cache": "bf16", "phase": "decode", "context": 32768, "rows": 16, "provider": p,
+                         "finite": True, "ms": 2.0, "roofline_ms": 0.5, "over_roofline": 4.0}
+                        for p in ("dense", "triton")]
+             + [{"cache": "bf16", "context": 32768, "provider": "flashmla", "error": "RuntimeError: not here"}],
+             "skipped": [], "sparse_providers": {"bf16": {"provider": "triton", "points": 1, "flashmla_faster": 0}}},
+            [{"cache": "bf16", "sparse": p != "dense", "provider": p, "phase": "decode", "context": 32768,
+              "wall_ms": [1.5, 2.0, 2.5], "roofline_ms": 0.5} for p in ("dense", "triton")]
+            + [{"cache": "bf16", "sparse": True, "provider": "flashmla", "context": 32768, "error": "not here"}]),
+        "fp8_gemm": (
+            {"peaks": {"bf16_tflops": 700.0, "fp8_tflops": 1400.0},
+             "points": {"q_a/m16": {"triton_tflops": 30.0, "bf16_tflops": 29.0}}},
+            [{"shape": "q_a", "m": 16, "n": 1536, "k": 7168, "triton_tflops": 30.0, "bf16_ms": [0.01, 0.012]}]),
         "runtime_step": ({"layers": 3, "layers_fit": 5,
                           "memory": {"per_layer_bytes": {"TP": 3 << 29, "CP": 1 << 29}, "fixed_bytes": 1 << 30,
                                      "transient_bytes": 1 << 29, "budget_bytes": 8 << 30},

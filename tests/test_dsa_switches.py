@@ -51,13 +51,14 @@ def _requests() -> list[Req]:
             Req(3, o[3], prompt(50, 4), 3, arrives=2), Req(4, o[4], prompt(9, 5), 3, arrives=SWITCH_AT)]
 
 
-def _switch_runs(ctx):
-    """On each rank: every direction in every mode, switching at step 4."""
-    profile, out = _profile(), {}
+def switch_runs(ctx, profile, weights, pages_per_layer: int, page_size: int):
+    """On each rank: every direction in every mode, switching at step 4, for a model of ``profile``
+    reading ``weights()`` (a fresh source per run)."""
+    out = {}
     for src, dst in DIRECTIONS:
         for mode in Mode:
-            model = Model.from_context(ctx, profile, PositiveHeadWeights(SEED), Layout(src), pages_per_layer=24,
-                                       page_size=PAGE, sparse_attention=True)
+            model = Model.from_context(ctx, profile, weights(), Layout(src), pages_per_layer=pages_per_layer,
+                                       page_size=page_size, sparse_attention=True)
             executor = SwitchExecutor(model, ctx)
 
             def step(k, batch, tokens):
@@ -68,14 +69,14 @@ def _switch_runs(ctx):
     return out if ctx.rank == 0 else None
 
 
-def _reference(sparse: bool):
-    ref = ReferenceModel(_profile(), PositiveHeadWeights(SEED), sparse=sparse)
+def reference_run(profile, weights, sparse: bool):
+    ref = ReferenceModel(profile, weights, sparse=sparse)
     return serve(lambda k, b, t: ref.step(b, t), _requests(), 1, ref.release)
 
 
-def test_every_direction_and_mode_keeps_the_sparse_tokens(rank_pools):
-    want = _reference(sparse=True)
-    results = rank_pools(2).run(_switch_runs)[0]
+def assert_every_switch_matches(results: dict, want, dense) -> None:
+    """Every direction and mode ends in its destination layout with ``want``'s tokens and logits,
+    and the dense reference's ``dense`` would fail the same comparison."""
     assert len(results) == 12 * len(Mode)
     failed = []
     for (src, dst, mode), (served, layouts) in results.items():
@@ -87,4 +88,14 @@ def test_every_direction_and_mode_keeps_the_sparse_tokens(rank_pools):
             failed.append(label)
     assert not failed, failed
     with pytest.raises(AssertionError):
-        assert_matches(next(iter(results.values()))[0], _reference(sparse=False), "dense reference")
+        assert_matches(next(iter(results.values()))[0], dense, "dense reference")
+
+
+def _tiny_runs(ctx):
+    return switch_runs(ctx, _profile(), lambda: PositiveHeadWeights(SEED), 24, PAGE)
+
+
+def test_every_direction_and_mode_keeps_the_sparse_tokens(rank_pools):
+    want = reference_run(_profile(), PositiveHeadWeights(SEED), sparse=True)
+    dense = reference_run(_profile(), PositiveHeadWeights(SEED), sparse=False)
+    assert_every_switch_matches(rank_pools(2).run(_tiny_runs)[0], want, dense)

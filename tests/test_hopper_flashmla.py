@@ -194,3 +194,51 @@ def test_fp8_calls_go_by_their_own_measured_table():
     assert providers.decode_provider(128, 1 << 20, bf16_only, kv="fp8") == "triton"
     both = {**bf16_only, "decode_fp8": {64: 1 << 18, 128: None}}
     assert [providers.decode_provider(h, 1 << 20, both, kv="fp8") for h in (64, 128)] == ["flashmla", "triton"]
+
+
+def _sparse_stand_in(monkeypatch):
+    """flash_mla's sparse prefill as documented: each row attends to the flat keys its indices
+    name (-1 skipped), in blocks of 64 indices; returns (out, max_logits, lse)."""
+    module = types.ModuleType("flash_mla")
+
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, use_legacy):
+        assert use_legacy and indices.shape[-1] % flashmla.SPARSE_TOPK_MULTIPLE == 0 and kv.shape[1] == 1
+        listed = indices[:, 0].long()
+        keys = kv[:, 0].float()[listed.clamp(min=0)]  # [N, K, W]
+        logits = torch.einsum("nhw,nkw->nhk", q.float(), keys) * sm_scale
+        logits = logits.masked_fill((listed < 0)[:, None, :], float("-inf"))
+        lse = torch.logsumexp(logits, -1)
+        out = torch.einsum("nhk,nkv->nhv", torch.softmax(logits, -1).nan_to_num(0.0), keys[..., :d_v])
+        return out.to(q.dtype), None, lse
+
+    module.flash_mla_sparse_fwd = flash_mla_sparse_fwd
+    module.flash_mla_with_kvcache = module.get_mla_metadata = None
+    monkeypatch.setitem(sys.modules, "flash_mla", module)
+
+
+def test_sparse_adapter_hands_flashmla_the_flat_slots_of_each_rows_selection(monkeypatch):
+    """bf16, 576-wide keys, 64 heads: the adapter's flat indices pick exactly the reference's keys
+    (a CP-style request, a hole, a row selecting nothing); other calls go to the fallback."""
+    from splash_core.reference import dsa as ref_dsa
+
+    _sparse_stand_in(monkeypatch)
+    q, cache, table, index, rows, pos, scale, v_dim = decode_case(torch.device("cpu"), torch.bfloat16, heads=64,
+                                                                  page=PAGE)
+    slots = torch.tensor([[0, 5, 70, -1], [3, 1, -1, -1], [2, 64, 65, 9], [-1, -1, -1, -1]], dtype=torch.int32)
+    fallbacks = []
+    run = flashmla.sparse(lambda *args: fallbacks.append(args) or ref_dsa.sparse_attention(*args))
+    out, lse = run(q, cache, table, rows, slots, scale, v_dim)
+    want_out, want_lse = ref_dsa.sparse_attention(q, cache, table, rows, slots, scale, v_dim)
+    assert not fallbacks and torch.isneginf(lse[3]).all() and (out[3] == 0).all()
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(out.float(), want_out.float(), atol=2e-2, rtol=2e-2)
+    run(q[:, :16], cache, table, rows, slots, scale, v_dim)  # 16 heads: not FlashMLA's
+    assert len(fallbacks) == 1
+    flat = flashmla.flat_slots(table, rows, slots, PAGE)
+    assert flat.shape == (4, 64) and (flat[:, 4:] == -1).all() and flat[0, 0] == table[0, 0] * PAGE
+
+
+def test_sparse_provider_comes_from_the_measured_table():
+    assert providers.sparse_provider("bf16", {}) == "triton"
+    table = {"sparse": {"bf16": {"provider": "flashmla"}, "fp8": {"provider": "triton"}}}
+    assert providers.sparse_provider("bf16", table) == "flashmla" and providers.sparse_provider("fp8", table) == "triton"

@@ -12,8 +12,11 @@ import torch
 from splash_core.kernels import interpreter
 from splash_core.kernels.config import AttentionTile
 from splash_core.kernels.dsa_attention import sparse_attention
-from splash_core.kernels.dsa_indexer import indexer_scores, indexer_top_k, key_positions, select_top_k
+from splash_core.kernels.dsa_indexer import indexer_scores
+from splash_core.model.dsa_slots import key_positions, top_k_slots
 from splash_core.reference import mla as ref
+from splash_core.reference.dsa import index_scores as ref_scores
+from splash_core.reference.dsa import sparse_attention as ref_sparse
 from splash_core.testing.mla_inputs import decode_case, extend_case, scaled_fp8_case, tolerance
 
 CPU = torch.device("cpu")
@@ -31,46 +34,8 @@ def _indexer_inputs(case, heads: int, dtype, seed: int = 5):
     return q, weights, keys
 
 
-def _slot_table(table, page_index, page_size):
-    """Per request and key slot: (physical page, offset, position), page -1 on a hole."""
-    slot = torch.arange(table.shape[1] * page_size)
-    page = table.long()[:, slot // page_size]
-    position = page_index.long()[:, slot // page_size] * page_size + slot % page_size
-    return page, slot % page_size, position
-
-
-def ref_scores(q, weights, keys, table, page_index, row_req, row_pos, scale):
-    page, offset, position = _slot_table(table, page_index, keys.shape[1])
-    req = row_req.long()
-    k = keys.float()[page[req].clamp(min=0), offset]  # [N, S, D]
-    per_head = torch.relu(torch.einsum("nhd,nsd->nhs", q.float(), k) * scale)
-    scores = (weights.float()[:, :, None] * per_head).sum(1)
-    visible = (page[req] >= 0) & (position[req] <= row_pos.long()[:, None])
-    return scores.masked_fill(~visible, float("-inf"))
-
-
-def ref_sparse(q, kv_cache, table, row_req, slots, scale, v_dim):
-    """Softmax attention of each row over the keys at its listed slots (float32, dequantized)."""
-    keys = kv_cache.float() if kv_cache.dtype != torch.uint8 else _dequantized(kv_cache, v_dim, q.shape[2] - v_dim)
-    page_size = kv_cache.shape[1]
-    table_slot = slots.long() // page_size
-    listed = (slots >= 0) & (table_slot < table.shape[1])
-    page = table.long()[row_req.long()[:, None], torch.where(listed, table_slot, 0)]
-    ok = listed & (page >= 0)
-    k = keys[page.clamp(min=0), slots.clamp(min=0).long() % page_size]  # [N, K, W]
-    s = torch.einsum("nhw,nkw->nhk", q.float(), k) * scale
-    s = s.masked_fill(~ok[:, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    probs = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return torch.einsum("nhk,nkv->nhv", probs, k[..., :v_dim]).to(q.dtype), lse
-
-
-def _dequantized(cache, v_dim, rope_dim):
-    from splash_core.model.fp8_cache import dequantize
-    from splash_core.model.kv_format import ScaledFP8
-
-    layout = ScaledFP8.of_width(cache.shape[2], v_dim, rope_dim)
-    return dequantize(cache.reshape(-1, cache.shape[2]), layout).view(*cache.shape[:2], -1).float()
+def indexer_top_k(q, weights, keys, table, page_index, row_req, row_pos, scale, top_k):
+    return top_k_slots(indexer_scores(q, weights, keys, table, page_index, row_req, row_pos, scale), top_k)
 
 
 def _check_attention(got, want, dtype):
@@ -214,7 +179,7 @@ def test_checks_fail_on_planted_faults():
 
     iq, weights, keys = _indexer_inputs(case, 2, torch.float32)
     scores = ref_scores(iq, weights, keys, table, page_index, row_req, row_pos, INDEX_DIM ** -0.5)
-    picked, values = select_top_k(scores, 4)
+    picked, values = top_k_slots(scores, 4)
     _check_selection(picked, values, scores, 4, torch.float32)
     worst = picked.clone()
     worst[0, 0] = int(torch.where(torch.isneginf(scores[0]), float("inf"), scores[0]).argmin())
@@ -224,8 +189,8 @@ def test_checks_fail_on_planted_faults():
         _check_selection(picked[:, :0], values[:, :0], torch.full_like(scores, float("-inf")), 4, torch.float32)
     nan_scores = scores.clone()
     nan_scores[2, 0] = float("nan")
-    with pytest.raises(AssertionError):
-        _check_selection(*select_top_k(nan_scores, 4), scores, 4, torch.float32)
+    with pytest.raises(ValueError, match="NaN"):
+        top_k_slots(nan_scores, 4)
 
 
 def test_empty_inputs_and_bad_shapes():
@@ -250,7 +215,7 @@ def test_empty_inputs_and_bad_shapes():
         indexer_scores(iq, torch.ones(4, 2), torch.zeros(cache.shape[0], 8, INDEX_DIM + 3, dtype=torch.uint8), table,
                        page_index, row_req, row_pos, 1.0)
     with pytest.raises(ValueError, match="top_k must be"):
-        select_top_k(torch.zeros(2, 3), 0)
+        top_k_slots(torch.zeros(2, 3), 0)
     scores = indexer_scores(iq[:0], torch.ones(0, 2), keys, table, page_index, row_req[:0], row_pos[:0], 1.0)
     assert scores.shape == (0, table.shape[1] * 8)
 

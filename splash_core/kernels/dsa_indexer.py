@@ -12,15 +12,16 @@ Keys are named by their *slot* in the request's table: ``slot * page_size + offs
 the block table lists them. That is what :mod:`.dsa_attention` gathers by, and it needs no
 inverse of the page index, so a CP rank holding every other page, or a table with holes,
 scores and selects its own keys exactly as a whole history would. A key's position is
-``page_index[req, slot] * page_size + offset`` (:func:`key_positions`).
+``page_index[req, slot] * page_size + offset`` (:func:`splash_core.model.dsa_slots.key_positions`).
 
 A program scores one row against ``tile.keys`` keys: the key tile is loaded once and every
 head block's dot reads it. A uint8 key cache holds the stored scaled-fp8 indexer format
 (:func:`splash_core.model.kv_format.indexer_layout`: e4m3 codes, then float32 group scales, no
-rotary part), dequantized right after the load as :mod:`.attention` reads its latent. Top-k is
-``torch.topk`` over the score rows; a row seeing fewer keys than k selects all it sees and
-pads with -1. The score rows are materialized (4 bytes a row and key slot: a 128K history costs
-512 KiB a row), so a long prefill chunk is scored a block of rows at a time by its caller.
+rotary part), dequantized right after the load as :mod:`.attention` reads its latent. Selection
+is not here: it is :func:`splash_core.model.dsa_slots.top_k_slots` over the score rows (a stable
+sort, so equal scores rank by position as on every layout). The score rows are materialized (4
+bytes a row and key slot: a 128K history costs 512 KiB a row), so a long prefill chunk is scored
+a block of rows at a time by its caller.
 """
 
 from __future__ import annotations
@@ -109,27 +110,3 @@ def indexer_scores(q, weights, index_keys, block_table, page_index, row_req, row
         num_warps=tile.warps, num_stages=tile.stages,
     )
     return scores
-
-
-def select_top_k(scores, top_k: int):
-    """``(slots [N, min(top_k, keys)] int32, their scores)``: each row's best visible key slots,
-    -1 (score -inf) where the row sees fewer than ``top_k`` keys."""
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1 (got {top_k})")
-    values, slots = torch.topk(scores, min(top_k, scores.shape[1]), dim=1)
-    return torch.where(torch.isneginf(values), -1, slots).to(torch.int32), values
-
-
-def indexer_top_k(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale, top_k: int, *,
-                  tile: AttentionTile = INDEXER_TILE):
-    """The lightning indexer's selection: :func:`indexer_scores` then :func:`select_top_k`."""
-    scores = indexer_scores(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale, tile=tile)
-    return select_top_k(scores, top_k)
-
-
-def key_positions(slots, page_index, row_req, page_size: int):
-    """Token positions of key ``slots`` [N, K] (-1 stays -1): what a CP merge of per-rank
-    selections compares, since each rank's slots count only its own pages."""
-    req = row_req.long()[:, None]
-    page = page_index.long()[req, slots.clamp(min=0).long() // page_size]
-    return torch.where(slots >= 0, page * page_size + slots.long() % page_size, -1)

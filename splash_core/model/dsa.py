@@ -9,9 +9,12 @@ start from (DeepSeek-V3.2; H indexer heads of width D, the first ``d_r`` channel
     I[s,t]= sum_h w[s,h] ReLU(q_I[s,h] . k_I[t] / sqrt(D))     over the keys t visible to query s
     S_s   = the top-k keys of I[s, :]  (all visible keys where fewer than k are visible)
 
-and MLA attends from query s over the cached entries in ``S_s`` only. RoPE here is the
-rotate-half convention on the first ``d_r`` channels (the indexer never interleaves), with the
-same angles and YaRN scale as MLA's rotary part, so the step's :class:`~.rotary.Rotary` serves both.
+and MLA attends from query s over the cached entries in ``S_s`` only. RoPE here rotates the
+first ``d_r`` channels with the same angles and YaRN scale as MLA's rotary part, so the step's
+:class:`~.rotary.Rotary` serves both: by halves (DeepSeek-V3.2), or by interleaved pairs (GLM-5,
+``IndexerConfig.rope_interleave``), computed as the halves rotation of the channels reordered
+evens-then-odds, which is also the order transformers leaves them in (scores only need q and k
+in the same order).
 
 Indices returned by :func:`select` point into whatever key axis the scores were computed over
 (a request's dense history, a rank's slice of it): the caller maps them to cache rows. Scores
@@ -44,6 +47,7 @@ class IndexerWeights:
     k_norm: torch.Tensor  # [D] LayerNorm weight
     k_norm_bias: torch.Tensor  # [D]
     weights_proj: torch.Tensor  # [H, d]
+    interleaved: bool = False  # RoPE rotates pairs (x0, x1), (x2, x3), ... (GLM-5), not halves
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, device=None,
@@ -53,7 +57,8 @@ class IndexerWeights:
         shapes = indexer_tensor_shapes(profile, attention)
         names = ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")
         full = [f"{attention}.indexer.{name}" for name in names]
-        return cls(*(source.get(name, shapes[name], device=device, dtype=dtype) for name in full))
+        return cls(*(source.get(name, shapes[name], device=device, dtype=dtype) for name in full),
+                   interleaved=profile.indexer.rope_interleave)
 
     @property
     def heads(self) -> int:
@@ -71,14 +76,19 @@ class IndexerWeights:
         """Indexer keys [n, D] from ``x W_k`` (computed elsewhere, e.g. by a stacked down projection)."""
         k = F.layer_norm(projected.float(), (self.head_dim,), self.k_norm.float(), self.k_norm_bias.float(),
                          KEY_NORM_EPS).to(projected.dtype)
-        d_r = rotary.cos.shape[-1]
-        return torch.cat([rotary(k[:, :d_r]), k[:, d_r:]], dim=-1)
+        return self._rotate(k, rotary)
 
     def queries(self, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Indexer queries [n, H, D] from MLA's normalised Q-A output ``q_in`` [n, r_q]."""
-        q = (q_in @ self.wq_b.t()).view(q_in.shape[0], self.heads, self.head_dim)
+        return self._rotate((q_in @ self.wq_b.t()).view(q_in.shape[0], self.heads, self.head_dim), rotary)
+
+    def _rotate(self, t: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """``t`` [n, ..., D] with its first d_r channels rotated in this indexer's convention."""
         d_r = rotary.cos.shape[-1]
-        return torch.cat([rotary(q[..., :d_r]), q[..., d_r:]], dim=-1)
+        head = t[..., :d_r]
+        if self.interleaved:
+            head = torch.cat([head[..., 0::2], head[..., 1::2]], dim=-1)
+        return torch.cat([rotary(head), t[..., d_r:]], dim=-1)
 
     def head_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Per-head weights [n, H] float32, with the 1/sqrt(H) folded in."""

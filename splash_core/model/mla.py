@@ -75,7 +75,7 @@ class MLAWeights:
 
         q_b_name = "q_b_proj.weight" if m.q_lora_rank else "q_proj.weight"
         parts = (get("q_a_proj.weight") if m.q_lora_rank else None, get("kv_a_proj_with_mqa.weight"),
-                 get("indexer.wk.weight") if profile.indexer is not None else None)
+                 get("indexer.wk.weight") if profile.indexer is not None and profile.indexer.selects(layer) else None)
         down = torch.cat([p for p in parts if p is not None])
         q_a, kv_a, indexer_wk = _blocks(down, parts)
         return cls(

@@ -100,7 +100,7 @@ def layer_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[in
         shapes[f"{a}.kv_a_layernorm.weight"] = (m.kv_lora_rank,)
         shapes[f"{a}.kv_b_proj.weight"] = (m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
         shapes[f"{a}.o_proj.weight"] = (d, m.heads * m.v_head_dim)
-        if profile.indexer is not None:
+        if profile.indexer is not None and profile.indexer.selects(layer):
             shapes.update(indexer_tensor_shapes(profile, a))
     elif kind is LayerKind.KDA:
         shapes.update(kda_tensor_shapes(profile, layer))

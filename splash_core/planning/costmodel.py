@@ -32,12 +32,10 @@ What each layout computes (rows N of the step; N_r those rank r owns; heads H):
 - DOP: head-sharded projections for every row, Eq 4's exchange of query rows to owners
   N_r·H(1 − 1/T)·d_q·b and outputs back (N − N_r)·(H/T)·d_z·b, attention and the cache-side
   projections at the owner, plus TP's O reduction.
-- CP: a decode row is projected on every rank, attends to the keys that rank holds, and the
-  partial outputs and log-sum-exps are all-gathered, (T − 1)·N_dec·H·(d_z·b + 4); a prefill
-  chunk's rows are projected where their positions live and attend to the whole history,
-  which they get by the cheaper of gathering the remote history (its KV and indexer keys)
-  or passing their queries around the ring and merging (T − 1) partial outputs by LSE; their
-  hidden states are then all-gathered like DP's.
+- CP: a decode row is projected on every rank and attends to the keys that rank holds; a prefill
+  chunk's rows are projected where their positions live and attend to the whole history; the
+  traffic (merge, history or ring, sparse attention's global top-k) is
+  :mod:`~splash_core.planning.cp_exchange`'s; prefill rows' hidden states are all-gathered like DP's.
 
 A prefill row that attends expanded (:mod:`~splash_core.planning.attention_forms`, the runtime's
 ``prefill_attention``) costs its form's work: the absorbed attention time of TP, DP and CP is
@@ -56,31 +54,34 @@ paper's, a datasheet's) gives Eq 10 as printed. A runtime that replays captured 
 pure decode steps spends no host time per layer there: such a step is charged the profile's
 replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the
 gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
-model is told decode steps replay (``decode_graphs``); prefill and mixed steps run eagerly.
-Where the profile also holds the backend's capture terms, Eq 6's A counts the graphs each
+model is told decode steps replay (``decode_graphs``) and the model's decode can be captured at
+all (:func:`~splash_core.profiles.graphs.decode_capturable`, the rule the runtime obeys: not with
+KDA layers, nor with sparse attention unless the backend's sparse kernels capture); prefill and
+mixed steps run eagerly. Where the profile also holds the backend's capture terms, Eq 6's A counts the graphs each
 layout holds and Eq 7 the re-capture a switch that moves weights needs
 (:mod:`~splash_core.planning.graph_costs`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from .. import dtypes
 from ..layouts import LAYOUTS, Layout, Placement, Primitive
-from ..profiles.graphs import GraphConfig
+from ..profiles.graphs import GraphConfig, decode_capturable
 from ..profiles.hardware import HardwareProfile
 from ..profiles.model import LayerKind, ModelProfile
 from .attention_forms import MLADims, expanded_requests, form_flops
 from .batch_loads import BatchArrays, RankLoads, rank_loads
+from .cp_exchange import candidate_bytes, merge_bytes, prefill_exchange_bytes
 from .dop_exchange import dop_exchange_bytes, eq4_volume
 from .ffn_costs import ffn_costs, ffn_time
 from .graph_costs import GraphCosts
 from .layer_costs import KindCosts, kind_costs
 from .ownership import layer_indices
+from .step_estimates import Estimates, StepTime
 from .switch_time import SwitchCost, TransferLaw, exposed_switch_time, layer_transfer_times, switch_cost
 
 __all__ = ["BatchArrays", "RankLoads", "rank_loads", "KindCosts", "kind_costs", "StepTime", "Estimates",
@@ -88,56 +89,9 @@ __all__ = ["BatchArrays", "RankLoads", "rank_loads", "KindCosts", "kind_costs", 
            "exposed_switch_time", "layer_transfer_times", "switch_cost"]
 
 GB = 1e9
-_LSE_BYTES = 4  # one fp32 log-sum-exp per row and head
 _I = {layout: i for i, layout in enumerate(LAYOUTS)}  # row of each layout in the stacked arrays
 CP_RECURRENT = ("owner", "positions")  # where CP computes a chunk's recurrent (KDA) rows
 TP, CP, DP, DOP = (_I[l] for l in (Layout.TP, Layout.CP, Layout.DP, Layout.DOP))
-
-
-@dataclasses.dataclass(frozen=True)
-class StepTime:
-    """t_ℓ(x; θ) of Eq 10 for one layout, with its parts (seconds, summed over layers)."""
-
-    layout: Layout
-    total_s: float
-    overhead_s: float  # t0
-    proj_s: float
-    att_s: float
-    latency_s: float  # δ
-    comm_s: float  # R before overlap
-    exposed_comm_s: float  # [R − η t_att]+
-    host_s: float  # [h_ℓ − η_h t_dev]+: host overhead not hidden behind the device
-    ffn_s: float  # dense/MoE blocks, the same in every layout
-    layer_s: Mapping[LayerKind, float]  # one attention layer of each kind, host included (Eq 7's compute)
-    bounds: Mapping[str, str]  # "proj"/"att" -> "compute" or "memory" (the costliest layer kind's)
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimates:
-    """Eq 10 and Eq 6's W + K + A for every layout of one batch: arrays indexed like LAYOUTS."""
-
-    total_s: np.ndarray
-    overhead_s: float
-    proj_s: np.ndarray
-    att_s: np.ndarray
-    latency_s: np.ndarray
-    comm_s: np.ndarray
-    exposed_comm_s: np.ndarray
-    host_s: np.ndarray
-    ffn_s: float
-    layer_s: Mapping[LayerKind, np.ndarray]
-    proj_compute_bound: np.ndarray  # of the costliest layer kind
-    att_compute_bound: np.ndarray
-    memory_bytes: np.ndarray  # [layouts, T]: W_r + K_r + A_r
-    scratch_bytes: np.ndarray  # [layouts, T]: A_r alone
-
-    def step_time(self, layout: Layout) -> StepTime:
-        i = LAYOUTS.index(layout)
-        bound = {True: "compute", False: "memory"}
-        return StepTime(layout, float(self.total_s[i]), self.overhead_s, float(self.proj_s[i]), float(self.att_s[i]),
-                        float(self.latency_s[i]), float(self.comm_s[i]), float(self.exposed_comm_s[i]),
-                        float(self.host_s[i]), self.ffn_s, {k: float(v[i]) for k, v in self.layer_s.items()},
-                        {"proj": bound[bool(self.proj_compute_bound[i])], "att": bound[bool(self.att_compute_bound[i])]})
 
 
 class CostModel:
@@ -151,9 +105,11 @@ class CostModel:
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
                  layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
                  graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto",
-                 cp_recurrent: str = "owner"):
+                 cp_recurrent: str = "owner", sparse_kernels_capture: bool = False):
         """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.planning.attention_forms`);
-        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``."""
+        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``;
+        ``sparse_kernels_capture``: the backend's sparse-attention kernels can be captured in decode graphs
+        (:func:`~splash_core.profiles.graphs.decode_capturable`)."""
         if cp_recurrent not in CP_RECURRENT:
             raise ValueError(f"cp_recurrent must be one of {', '.join(CP_RECURRENT)} (got {cp_recurrent!r})")
         self.cp_kda_at_positions = cp_recurrent == "positions"
@@ -164,7 +120,10 @@ class CostModel:
         covered = layer_indices(model, layers)
         self._set_layer_costs(covered, attention_form)
         self._set_hardware_rates(hardware)
-        self._set_graph_terms(hardware, len(covered), decode_graphs, graph_buckets)
+        kda = any(model.layer_kinds[i] is LayerKind.KDA for i in covered)
+        self.decode_capturable = decode_capturable(kda=kda, sparse=self.sparse,
+                                                   sparse_kernels_capture=sparse_kernels_capture)
+        self._set_graph_terms(hardware, len(covered), decode_graphs and self.decode_capturable, graph_buckets)
         self.transfer_law = (None if hardware.switch_transfer is None else  # Eq 13-14's references
                              TransferLaw(hardware.switch_transfer, model, T, page_size, covered))
         self.frac = np.array([weight_fraction(l, T) for l in LAYOUTS])
@@ -175,7 +134,10 @@ class CostModel:
     def _set_layer_costs(self, covered: Sequence[int], attention_form: str) -> None:
         model = self.model
         kinds = [model.layer_kinds[i] for i in covered]
-        self.kinds = tuple(kind_costs(model, k, kinds.count(k), self.act_bytes, self.sparse)
+        mla = [i for i in covered if model.layer_kinds[i] is LayerKind.MLA]
+        selecting = sum(model.indexer.selects(i) for i in mla) if model.indexer is not None else len(mla)
+        share = selecting / len(mla) if mla else 1.0  # GLM-5's shared-indexer layers run no indexer
+        self.kinds = tuple(kind_costs(model, k, kinds.count(k), self.act_bytes, self.sparse, share)
                            for k in LayerKind if kinds.count(k))
         self.topk = next((kc.topk for kc in self.kinds if kc.topk is not None), None)
         # sparse attention runs absorbed (as the sparse kernels do); DOP always does
@@ -197,7 +159,8 @@ class CostModel:
 
     def _set_graph_terms(self, h: HardwareProfile, n_layers: int, decode_graphs: bool,
                          graph_buckets: Sequence[int]) -> None:
-        # pure decode steps replayed from captured graphs: their own t0 and time per layer
+        # pure decode steps replayed from captured graphs: their own t0 and time per layer (``decode_graphs``:
+        # the deployment replays them and the model's decode can be captured)
         self.replays = bool(decode_graphs and h.replays_graphs)
         self.graph_overhead = h.graph_step_overhead_us.value * 1e-6 if self.replays else self.overhead
         self.graph_host = np.array([h.graph_layer_overhead_s(l) for l in LAYOUTS])
@@ -232,11 +195,13 @@ class CostModel:
         proj_cb = att_cb = np.zeros(len(LAYOUTS), dtype=bool)
         form_scale = self._form_scale(x)
         chunked = 0.0 if x.decode else float(np.count_nonzero(q > 1))  # requests prefilling a chunk
+        candidates = self.cp_candidate_bytes(x, ld)
+        scored = self.scored_pairs(x, ld)
         for kc in self.kinds:
             t_proj, p_cb = self._projections(kc, ld)
             t_att, a_cb = self._attention(kc, ld, self.decode_att_flops if decode_rows == rows else self.att_flops,
-                                          form_scale)
-            hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows, chunked)
+                                          form_scale, scored)
+            hideable, carried, collectives = self._communication(kc, ld, rows, decode_rows, chunked, candidates)
             comm = hideable + carried
             exposed = np.maximum(0.0, hideable - self.eta * t_att) + carried
             t_lat = collectives * self.latency
@@ -247,7 +212,7 @@ class CostModel:
             costlier = kc.layers * t_layer > costliest  # report the bounds of the costliest kind
             costliest = np.where(costlier, kc.layers * t_layer, costliest)
             proj_cb, att_cb = np.where(costlier, p_cb, proj_cb), np.where(costlier, a_cb, att_cb)
-            kind_scratch = self._scratch(kc, ld, decode_rows)
+            kind_scratch = self._scratch(kc, ld, decode_rows, candidates)
             scratch = kind_scratch if scratch is None else np.maximum(scratch, kind_scratch)
         if self.graph_costs is not None:  # the graphs each layout holds, on every rank
             scratch = scratch + self.graph_costs.held_bytes(x)[:, None]
@@ -260,6 +225,31 @@ class CostModel:
 
     def step_time(self, layout: Layout, x: BatchArrays) -> StepTime:
         return self.evaluate(x).step_time(layout)
+
+    def scored_pairs(self, x: BatchArrays, loads: RankLoads | None = None) -> np.ndarray:
+        """[layouts, T]: (row, key) pairs the indexer scores per MLA layer that selects, on each rank
+        (TP: every pair on every rank, the indexer is not head-sharded); none where no context of
+        batch ``x`` exceeds k (the runtime then attends densely) or without sparse attention."""
+        q = x.query_rows
+        if self.topk is None or int(x.contexts[q > 0].max(initial=0)) <= self.topk:
+            return np.zeros((len(LAYOUTS), self.T))
+        scored = (loads if loads is not None else self.loads(x)).pairs.copy()
+        scored[TP] *= self.T
+        return scored
+
+    def cp_candidate_bytes(self, x: BatchArrays, loads: RankLoads | None = None) -> float:
+        """Bytes each CP rank receives per MLA layer of batch ``x`` in sparse attention's exchange of
+        top-k candidates, as Eq 10 charges them (:mod:`~splash_core.planning.cp_exchange`): for the
+        rows attended over the keys each rank holds (decode rows; prefill rows where the ring is
+        cheaper than gathering the history, with which a rank selects alone)."""
+        q = x.query_rows
+        per_row = candidate_bytes(self.T, 1.0, self.topk, int(x.contexts[q > 0].max(initial=0)))
+        mla = next((kc for kc in self.kinds if kc.kind is LayerKind.MLA), None)
+        if not per_row or mla is None:
+            return 0.0
+        decode_rows = float(len(q) if x.decode else np.count_nonzero(q == 1))
+        rows = float(len(q) if x.decode else q.sum())
+        return per_row * self._cp_partial_rows(mla, loads if loads is not None else self.loads(x), rows, decode_rows)
 
     # ---- stages of one layer, every layout at once ([layouts] at the busiest rank) -----
 
@@ -298,21 +288,21 @@ class CostModel:
             scale[[TP, DP, CP]] = float(np.where(chosen, expanded, absorbed)[rows > 0].sum()) / total
         return scale
 
-    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float,
-                   form_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _attention(self, kc: KindCosts, ld: RankLoads, att_flops: float, form_scale: np.ndarray,
+                   scored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Busiest rank's attention compute (at ``att_flops``: the decode kernel's rate in a pure
         decode step, the prefill kernel's otherwise, since a mixed step's pairs are mostly its
         chunks'; MLA's scaled by ``form_scale`` for the forms prefill attends in) and read time
-        per layout (each may peak on a different rank; Eq 10 takes the larger)."""
+        per layout (each may peak on a different rank; Eq 10 takes the larger). ``scored``: the
+        indexer's pairs per rank (:meth:`scored_pairs`; none: every key attended, unscored)."""
         if kc.kind is LayerKind.MLA:
-            scored = ld.pairs.copy()
-            scored[TP] *= self.T  # the indexer is replicated: every TP rank scores every pair
             compute = (ld.sparse_pairs * (kc.flops_pair / att_flops)).max(axis=1) * form_scale
-            if kc.flops_index_pair:
+            if kc.flops_index_pair and scored.any():
                 compute = compute + (scored * (kc.flops_index_pair / self.flops)).max(axis=1)
                 read_rows = ld.sparse_pairs.copy()
                 read_rows[TP] *= self.T  # a TP rank reads the selected latents of every row
-                memory = (read_rows * kc.kv_bytes_token + ld.kv_tokens * kc.index_bytes_token) / self.kv_bw
+                index_reads = ld.kv_tokens * (kc.index_bytes_token * kc.index_share)
+                memory = (read_rows * kc.kv_bytes_token + index_reads) / self.kv_bw
             else:
                 memory = ld.kv_tokens * (kc.kv_bytes_token / self.kv_bw)
         else:  # KDA: recurrent update per row (TP: its head share), state read and written once
@@ -325,11 +315,13 @@ class CostModel:
         memory = memory.max(axis=1)
         return np.maximum(compute, memory), compute >= memory
 
-    def _communication(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float, chunked: float):
+    def _communication(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float, chunked: float,
+                       candidates: float):
         """R of one layer (seconds at the busiest rank) per layout, in two parts: what may hide
         behind attention (η of Eq 10: CP's history exchange and merge, DOP's Eq 4 exchange) and
-        what carries attention's output to the shared blocks and so cannot (TP's and DOP's O
-        reduction, DP's and CP's row gather, CP's KDA state hand-off); and the collective count."""
+        what attention waits for or what carries its output to the shared blocks and so cannot
+        (CP's top-k ``candidates`` bytes, TP's and DOP's O reduction, DP's and CP's row gather,
+        CP's KDA state hand-off); and the collective count."""
         T = self.T
         zeros = np.zeros(len(LAYOUTS))
         if T == 1:
@@ -352,6 +344,8 @@ class CostModel:
             cp_exchange, cp_rows, cp_count = 0.0, rows_gather, 1
         else:
             cp_exchange, cp_rows, cp_count = self._cp_traffic(kc, ld, n, decode_rows)
+            if candidates:  # attention waits for the global top-k (on the layers that select): nothing hides it
+                cp_rows, cp_count = cp_rows + kc.index_share * candidates / gather, cp_count + kc.index_share
         hideable, carried, counts = zeros, zeros.copy(), zeros.copy()
         hideable[[CP, DOP]] = cp_exchange, (to_owner + from_owner) / a2a
         carried[[TP, CP, DP, DOP]] = reduce_o, cp_rows, rows_gather, reduce_o
@@ -359,11 +353,10 @@ class CostModel:
         return hideable, carried, counts
 
     def _cp_traffic(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float) -> tuple[float, float, int]:
-        """CP's traffic in one MLA layer (see the module docstring): the history exchange and
-        LSE merge, the prefill rows' gather (seconds), and the collective count."""
-        T, b = self.T, self.act_bytes
-        gather = self.bw[Primitive.ALL_GATHER]
-        merge = (T - 1) * decode_rows * kc.heads * (kc.width_from_owner * b + _LSE_BYTES)
+        """CP's traffic in one MLA layer (:mod:`~splash_core.planning.cp_exchange`): the history
+        exchange and LSE merge, the prefill rows' gather (seconds), and the collective count."""
+        b, gather = self.act_bytes, self.bw[Primitive.ALL_GATHER]
+        merge = merge_bytes(self.T, decode_rows, kc.heads, kc.width_from_owner, b)
         prefill_rows = n - decode_rows
         if prefill_rows <= 0:
             return merge / gather, 0.0, 1
@@ -372,26 +365,33 @@ class CostModel:
         rows = (prefill_rows - float(mine.min())) * self.model.hidden_size * b
         return (merge + exchange) / gather, rows / gather, (1 if decode_rows else 0) + 2
 
-    def _cp_exchange_bytes(self, kc: KindCosts, ld: RankLoads, decode_rows: float) -> np.ndarray:
-        """Bytes each CP rank receives for its prefill rows' attention in one layer: the remote
-        history (KV and indexer keys), or, where cheaper, the ring's partial outputs of its
-        queries; both are also what the rank must buffer (Eq 6's A)."""
-        mine = ld.proj_rows[CP] - decode_rows
-        history = ld.remote_tokens[CP] * kc.stored_bytes_token
-        ring = (self.T - 1) * mine * kc.heads * ((kc.width_to_owner + kc.width_from_owner) * self.act_bytes
-                                                 + _LSE_BYTES)
-        return np.minimum(history, ring)
+    def _cp_history_ring(self, kc: KindCosts, ld: RankLoads, decode_rows: float) -> tuple[np.ndarray, np.ndarray]:
+        return prefill_exchange_bytes(ld.remote_tokens[CP], kc.stored_bytes_token, self.T,
+                                      ld.proj_rows[CP] - decode_rows, kc.heads, kc.width_to_owner,
+                                      kc.width_from_owner, self.act_bytes)
 
-    def _scratch(self, kc: KindCosts, ld: RankLoads, decode_rows: float) -> np.ndarray:
+    def _cp_exchange_bytes(self, kc: KindCosts, ld: RankLoads, decode_rows: float) -> np.ndarray:
+        return np.minimum(*self._cp_history_ring(kc, ld, decode_rows))
+
+    def _cp_partial_rows(self, kc: KindCosts, ld: RankLoads, n: float, decode_rows: float) -> float:
+        """Rows CP attends over the keys each rank holds: decode rows, and prefill rows where the
+        ring is cheaper than gathering the history on some rank (a rank with the whole history selects alone)."""
+        if n <= decode_rows:
+            return decode_rows
+        history, ring = self._cp_history_ring(kc, ld, decode_rows)
+        return n if bool((ring < history).any()) else decode_rows
+
+    def _scratch(self, kc: KindCosts, ld: RankLoads, decode_rows: float, candidates: float) -> np.ndarray:
         """A of Eq 6 per layout and rank: one layer's activations on the heads each rank
         computes (TP and DOP's projections cover H/T heads), DOP's owner rows on all heads,
-        and CP's gathered history and partial outputs."""
+        and CP's gathered history, partial outputs and top-k candidates (all T ranks')."""
         rows = self._cp_kda_rows(kc, ld)
         out = kc.scratch_bytes(rows, self.frac[:, None])
         out[DOP] += ld.own_rows[DOP] * kc.heads * kc.head_bytes_row
         if kc.kind is LayerKind.MLA and self.T > 1:
             out[CP] += self._cp_exchange_bytes(kc, ld, decode_rows)
-            out[CP] += (self.T - 1) * decode_rows * kc.heads * (kc.width_from_owner * self.act_bytes + _LSE_BYTES)
+            out[CP] += merge_bytes(self.T, decode_rows, kc.heads, kc.width_from_owner, self.act_bytes)
+            out[CP] += candidates * self.T / (self.T - 1)
         return out
 
 

@@ -15,7 +15,9 @@ Projection work per row splits three ways, by where each weight lives:
 Attention work per (query row, key) pair is absorbed MLA over all heads, 2·H·(d_q + d_z)
 flops (d_q = d_c + d_r, d_z = d_c). With sparse attention (DeepSeek-V3.2's DSA) a row attends
 to at most ``topk`` keys, but the indexer scores every visible key first (2·H_idx·d_idx flops
-per pair); without it every visible key is attended.
+per pair); without it every visible key is attended. A layer that shares the previous layer's
+selection (GLM-5's shared-indexer layers) runs no indexer: the indexer's projections, scores, key
+reads and CP's candidate exchange are charged on the share of layers that select (``index_share``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class KindCosts:
     hidden_bytes_row: float  # activations of one row outside the heads (input, output)
     head_bytes_row: float  # activations of one row per head (query + attention output)
     topk: int | None  # keys each row attends to at most (None: dense attention)
+    index_share: float = 1.0  # of these layers, the fraction that run their own indexer (the rest share its top-k)
 
     @property
     def stored_bytes_token(self) -> float:
@@ -64,25 +67,27 @@ class KindCosts:
 
 
 def kind_costs(model: ModelProfile, kind: LayerKind, layers: int, act_bytes: int,
-               sparse: bool) -> KindCosts:
-    """The constants of one layer of ``kind``; ``sparse``: top-k attention with the model's indexer."""
+               sparse: bool, index_share: float = 1.0) -> KindCosts:
+    """The constants of one layer of ``kind`` (per-layer means over its ``layers``); ``sparse``: top-k
+    attention with the model's indexer, which ``index_share`` of the layers run themselves."""
     d, w_bytes = model.hidden_size, dtypes.nbytes(model.weight_dtype)
     params = sum(p.params for p in projections(model, kind))
     if kind is LayerKind.MLA:
         m, idx = model.mla, model.indexer
         query = d * m.q_lora_rank  # Q-A (0 without Q-LoRA: Q-B then reads the hidden state)
         owner = d * (m.kv_lora_rank + m.qk_rope_head_dim)  # KV-A
-        index_pair, topk = 0.0, None
+        index_pair, topk, index = 0.0, None, 0
         if idx is not None:
-            owner += d * idx.head_dim  # the indexer keys are cached in either case
+            index = d * idx.head_dim  # the indexer keys are cached in either case
             if sparse:  # its query (from the query latent) and per-head weights score every key
-                owner += (m.q_lora_rank or d) * idx.heads * idx.head_dim + d * idx.heads
-                index_pair, topk = 2.0 * idx.heads * idx.head_dim, idx.topk
+                index += (m.q_lora_rank or d) * idx.heads * idx.head_dim + d * idx.heads
+                index_pair, topk = 2.0 * idx.heads * idx.head_dim * index_share, idx.topk
+        owner += index * (index_share if sparse else 1.0)
         d_q, d_z = m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank  # absorbed MLA (Eq 4)
         return KindCosts(kind, layers, m.heads, params * w_bytes, (query + owner) * w_bytes, 2.0 * params,
                          2.0 * query, 2.0 * owner, 2.0 * m.heads * (d_q + d_z), index_pair, 0.0,
                          model.kv_bytes_per_token_layer, model.indexer_bytes_per_token_layer, 0.0,
-                         d_q, d_z, act_bytes * 2 * d, act_bytes * (d_q + d_z), topk)
+                         d_q, d_z, act_bytes * 2 * d, act_bytes * (d_q + d_z), topk, index_share if sparse else 1.0)
     k = model.kda
     # the recurrent update touches each [K, V] state element about three times per row (decay,
     # the k·vᵀ write, the q·S read-out): 6 flops; q, k, v go to owners in DOP, outputs come back

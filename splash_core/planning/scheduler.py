@@ -239,6 +239,8 @@ class Scheduler:
                 f"{cost.transfer_exposed_s * 1e3:.3f} ms + re-capture {cost.recapture_s * 1e3:.3f} ms; ")
         if graphs is None:
             why = ("no re-capture: decode graphs are off" if self.deployment.graphs.mode == "off" else
+                   "no re-capture: this model's decode steps run eagerly (KDA layers or sparse attention)"
+                   if not self.cost.decode_capturable else
                    f"no re-capture: hardware profile {self.cost.hardware.name} says its backend captures no graphs")
         elif not moves_weights(src, dst, self.cost.T):
             why = f"no re-capture: {src} -> {dst} keeps the weights, so the graphs of both stay valid"

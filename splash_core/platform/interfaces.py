@@ -224,6 +224,20 @@ class MLAKernels:
     - q_req [N] int32: each query row's request; q_pos [N] int32 its position: it attends to its
       request's keys at positions ``<= q_pos``
     - out [N, H, d_v] in q's dtype, lse [N, H] float32, as for ``decode`` (no visible key: 0, -inf)
+
+    DeepSeek Sparse Attention (both optional: None, and the torch reference in
+    :mod:`splash_core.reference.dsa` serves). A rank names request r's keys by their *slot* in
+    its block table row, ``slot * page_size + offset`` (slot order is position order)::
+
+        index_scores(q, weights, index_keys, block_table, page_index, row_req, row_pos, scale) -> scores
+        sparse(q, kv_cache, block_table, row_req, slots, scale, v_dim) -> (out, lse)
+
+    - ``index_scores``: the lightning indexer. q [N, H_I, D] indexer queries, weights [N, H_I]
+      per-head weights (every factor already in), index_keys [num_pages, page_size, D] (uint8: the
+      scaled-fp8 key format without a rotary part); scores [N, P * page_size] float32 =
+      ``sum_h weights[n, h] ReLU(scale q[n, h] . key[slot])``, -inf on holes and keys after row_pos
+    - ``sparse``: absorbed MLA of row n over only the key slots ``slots[n]`` ([N, K] int32, -1
+      pads; slots past the table or on a hole are skipped), otherwise as ``decode``
     """
 
     decode: Callable
@@ -233,6 +247,8 @@ class MLAKernels:
     unpack: Callable
     name: str = "reference"
     expanded: Callable | None = None
+    index_scores: Callable | None = None
+    sparse: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,24 +10,23 @@ ignored as for DeepSeek-V3 (see :mod:`~splash_core.profiles.checkpoint_deepseek`
 
 from __future__ import annotations
 
-from .checkpoint_family import CheckpointError, CheckpointFamily
+from .checkpoint_family import CheckpointError, CheckpointFamily, dense_mlp_prefix
 
 _INDEX_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _normalize(c: dict, file: str) -> dict:
+def normalize_dsa(c: dict, file: str, name: str = "DeepSeek-V3.2") -> dict:
+    """``c`` with the router, MoE layers and rotary of a DSA model (every layer ``indexed_attention``,
+    dense MLP layers only before the MoE ones); ``name`` says whose rule a refusal quotes."""
     layers = c["num_hidden_layers"]
     kinds = c.get("layer_types") or ["indexed_attention"] * layers
     if kinds != ["indexed_attention"] * layers:
-        raise CheckpointError(file, "layer_types", f"DeepSeek-V3.2 has {layers} 'indexed_attention' layers", kinds)
+        raise CheckpointError(file, "layer_types", f"{name} has {layers} 'indexed_attention' layers", kinds)
     types = c.get("mlp_layer_types")
     if types is None:
         dense = min(c["first_k_dense_replace"], layers)
-    else:
-        dense = next((i for i, t in enumerate(types) if t == "sparse"), layers)
-        if list(types) != ["dense"] * dense + ["sparse"] * (layers - dense):
-            raise CheckpointError(file, "mlp_layer_types", "SPLASH runs dense MLP layers only before the MoE ones "
-                                  f"({layers} of 'dense'/'sparse')", types)
+        types = ["dense"] * dense + ["sparse"] * (layers - dense)
+    dense = dense_mlp_prefix(types, layers, file)
     if c.get("first_k_dense_replace") is not None and c["first_k_dense_replace"] != dense:
         raise CheckpointError(file, "first_k_dense_replace", f"disagrees with mlp_layer_types ({dense} dense)",
                               c["first_k_dense_replace"])
@@ -35,13 +34,14 @@ def _normalize(c: dict, file: str) -> dict:
             "rope_interleave": True}
 
 
-def _indexer(c: dict, file: str) -> dict:
+def indexer_fields(c: dict, file: str, **more) -> dict:
+    """The profile's ``indexer`` from a DSA config (keys stored at the weights' precision), plus ``more``."""
     if c["index_head_dim"] < c["qk_rope_head_dim"]:
         raise CheckpointError(file, "index_head_dim", f"must hold the {c['qk_rope_head_dim']} rotary channels",
                               c["index_head_dim"])
     stored = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
     return {"indexer": {"heads": c["index_n_heads"], "head_dim": c["index_head_dim"], "topk": c["index_topk"],
-                        "dtype": _INDEX_DTYPES.get(stored, "bf16"), "scale_bytes": 0}}
+                        "dtype": _INDEX_DTYPES.get(stored, "bf16"), "scale_bytes": 0, **more}}
 
 
 DEEPSEEK_V32 = CheckpointFamily(
@@ -54,6 +54,6 @@ DEEPSEEK_V32 = CheckpointFamily(
                   first_k_dense_replace=3, index_topk=2048, index_head_dim=128, index_n_heads=64),
     reads=frozenset({"index_topk", "index_head_dim", "index_n_heads", "layer_types", "mlp_layer_types",
                      "first_k_dense_replace", "num_nextn_predict_layers"}),
-    normalize=_normalize,
-    extra_fields=_indexer,
+    normalize=normalize_dsa,
+    extra_fields=indexer_fields,
 )

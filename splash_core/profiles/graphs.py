@@ -4,6 +4,10 @@ A decode step of ``b`` or fewer query rows per owner rank runs from persistent b
 ``b`` rows per owner (the smallest bucket that holds the step), so its shapes, and with them one
 captured graph per (layout, bucket), stay fixed while requests come and go
 (:mod:`splash_core.runtime.decode_graphs`).
+
+Whether a model's decode steps can be captured at all is one rule, :func:`decode_capturable`,
+which the runtime obeys and the cost model charges (replayed host time, re-capture in a switch,
+graph memory).
 """
 
 from __future__ import annotations
@@ -39,3 +43,12 @@ class GraphConfig:
     def bucket(self, rows_per_owner: int) -> int | None:
         """The bucket a step of ``rows_per_owner`` rows on its busiest owner is padded to (None: too big)."""
         return next((b for b in self.buckets if b >= rows_per_owner), None)
+
+
+def decode_capturable(*, kda: bool, sparse: bool, sparse_kernels_capture: bool = False) -> bool:
+    """Whether a model's pure decode steps may run from captured graphs: not where it has KDA
+    layers (``kda``) or attends sparsely (``sparse``), whose attention the host steers step by
+    step (loops over requests; dense or sparse by the longest context), unless the backend's
+    sparse-attention kernels can be captured (``sparse_kernels_capture``; no backend's can yet).
+    The runtime captures only where this holds; the cost model charges replayed steps only there."""
+    return not kda and (not sparse or sparse_kernels_capture)

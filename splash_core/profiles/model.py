@@ -45,6 +45,20 @@ class IndexerConfig:
     topk: int = field("tokens selected per query", checks=[positive])
     dtype: str = field("storage format of indexer keys", default="fp8", checks=[_DTYPE])
     scale_bytes: int = field("bytes of quantization scale per token per layer", default=0, checks=[non_negative])
+    shared_layers: tuple[int, ...] = field(
+        "layers without an indexer of their own, reusing the previous full layer's top-k (GLM-5)", default=())
+    rope_interleave: bool = field(
+        "the indexer rotates interleaved pairs of its rotary channels (GLM-5), not halves (DeepSeek-V3.2)",
+        default=False)
+
+    def problems(self):
+        if 0 in self.shared_layers or any(i < 0 for i in self.shared_layers):
+            yield Problem("shared_layers", "the first layer has no earlier top-k to share: it needs its own indexer",
+                          list(self.shared_layers))
+
+    def selects(self, layer: int) -> bool:
+        """Whether layer ``layer`` runs its own indexer (else it reuses the previous full layer's top-k)."""
+        return layer not in self.shared_layers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from ..model import ops as fused
 from ..platform.collectives import DistCollectives
 from ..platform.hookspecs import hookimpl
 from ..platform.interfaces import BackendInfo, KDAKernels, MLAKernels
-from . import expanded, kda, mla
+from . import dsa, expanded, kda, mla
 from .streams import HostStreamOps
 
 
@@ -66,6 +66,7 @@ def splash_mla_kernels(device, dtype):
     return MLAKernels(
         decode=mla.attention, extend=mla.attention, merge=mla.merge, pack=mla.pack,
         unpack=mla.unpack, name="reference", expanded=expanded.expanded_attention,
+        index_scores=dsa.index_scores, sparse=dsa.sparse_attention,
     )
 
 

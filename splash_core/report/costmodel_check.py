@@ -1,6 +1,7 @@
 """The cost model's step times beside the runtime's (``costmodel_check``): per variant of the
 host term, the errors on held-out points and the regret of the layout it would pick; the
-fitted host overheads; and every point, measured beside predicted."""
+fitted host overheads; every point, measured beside predicted; and, where run, its sparse
+attention's charges against the runtime's counts."""
 
 from __future__ import annotations
 
@@ -20,7 +21,20 @@ def render(result: Result, _ctx: Context) -> list[str]:
     lines += _by_layout_table(summary, names)
     lines += _overheads_table(summary["overheads"], names)
     lines += ["", "Step time in ms, predicted (error against measured):", ""]
-    return lines + _points_table(summary["points"], names) + [""]
+    return lines + _points_table(summary["points"], names) + [""] + _dsa(summary.get("dsa"))
+
+
+def _dsa(dsa: dict | None) -> list[str]:
+    """The sparse-attention check (``--dsa``): agreement, what was compared, every problem."""
+    if dsa is None:
+        return []
+    verdict = "agrees with" if dsa["passed"] else "disagrees with"
+    return [f"Sparse attention ({dsa['model']}, T = {dsa['T']}): the cost model {verdict} the runtime over "
+            f"{dsa['steps_compared']} steps on whether decode steps are captured (the model's decode is "
+            f"{'' if dsa['decode_capturable'] else 'not '}capturable), where the indexer scores, the pairs attended "
+            f"and CP's top-k candidate bytes (not compared on {dsa['cp_history_steps']} CP steps whose prefill rows "
+            "it prices as gathering the history).", ""] + [f"- {p}" for p in dsa["problems"]] + \
+        [""] * bool(dsa["problems"])
 
 
 def _intro(summary: dict) -> list[str]:

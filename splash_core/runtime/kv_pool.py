@@ -6,8 +6,9 @@ Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, 
 ``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.model.kv_format`), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` (an fp8 key with scales: uint8, the same scaled layout
 without a rotary part) indexed by the same physical pages (so indexer keys move
-with their page: attention itself stays dense, the keys are stored for sparse attention and
-for switches), and the block tables and free pages of those pages
+with their page; every MLA layer has them, also GLM-5's shared-indexer layers, which never write
+theirs, because page formats, switch plans and the cost model's bytes per token are one per
+layer kind), and the block tables and free pages of those pages
 (:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
 free pages and tables because during a live switch layer i may already hold the destination
 layout's pages while layer i+1 still holds the source's.

@@ -26,7 +26,9 @@ rows, the same on every rank. In between, per layout:
 With DeepSeek Sparse Attention (an ``indexer``) the pages store each token's indexer key as the
 indexer uses it (normalised, rotated), and the rank attending for a row attends over the row's
 top-k keys only (:mod:`~splash_core.runtime.sparse_attention`): in TP, DP and DOP it holds the
-whole history; in CP the ranks all-gather their local top-k candidates to select globally.
+whole history; in CP the ranks all-gather their local top-k candidates to select globally. A
+shared-indexer layer (GLM-5: no indexer, no indexer keys written) attends over the keys the
+previous full layer selected, which that layer leaves on the step (``StepContext.selection``).
 
 New tokens' cache entries are written before attention, so a row attends to itself and to the
 earlier rows of its chunk (causal by position).
@@ -43,7 +45,7 @@ from ..model.weights import HeadShardedLayer
 from . import exchange
 from .expanded_attention import attend_expanded
 from .kv_pool import LayerKV
-from .sparse_attention import attend_sparse
+from .sparse_attention import POSITION_LIMIT, KeptKeys, attend_selected, select_slots, slots_of_positions
 from .step_context import AttentionView, StepContext
 
 
@@ -51,11 +53,16 @@ class MLALayer(HeadShardedLayer):
     """Layout, weights and pages of one MLA layer on one rank."""
 
     def __init__(self, index: int, layout: Layout, weights: MLAWeights, kv: LayerKV, math: MLAMath,
-                 rank: int, T: int, indexer: IndexerWeights | None = None, index_topk: int = 0):
+                 rank: int, T: int, indexer: IndexerWeights | None = None, index_topk: int = 0,
+                 shares_selection: bool = False):
         """``indexer``: DeepSeek Sparse Attention's indexer (None: dense attention), each row
-        attending to its ``index_topk`` selected keys; needs the pool to store indexer keys."""
+        attending to its ``index_topk`` selected keys; needs the pool to store indexer keys.
+        ``shares_selection``: no indexer of its own, the previous full layer's selection (GLM-5)."""
+        if shares_selection and indexer is not None:
+            raise ValueError(f"layer {index}: a layer sharing the previous top-k has no indexer of its own")
         self.index = index
-        self.indexer, self.index_topk = indexer, index_topk
+        self.indexer, self.index_topk, self.shares_selection = indexer, index_topk, shares_selection
+        self.sparse = indexer is not None or shares_selection
         self.math = math
         self.kv = kv
         self.rank, self.T = rank, T
@@ -100,22 +107,39 @@ class MLALayer(HeadShardedLayer):
 
     def _attend(self, q: torch.Tensor, step: StepContext, index=None):
         """(out, lse) of absorbed queries ``q``; with an indexer, over each row's selected keys,
-        ``index`` being :meth:`_index` of the rows attended for."""
+        ``index`` being :meth:`_index` of the rows attended for; sharing a full layer's selection,
+        over the keys it kept. Where no context exceeds k, every visible key: dense attention."""
         view = step.attention_view(self.kv, self.layout)
-        if self.indexer is None:
-            return step.attend(q, self.kv, view, self.math.scale, self.math.d_c)
-        # CP holds keys split by position: its top-k is global, unless no context exceeds k (all are selected)
-        global_topk = self.layout is Layout.CP and int(step.batch.contexts.max()) > self.index_topk
-        return attend_sparse(q, *index, self.kv, view,
-                             self.index_topk, self.math.scale, self.math.d_c,
-                             (lambda local: _from_every_rank(step, local)) if global_topk else None)
+        m, kernels = self.math, step.kernels
+        all_rows = self.layout in (Layout.TP, Layout.CP)  # the rows this rank attends for
+        if self.shares_selection:
+            if not isinstance(step.selection, KeptKeys):
+                raise ValueError(f"layer {self.index} shares the top-k of a full DSA layer, but none ran before it")
+            kept = step.selection.rows(step, all_rows)
+            if kept is not None:
+                slots = slots_of_positions(kept, view, self.kv.kv.shape[1])
+                return attend_selected(kernels, q, self.kv, view, slots, m.scale, m.d_c)
+        elif self.indexer is not None:
+            longest = int(step.batch.contexts.max())
+            if longest <= self.index_topk:
+                step.selection = KeptKeys(None, all_rows)
+            else:
+                if self.layout is Layout.CP and longest >= POSITION_LIMIT:
+                    raise ValueError(f"CP's sparse attention exchanges positions below {POSITION_LIMIT} "
+                                     f"(a context of {longest})")
+                # CP holds keys split by position: its top-k is global
+                across = (lambda local: _from_every_rank(step, local)) if self.layout is Layout.CP else None
+                slots, kept = select_slots(kernels, *index, self.kv, view, self.index_topk, across)
+                step.selection = KeptKeys(kept, all_rows)
+                return attend_selected(kernels, q, self.kv, view, slots, m.scale, m.d_c)
+        return step.attend(q, self.kv, view, m.scale, m.d_c)
 
     def _attend_values(self, q_in, rot, step: StepContext, x):
         """(values [n, h, d_v], lse [n, h]) of the rows this rank attends for, from their hidden
         rows ``x``, query input ``q_in`` and RoPE ``rot``: absorbed (always with sparse attention),
         or, for the rows of requests that attend expanded (:meth:`StepContext.form_rows`), expanded."""
         m, w = self.math, self.weights
-        rows = None if self.indexer is not None else step.form_rows(self.layout, m.attention_form, m.dims)
+        rows = None if self.sparse else step.form_rows(self.layout, m.attention_form, m.dims)
         if rows is None:
             out, lse = self._attend(m.queries(w, q_in, rot), step, self._index(x, q_in, rot))
             return m.values(w, out), lse
@@ -183,7 +207,7 @@ class MLALayer(HeadShardedLayer):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         entries = m.latent(w, kv, rot)
-        forms = None if self.indexer is not None else step.form_rows(self.layout, m.attention_form, m.dims)
+        forms = None if self.sparse else step.form_rows(self.layout, m.attention_form, m.dims)
         index = self._index(x[step.own_rows], q_in, rot)  # travels with the queries: CP attends every row
         if index is not None:
             keys = self.indexer.finish_keys(keys, rot)

@@ -42,6 +42,7 @@ from ..model.kda import KDAMath, KDAWeights
 from ..model.mla import MLAMath, MLAWeights
 from ..model.weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
 from ..platform.device import to_device
+from ..profiles.graphs import decode_capturable
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
 from .decode_graphs import DecodeGraphs, DecodeOutputs
@@ -95,7 +96,7 @@ class Model:
         self.scored_rows: np.ndarray | None = None  # rows of the next steps whose logits follow the last rows'
         self.graphs: DecodeGraphs | None = None
         graphs = config.graphs
-        eager = config.kda_layers or config.sparse_attention  # per-request host loops: never captured
+        eager = not decode_capturable(kda=bool(config.kda_layers), sparse=config.sparse_attention)  # as costed
         if graphs is not None and config.mla_layers and not eager and graphs.mode != "off" and \
                 (graphs.mode == "static" or ops.graph_ops is not None):
             self.graphs = DecodeGraphs(self, graphs, ops.graph_ops)
@@ -111,9 +112,12 @@ class Model:
             return KDALayer(i, layout, KDAWeights.load(weights.source, profile, i, heads, **kw), self.recurrent[i],
                             kda_math, kda_kernels, rank, T)
         heads = head_shard(profile.mla.heads, rank, T) if sharded else None
-        indexer = IndexerWeights.load(weights.source, profile, i, **kw) if self.config.sparse_attention else None
+        sparse = self.config.sparse_attention
+        selects = sparse and profile.indexer.selects(i)  # else a shared-indexer layer (GLM-5) reuses the last top-k
+        indexer = IndexerWeights.load(weights.source, profile, i, **kw) if selects else None
         return MLALayer(i, layout, MLAWeights.load(weights.source, profile, i, heads, **kw), self.pool[i], self.math,
-                        rank, T, indexer, profile.indexer.topk if indexer is not None else 0)
+                        rank, T, indexer, profile.indexer.topk if sparse else 0,
+                        shares_selection=sparse and not selects)
 
     @classmethod
     def from_context(cls, ctx, profile: ModelProfile, source: WeightSource, layouts, *,

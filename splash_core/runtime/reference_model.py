@@ -5,7 +5,8 @@ no kernels, no weight absorption, no collectives. Each request keeps a dense his
 normalised latents and rotated rotary keys per layer; attention expands them per head with
 W_UK and W_UV (DeepSeek's naive MLA form) and applies an explicit causal mask; with a DSA
 indexer and ``sparse`` each request also keeps its indexer keys, and the mask keeps only each
-query's top-k keys (a mask over dense scores, not a gather of the selected entries). KDA layers keep
+query's top-k keys (a mask over dense scores, not a gather of the selected entries); a
+shared-indexer layer (GLM-5) keeps the mask of the full layer before it, as transformers passes it on. KDA layers keep
 each request's whole history of pre-convolution inputs (convolved with ``F.conv1d`` over the
 full sequence, not from a cache) and its state, updated token by token in the transition form
 ``S <- (I - beta k kᵀ) diag(exp g) S + beta k vᵀ`` (not the kernels' delta form). MoE layers run
@@ -54,6 +55,7 @@ class ReferenceModel:
         self.count = count
         self.cache: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(count)]
         self.index_keys: list[dict[int, torch.Tensor]] = [{} for _ in range(count)]  # DSA indexer keys [T, D]
+        self._chosen: torch.Tensor | None = None  # the last full DSA layer's mask, within one forward
 
     def release(self, request_id: int) -> None:
         for layer in self.cache + self.index_keys:
@@ -75,6 +77,7 @@ class ReferenceModel:
         pos = torch.arange(start, start + tokens.numel(), device=tokens.device)
         h = w["model.embed_tokens.weight"][tokens]
         seen("the embedding", h)
+        self._chosen = None
         for layer in range(self.count):
             pre = layer_prefix(layer)
             kda = self.kinds[layer] is LayerKind.KDA
@@ -155,17 +158,21 @@ class ReferenceModel:
                   visible: torch.Tensor) -> torch.Tensor:
         """DSA: of the ``visible`` [n, T] keys, those the indexer selects for each query (its top-k);
         appends the new rows' indexer keys to the request's history of them."""
+        if not self.profile.indexer.selects(layer):
+            if self._chosen is None:
+                raise ValueError(f"layer {layer} shares the top-k of a full DSA layer, but none ran before it")
+            return self._chosen
         a, w = f"{layer_prefix(layer)}.self_attn.indexer", self.w
         iw = IndexerWeights(w[f"{a}.wq_b.weight"], w[f"{a}.wk.weight"], w[f"{a}.k_norm.weight"],
-                            w[f"{a}.k_norm.bias"], w[f"{a}.weights_proj.weight"])
+                            w[f"{a}.k_norm.bias"], w[f"{a}.weights_proj.weight"], self.profile.indexer.rope_interleave)
         rotary = Rotary.at(pos, self.profile.mla.qk_rope_head_dim, self.profile.rope_theta, self.profile.rope_scaling)
         new = iw.keys(x, rotary)
         keys = torch.cat([self.index_keys[layer].get(request, new[:0]), new])
         self.index_keys[layer][request] = keys
         scores = index_scores(iw.queries(q_in, rotary), iw.head_weights(x), keys, visible)
         indices, valid = select(scores, self.profile.indexer.topk)
-        chosen = torch.zeros_like(visible).scatter_(1, indices, valid)
-        return chosen & visible
+        self._chosen = torch.zeros_like(visible).scatter_(1, indices, valid) & visible
+        return self._chosen
 
     def _kda(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         kda, w, eps = self.profile.kda, self.w, self.profile.rms_norm_eps

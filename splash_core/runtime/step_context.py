@@ -65,6 +65,9 @@ class StepContext:
         self._rotary: dict = {}
         self._forms: dict = {}
         self._key_uploads: dict = {}  # expanded keys' slots and positions, shared by layers whose pages are equal
+        # the last DSA layer's top-k, reused by the shared-indexer layers after it (GLM-5); opaque:
+        # each sparse attention path leaves and reads its own kind of selection
+        self.selection: Any = None
 
     def _tensor(self, array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
         return to_device(array, self.device, dtype)

@@ -16,6 +16,9 @@ own) go to FlashMLA's fp8 decode, which FlashMLA offers only as sparse attention
 as its "top-k" the flat cache slot (page * 64 + offset) of every key it sees, -1 for the rest
 (:func:`visible_slots`), so it attends to exactly the keys the dense call would. That kernel
 is built for 64 and 128 query heads; other head counts go to the fallback.
+
+DeepSeek Sparse Attention (:func:`sparse`): bf16 caches go to FlashMLA's sparse prefill kernel,
+scaled-fp8 caches to the same fp8 sparse decode, each row's indexer-selected slots as its indices.
 """
 
 from __future__ import annotations
@@ -95,6 +98,56 @@ def decode(fallback):
             indices=slots.unsqueeze(1).contiguous(), use_legacy=True, kv_format="V32")
         out, lse = out[:, 0], lse[:, :, 0].float()
         empty = (slots < 0).all(dim=1)[:, None]
+        return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
+
+    return run
+
+
+SPARSE_TOPK_MULTIPLE = 64  # FlashMLA's sparse kernels take the top-k axis in blocks of 64
+
+
+def flat_slots(block_table, row_req, slots, page_size: int) -> torch.Tensor:
+    """SPLASH's per-request key ``slots`` [N, K] (table slot * page_size + offset, -1 pads) as
+    FlashMLA's flat cache indices (physical page * page_size + offset, -1 where none), the top-k
+    axis padded with -1 to a multiple of :data:`SPARSE_TOPK_MULTIPLE` (``int32`` [N, K'])."""
+    table_slot = slots.long() // page_size
+    listed = (slots >= 0) & (table_slot < block_table.shape[1])
+    page = block_table.long()[row_req.long()[:, None], torch.where(listed, table_slot, 0)]
+    flat = torch.where(listed & (page >= 0), page * page_size + slots.long() % page_size, -1).to(torch.int32)
+    pad = -flat.shape[1] % SPARSE_TOPK_MULTIPLE
+    return torch.nn.functional.pad(flat, (0, pad), value=-1) if pad or flat.shape[1] == 0 else flat
+
+
+def serves_sparse(q, kv_cache, v_dim: int) -> bool:
+    """Whether FlashMLA's sparse prefill kernel can take this call on a bf16 cache (any page size:
+    it reads the cache as one flat key axis)."""
+    return (q.dtype == torch.bfloat16 and kv_cache.dtype == torch.bfloat16 and kv_cache.shape[2] == KEY_WIDTH
+            and q.shape[-1] == KEY_WIDTH and v_dim == VALUE_WIDTH and q.shape[1] in FP8_HEADS)
+
+
+def sparse(fallback):
+    """An ``MLAKernels.sparse`` on FlashMLA: bf16 caches through its sparse prefill kernel (decode
+    rows are prefill rows of one token), scaled-fp8 caches of 64-token pages through its fp8
+    sparse decode; any other call goes to ``fallback`` (the Triton kernel)."""
+    from flash_mla import flash_mla_sparse_fwd, flash_mla_with_kvcache, get_mla_metadata
+
+    def run(q, kv_cache, block_table, row_req, slots, scale, v_dim):
+        fp8 = serves_fp8(q, kv_cache, v_dim)
+        if not (fp8 or serves_sparse(q, kv_cache, v_dim)) or q.shape[0] == 0:
+            return fallback(q, kv_cache, block_table, row_req, slots, scale, v_dim)
+        flat = flat_slots(block_table, row_req, slots, kv_cache.shape[1])
+        if fp8:
+            out, lse = flash_mla_with_kvcache(
+                q.unsqueeze(1).contiguous(), kv_cache.view(torch.float8_e4m3fn).unsqueeze(2), None, None, v_dim,
+                get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+                indices=flat.unsqueeze(1).contiguous(), use_legacy=True, kv_format="V32")
+            out, lse = out[:, 0], lse[:, :, 0].float()
+        else:
+            # the legacy build holds the sm_90 sparse prefill kernel (the current one is sm_100 only)
+            out, _, lse = flash_mla_sparse_fwd(q.contiguous(), kv_cache.view(-1, 1, KEY_WIDTH), flat.unsqueeze(1),
+                                               scale, v_dim, use_legacy=True)
+            lse = lse.float()
+        empty = (flat < 0).all(dim=1)[:, None]  # nothing selected: out 0 and lse -inf, as the contract says
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
 
     return run

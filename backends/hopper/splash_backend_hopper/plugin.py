@@ -51,12 +51,26 @@ def splash_mla_kernels(device, dtype):
 
     config, _ = tuned.load()
     kernels = triton_mla_kernels(config.with_processors(detect.processors(device)))
+    if flashmla.missing_reason():
+        return kernels
     table = providers.load()
     measured = [t for key in providers.TABLES.values() for t in table.get(key, {}).values()]
-    if flashmla.missing_reason() or all(t is None for t in measured):
-        return kernels
-    return dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
-                               name=f"{kernels.name}+flashmla")
+    if any(t is not None for t in measured):
+        kernels = dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
+                                      name=f"{kernels.name}+flashmla")
+    if any(providers.sparse_provider(kv, table) == "flashmla" for kv in providers.TABLES):
+        kernels = dataclasses.replace(kernels, sparse=by_format(flashmla.sparse(kernels.sparse), kernels.sparse),
+                                      name=f"{kernels.name}+flashmla-sparse")
+    return kernels
+
+
+def by_format(flashmla_sparse, triton_sparse):
+    """A sparse attention that runs the provider the measured table chose for the cache's format."""
+    def sparse(q, kv_cache, *args):
+        kv = "bf16" if kv_cache.dtype.is_floating_point else "fp8"
+        return (flashmla_sparse if providers.sparse_provider(kv) == "flashmla" else triton_sparse)(q, kv_cache, *args)
+
+    return sparse
 
 
 def by_heads(flashmla_decode, triton_decode):

@@ -54,6 +54,14 @@ def decode_provider(heads: int, kv_tokens: int, table: dict | None = None, kv: s
     return "flashmla" if threshold is not None and kv_tokens >= threshold else "triton"
 
 
+def sparse_provider(kv: str = "bf16", table: dict | None = None) -> str:
+    """``"flashmla"`` or ``"triton"`` for DeepSeek Sparse Attention on a ``kv`` cache: the table's
+    ``sparse`` entry (``bench/dsa_step.py --write-providers``: FlashMLA only where it was faster at
+    every measured point), Triton where nothing was measured."""
+    entry = (load() if table is None else table).get("sparse", {}).get(kv, {})
+    return "flashmla" if entry.get("provider") == "flashmla" else "triton"
+
+
 def thresholds(samples: list[dict]) -> dict[str, dict]:
     """Per head count of ``bench/peer_kernels.py``'s samples, the fewest KV tokens from which
     FlashMLA was faster than SPLASH's Triton decode at every measured point (None: nowhere)."""
@@ -86,4 +94,5 @@ def describe(flashmla_missing: str | None) -> str:
     fp8 = load().get("decode_fp8", {})
     fp8_picks = ("; fp8 KV: " + ", ".join(f"{h} heads: " + ("triton" if t is None else f"flashmla from {t // 1024}K")
                                           for h, t in sorted(fp8.items()))) if fp8 else "; fp8 KV: triton (not measured)"
-    return f"decode by measurement ({picks}; else triton{fp8_picks})"
+    sparse = ", ".join(f"{kv} KV: {sparse_provider(kv)}" for kv in TABLES)
+    return f"decode by measurement ({picks}; else triton{fp8_picks}); sparse attention: {sparse}"

@@ -9,10 +9,11 @@ from splash_core.results.shapes import Shape
 
 SHAPES: dict[str, Shape] = {
     "costmodel_check": Shape(
-        doc="the cost model's step times against the runtime's measured ones, host term fitted to a subset",
+        doc="the cost model's step times against the runtime's measured ones, host term fitted to a subset; "
+            "with --dsa, its sparse-attention charges against the runtime's counts (dsa)",
         summary={"measured_file": "text", "hardware": "text", "layers": "positive", "fit": "text",
                  "step_overhead_us": "nonneg", "target_pct": "nonneg?", "variants": "rows", "by_layout": "rows?",
-                 "overheads": "rows", "points": "rows"},
+                 "overheads": "rows", "points": "rows", "dsa": "object?"},
         rows={"variants": {"variant": "text", "host_overlap": "nonneg?", "decode_mean_abs_error_pct": "nonneg",
                            "decode_max_abs_error_pct": "nonneg", "prefill_mean_abs_error_pct": "nonneg",
                            "prefill_max_abs_error_pct": "nonneg", "mean_regret_pct": "nonneg",

@@ -1,0 +1,203 @@
+"""Rank-side work of ``bench/dsa_step.py``: a decode step and a prefill chunk of a DeepSeek-V3.2
+shaped model, attending densely and sparsely (DeepSeek Sparse Attention through the backend's
+Triton kernels, and through FlashMLA's sparse kernels where the Hopper backend has them), beside
+the roofline of the bytes and FLOPs each step must touch, measured in the same run.
+
+Functions taking ``ctx`` run on the rank of a :class:`~splash_core.runtime.spawn.RankPool`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from splash_core import dtypes
+from splash_core.layouts import Layout
+from splash_core.model.fp8_cache import quantize
+from splash_core.model.weights import SeededWeights
+from splash_core.planning import ownership
+from splash_core.profiles.loader import load
+from splash_core.runtime.model import Model
+from splash_core.runtime.model_config import ModelConfig, RankOps
+from splash_core.runtime.step_batch import StepBatch, StepRequest
+from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
+
+from .decode_step import device_rates
+from .kernels import kernels_for
+
+CACHE_FORMATS = {"bf16": (None, 0), "fp8": (torch.float8_e4m3fn, 4)}  # kv_dtype (None: compute), scales
+
+
+def providers(ctx, dtype: torch.dtype, which: str) -> dict:
+    """Sparse-attention kernel variants to time: the backend's Triton kernels, and FlashMLA's
+    where the Hopper backend's wrapper imports (name -> MLAKernels)."""
+    base = kernels_for(ctx, dtype, which)
+    out = {base.name.split(":")[0].split("+")[0]: base}  # "triton" on a GPU backend, "reference" on the CPU
+    try:
+        from splash_backend_hopper import flashmla
+    except ImportError:
+        return out
+    if flashmla.missing_reason() is None and base.sparse is not None:
+        try:
+            out["flashmla"] = dataclasses.replace(base, sparse=flashmla.sparse(base.sparse))
+        except Exception as exc:  # noqa: BLE001 - a wheel that does not load here is a finding, not a failure
+            print(f"FlashMLA's sparse kernels are not available here: {type(exc).__name__}: {exc}", flush=True)
+    return out
+
+
+def build(ctx, spec: dict, cache: str, sparse: bool, context: int, kernels) -> Model:
+    """``spec['layers']`` layers of the model in TP at T = 1 with pages for ``spec['batch']``
+    requests at ``context``, seeded weights and synthetic unit-scale histories (indexer keys too)."""
+    profile, dtype = load("model", spec["model"]), dtypes.torch_dtype(spec["dtype"])
+    batch = ownership.Batch.balanced(spec["batch"], context, 1)
+    pages = int(ownership.kv_pages_per_rank(Layout.TP, batch, 1, spec["page_size"]).max())
+    kv_dtype, scales = CACHE_FORMATS[cache]
+    config = ModelConfig(profile, Layout.TP, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
+                         kv_dtype=kv_dtype, kv_scales=scales, num_layers=spec["layers"], sparse_attention=sparse,
+                         attention_form=spec["prefill_form"])
+    ops = RankOps(ctx.rank, 1, ctx.device, ctx.collectives, kernels, fused=ctx.backend.fused_kernels(ctx.device, dtype),
+                  streams=ctx.streams)
+    model = Model(config, ops, SeededWeights(spec["seed"]))
+    gen = torch.Generator(device=ctx.device)
+    gen.manual_seed(spec["seed"])
+    for layer in model.paged_layers:
+        fmt = layer.kv.format
+        for pages_of, layout in ((layer.kv.kv, fmt.scaled), (layer.kv.indexer, fmt.indexer_scaled)):
+            if pages_of is not None:
+                _fill(pages_of, layout, gen)
+    return model
+
+
+def _fill(pages: torch.Tensor, layout, gen, chunk: int = 1 << 18) -> None:
+    """Unit-normal entries (as RMSNorm leaves latents), quantized where the pages hold the
+    scaled-fp8 format, ``chunk`` tokens at a time."""
+    if layout is None:
+        pages.normal_(generator=gen)
+        return
+    flat = pages.view(-1, pages.shape[-1])
+    width = layout.latent_dim + layout.rope_dim
+    for start in range(0, flat.shape[0], chunk):
+        rows = flat[start: start + chunk]
+        values = torch.randn(rows.shape[0], width, generator=gen, device=pages.device)
+        rows.copy_(quantize(values, layout))
+
+
+def roofline(model: Model, rows: int, batch: int, context: int, sparse: bool, rates: dict) -> dict:
+    """Bytes and FLOPs the step must touch: weights once (the embedding's rows only), each
+    request's cache entries it attends to (all ``context``, or the indexer's top-k) and, sparse,
+    every indexer key; projections, indexer scores and attention FLOPs."""
+    held = model.nbytes()
+    embed = model.embed.numel() * model.embed.element_size()
+    weight_bytes = sum(held[k] for k in ("weights", "mlp", "experts", "other")) - embed
+    layers, profile, m = len(model.paged_layers), model.profile, model.math
+    kv = model.paged_layers[0].kv
+    entry_bytes = kv.kv.shape[2] * kv.kv.element_size()
+    attended = min(context, profile.indexer.topk) if sparse else context
+    kv_bytes = batch * attended * entry_bytes * layers
+    index_bytes = (batch * context * kv.indexer.shape[2] * kv.indexer.element_size() * layers) if sparse else 0
+    heads, idx = profile.mla.heads, profile.indexer
+    attention_flops = 2 * rows * heads * attended * (m.kv_width + m.d_c) * layers
+    index_flops = 2 * rows * idx.heads * idx.head_dim * context * layers if sparse else 0
+    projection_flops = 2 * rows * weight_bytes // dtypes.torch_dtype("bf16").itemsize
+    memory_ms = (weight_bytes + kv_bytes + index_bytes) / (rates["copy_gbps"] * 1e6)
+    compute_ms = (attention_flops + index_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
+    return {"weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "index_bytes": int(index_bytes),
+            "attention_flops": int(attention_flops), "index_flops": int(index_flops),
+            "projection_flops": int(projection_flops), "memory_ms": memory_ms, "compute_ms": compute_ms,
+            "roofline_ms": max(memory_ms, compute_ms)}
+
+
+def _steps(spec: dict, context: int) -> dict:
+    """The decode step (B rows at the last position) and the prefill chunk (``chunk_rows`` new
+    rows per request, ending at ``context``)."""
+    B, r = spec["batch"], spec["chunk_rows"]
+    return {"decode": StepBatch.build([StepRequest(i, 0, context - 1, 1) for i in range(B)], 1, spec["page_size"]),
+            "prefill": StepBatch.build([StepRequest(i, 0, context - r, r) for i in range(B)], 1, spec["page_size"])}
+
+
+def _timed_steps(ctx, model: Model, step: StepBatch, tokens, history: int, reps: int) -> tuple[list[float], object]:
+    """Host milliseconds (start to device done) of ``reps`` calls of the step after one warm-up,
+    each on a history of ``history`` tokens laid out afresh (a prefill chunk opens pages: run twice
+    on one history it would find them taken); and the last call's logits."""
+    out, logits = [], None
+    for rep in range(reps + 1):
+        fill_histories(model, step, history)
+        ctx.streams.synchronize()
+        t0 = time.perf_counter()
+        logits = model.step(step, tokens)
+        ctx.streams.synchronize()
+        if rep:
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out, logits
+
+
+def time_model(ctx, model: Model, spec: dict, context: int, variant: dict, rates: dict) -> list[dict]:
+    """Samples of the decode step and prefill chunk of ``model`` at ``context`` (and their logits)."""
+    out = []
+    for phase, step in _steps(spec, context).items():
+        rows = int(sum(step.rows))
+        gen = torch.Generator(device=ctx.device)
+        gen.manual_seed(spec["seed"] + context)
+        tokens = torch.randint(0, model.profile.vocab_size, (rows,), generator=gen, device=ctx.device)
+        history = context if phase == "decode" else context - spec["chunk_rows"]  # the tokens before the step
+        wall, logits = _timed_steps(ctx, model, step, tokens, history,
+                                    spec["reps"] if phase == "decode" else spec["prefill_reps"])
+        logits = logits.float()
+        out.append({**variant, "phase": phase, "context": context, "batch": spec["batch"], "rows": rows,
+                    "layers": len(model.paged_layers), "wall_ms": wall, "finite": bool(torch.isfinite(logits).all()),
+                    "logits": logits[-spec["batch"]:].cpu(),
+                    **roofline(model, rows, spec["batch"], context, variant["sparse"], rates)})
+    return out
+
+
+def _agreement(samples: list[dict], base: str) -> None:
+    """Each sparse provider's logits against the ``base`` provider's (Triton's on a GPU) at the same
+    point (same weights and keys): the largest difference and whether the greedy tokens agree; the
+    logits leave the samples."""
+    triton = {(s["cache"], s["phase"], s["context"]): s["logits"] for s in samples if s["provider"] == base}
+    for s in samples:
+        want = triton.get((s["cache"], s["phase"], s["context"]))
+        logits = s.pop("logits")
+        if s["sparse"] and want is not None and s["provider"] != base:
+            s["max_logit_diff_vs_triton"] = float((logits - want).abs().max())
+            s["tokens_match_triton"] = bool(torch.equal(logits.argmax(-1), want.argmax(-1)))
+
+
+def measure(ctx, spec: dict) -> dict:
+    """Every (cache format, context, dense / sparse provider) of ``spec`` until rank 0 passes the
+    deadline: the device's rates, then the samples (one model per cache format, context and mode)."""
+    dtype = dtypes.torch_dtype(spec["dtype"])
+    torch.set_float32_matmul_precision("high")
+    rates = device_rates(ctx, spec["copy_mib"], spec["matmul_n"], dtype)
+    found = providers(ctx, dtype, spec["kernels"])
+    first = next(iter(found))  # the backend's own: built into every model, and what the others are compared with
+    variants = {name: k for name, k in found.items() if name == first or not spec["providers"] or name in spec["providers"]}
+    samples, skipped = [], []
+    for cache in spec["caches"]:
+        for context in spec["contexts"]:
+            for sparse in (False, True):
+                if past_deadline(ctx, spec["deadline"]):
+                    skipped.append(f"{cache}/{context}/{'sparse' if sparse else 'dense'}")
+                    continue
+                t0 = time.perf_counter()
+                model = build(ctx, spec, cache, sparse, context, found[first])
+                built = time.perf_counter() - t0
+                for name, kernels in (variants.items() if sparse else [("dense", found[first])]):
+                    model.kernels = kernels
+                    variant = {"cache": cache, "sparse": sparse, "provider": name, "build_s": built}
+                    try:
+                        samples += time_model(ctx, model, spec, context, variant, rates)
+                    except Exception as exc:  # noqa: BLE001 - a provider refusing a shape is a finding
+                        where = traceback.extract_tb(exc.__traceback__)[-1]
+                        samples.append({**variant, "context": context, "error": f"{type(exc).__name__}: {exc} "
+                                        f"(at {Path(where.filename).name}:{where.lineno})"})
+                del model
+                gc.collect()
+                release_cached_memory(ctx)
+    _agreement([s for s in samples if "logits" in s], next(iter(variants)))
+    return {"rates": rates, "samples": samples, "skipped": skipped}

@@ -1,0 +1,42 @@
+"""bench/dsa_step.py's logic on the CPU reference with tiny shapes (--smoke), so its one GPU call
+does not fail on a bug a CPU could have caught; and how it picks the sparse provider."""
+
+from __future__ import annotations
+
+import json
+
+from bench_scripts import load_bench
+
+from splash_core import results
+
+
+def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
+    bench = load_bench("dsa_step")
+    args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
+    assert bench.run(args, rank_pools(1)) == 0
+    got = results.read_result(tmp_path / "cpu" / "dsa_step.json")
+    points = got["summary"]["points"]
+    assert {(p["phase"], p["context"], p["provider"]) for p in points} == {
+        (phase, c, provider) for phase in ("decode", "prefill") for c in (64, 160) for provider in ("dense", "reference")}
+    assert all(p["finite"] and p["roofline_ms"] > 0 for p in points)
+    sparse = [s for s in got["samples"] if s["sparse"] and s["context"] == 160]
+    assert sparse and all(s["index_flops"] > 0 and s["kv_bytes"] > 0 for s in sparse)
+
+
+def test_flashmla_is_chosen_only_where_it_wins_every_point_with_the_same_tokens(tmp_path):
+    bench = load_bench("dsa_step")
+    point = {"cache": "bf16", "phase": "decode", "context": 1}
+    rows = [{**point, "provider": "triton", "ms": 2.0}, {**point, "provider": "flashmla", "ms": 1.0,
+                                                         "tokens_match_triton": True},
+            {**point, "phase": "prefill", "provider": "triton", "ms": 2.0},
+            {**point, "phase": "prefill", "provider": "flashmla", "ms": 1.0, "tokens_match_triton": True}]
+    assert bench.sparse_choice(rows)["bf16"]["provider"] == "flashmla"
+    rows[3]["ms"] = 3.0
+    assert bench.sparse_choice(rows)["bf16"]["provider"] == "triton"
+    rows[3].update(ms=1.0, tokens_match_triton=False)
+    assert bench.sparse_choice(rows)["bf16"]["provider"] == "triton"
+    table = tmp_path / "providers.json"
+    table.write_text(json.dumps({"decode": {"64": {"flashmla_from_kv_tokens": 1}}}))
+    bench.write_providers(str(table), {"bf16": {"provider": "flashmla"}}, "cmd", "host")
+    written = json.loads(table.read_text())
+    assert written["decode"] == {"64": {"flashmla_from_kv_tokens": 1}} and written["sparse"]["bf16"]["provider"] == "flashmla"
