@@ -10,6 +10,8 @@
    (``posix_fadvise``), so the first load reads the disk.
 3. ``splash generate --deployment <written> --prompt ... --json``: load time (GB read / s, from
    disk), memory per part (rank 0's model: attention projections, experts, MLP, KV pool...).
+   ``--ffn-weights fp8`` keeps the feed-forward weights FP8 as stored (the deployment's
+   ``ffn_weights``; issue 38): the sizing counts them at one byte, the result is ``real_widths-fp8``.
 4. ``splash run --workload <B requests of C tokens> --policy TP --json`` per context C: prefill
    step times (chunks of --prefill-chunk rows) and decode step times (B rows).
 
@@ -77,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
     for flag, (default, text) in NUMBERS.items():
         p.add_argument(flag, type=type(default), default=default, help=text)
+    p.add_argument("--ffn-weights", choices=("compute", "fp8"), default="compute",
+                   help="hold the feed-forward weights in the compute format (dequantized at load) or FP8 as stored")
     p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     p.add_argument("--reuse", action="store_true", help="serve the checkpoint a --keep run left in --workdir")
     p.add_argument("--write-only", metavar="FOLDER", help=argparse.SUPPRESS)  # the child that writes
@@ -90,10 +94,14 @@ def parse_args(argv=None):
 
 # ---- sizing -----------------------------------------------------------------------------
 
-def layer_bytes(profile, layer: int, elem: int) -> int:
-    from splash_core.model.weights import layer_tensor_shapes
+def layer_bytes(profile, layer: int, elem: int, ffn_elem: int | None = None) -> int:
+    """Bytes of layer ``layer``'s weights at ``elem`` bytes an element, its feed-forward
+    projections at ``ffn_elem`` (None: ``elem``; FP8 kept as stored: 1, their scales aside)."""
+    from splash_core.model.weights import is_ffn_weight, layer_tensor_shapes
 
-    return sum(elem * _numel(s) for s in layer_tensor_shapes(profile, layer).values())
+    ffn_elem = elem if ffn_elem is None else ffn_elem
+    shapes = layer_tensor_shapes(profile, layer)
+    return sum((ffn_elem if is_ffn_weight(n) else elem) * _numel(s) for n, s in shapes.items())
 
 
 def _numel(shape) -> int:
@@ -104,8 +112,8 @@ def _numel(shape) -> int:
 
 
 def sizing(args, config: dict, free_disk: int) -> tuple[int, dict]:
-    """(layers, the accounting): the most layers (<= 61) whose bf16 weights + KV fit the device
-    and whose FP8 files fit the disk."""
+    """(layers, the accounting): the most layers (<= 61) whose weights (bf16, the feed-forward
+    ones FP8 with ``--ffn-weights fp8``) + KV fit the device and whose FP8 files fit the disk."""
     from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     probe = Path(args.workdir) / "probe"
@@ -116,13 +124,15 @@ def sizing(args, config: dict, free_disk: int) -> tuple[int, dict]:
     d, V, m = profile.hidden_size, profile.vocab_size, profile.mla
     longest = max(args.contexts) + -(-args.batch * max(args.contexts) // args.prefill_chunk) + args.decode_tokens
     kv_layer = args.batch * longest * (m.kv_lora_rank + m.qk_rope_head_dim) * 2
-    dense, moe = layer_bytes(profile, 0, 2), layer_bytes(profile, profile.moe.first_k_dense_replace, 2)
+    ffn, first_moe = _ffn_elem(args), profile.moe.first_k_dense_replace
+    dense, moe = layer_bytes(profile, 0, 2, ffn), layer_bytes(profile, first_moe, 2, ffn)
+    dense_disk, moe_disk = layer_bytes(profile, 0, 1), layer_bytes(profile, first_moe, 1)  # FP8 files
     fixed = 2 * V * d * 2 + d * 2
     budget = args.device_memory_gib * GIB - args.margin_gib * GIB
     layers, held, disk = 0, fixed, fixed
     while layers < config["num_hidden_layers"]:
         is_moe = layers >= profile.moe.first_k_dense_replace
-        more, more_disk = (moe if is_moe else dense) + kv_layer, (moe if is_moe else dense) // 2
+        more, more_disk = (moe if is_moe else dense) + kv_layer, moe_disk if is_moe else dense_disk
         if held + more > budget or disk + more_disk > free_disk - args.disk_margin_gib * GIB:
             break
         layers, held, disk = layers + 1, held + more, disk + more_disk
@@ -208,12 +218,24 @@ def splash(*args, timeout: float) -> tuple[dict, float]:
     return json.loads(done.stdout), time.perf_counter() - t0
 
 
+def _held(args) -> str:
+    """How the runtime holds the FP8 checkpoint's weights, for the result's notes."""
+    kept = "feed-forward weights kept FP8 as stored, the rest " if args.ffn_weights == "fp8" else ""
+    return f"{kept}dequantized to bf16"
+
+
+def _ffn_elem(args) -> int:
+    """Bytes an element of the feed-forward weights the runtime holds: 1 kept FP8, else bf16's 2."""
+    return 1 if args.ffn_weights == "fp8" else 2
+
+
 def deployment(args, folder: Path, common_bytes: int) -> Path:
     path = Path(args.workdir) / "deployment.yaml"
     hw, backend, dtype = ("cpu", "reference", "fp32") if args.tiny else ("h200", "auto", "bf16")
     path.write_text(f"kind: deployment\nname: real-widths-T1\nbackend: {backend}\nhardware: {hw}\nT: 1\n"
                     f"model: {{path: {folder}}}\nmemory_fraction: 0.95\nreserve_gib: 1.0\n"
                     f"common_gib: {common_bytes / GIB:.2f}\npage_size: 64\ncompute_dtype: {dtype}\n"
+                    f"ffn_weights: {args.ffn_weights}\n"
                     f"notes: written by bench/real_widths.py\n")
     return path
 
@@ -262,7 +284,7 @@ def run(args) -> int:
     from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
-    held = sum(layer_bytes(profile, i, 2) for i in range(layers))  # M0 of Eq 6: the layers' weights
+    held = sum(layer_bytes(profile, i, 2, _ffn_elem(args)) for i in range(layers))  # M0 of Eq 6: their weights
     dep = deployment(args, folder, held)
     left = lambda: args.budget_s - (time.perf_counter() - start)  # noqa: E731
     gen, gen_s = splash("generate", "--deployment", dep, "--prompt", "The capital of France is", "--max-new-tokens",
@@ -304,12 +326,13 @@ def run(args) -> int:
                  "written": written, "load": {k: load[k] for k in ("seconds", "bytes_read", "gb_per_s", "format",
                                                                     "dtype", "device_memory")},
                  "memory_bytes": load["memory"], "sizing": accounting, "runs": runs, "skipped": skipped,
-                 "generated_text": gen["text"], "generate_seconds": gen_s},
-        notes=("random-init DeepSeek-V3 widths, FP8 block-scaled on disk, dequantized to bf16 at load; "
+                 "generated_text": gen["text"], "generate_seconds": gen_s, "ffn_weights": args.ffn_weights},
+        notes=(f"random-init DeepSeek-V3 widths, FP8 block-scaled on disk, {_held(args)} at load; "
                "the first load reads the disk (page cache dropped after writing), splash run's loads may hit the "
                "page cache" + ("; --tiny: small widths on CPU" if args.tiny else "")))
-    path = results.write_result(data, args.out, name="real_widths" + "".join(f"-{c}" for c in args.contexts)
-                                if args.reuse else None)
+    name = "real_widths" + {"fp8": "-fp8"}.get(args.ffn_weights, "")
+    path = results.write_result(data, args.out, name=name + "".join(f"-{c}" for c in args.contexts)
+                                if args.reuse else name)
     print(f"wrote {path}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

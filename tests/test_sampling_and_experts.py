@@ -135,6 +135,20 @@ def test_grouped_experts_equal_one_matmul_per_expert(first, held):
     try:  # the batched fallback for devices or formats without a grouped matmul
         experts._GROUPED_MM.update({("cpu", torch.float32): False})
         assert torch.allclose(experts.expert_outputs(x, weights, chosen, first, gate_up, down), want, atol=1e-5)
+        for own in (False, True):
+            assert torch.allclose(experts.expert_outputs(x, weights, chosen, first, gate_up, down, own_pairs_only=own),
+                                  want, atol=1e-5)
     finally:
         experts._GROUPED_MM.clear()
         experts._GROUPED_MM.update(saved)
+    built = []  # rows each grouped matmul was given: every pair, or this rank's only
+    original = experts.grouped_linear
+    try:
+        experts.grouped_linear = lambda rows, w, counts: built.append(rows.shape[0]) or original(rows, w, counts)
+        for own in (False, True):
+            got = experts.expert_outputs(x, weights, chosen, first, gate_up, down, own_pairs_only=own)
+            assert torch.allclose(got, want, atol=1e-5)
+    finally:
+        experts.grouped_linear = original
+    mine = int(((chosen >= first) & (chosen < first + held)).sum())
+    assert built == [n * k, n * k, mine, mine] and (mine < n * k or held == total)

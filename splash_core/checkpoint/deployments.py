@@ -8,7 +8,7 @@ import dataclasses
 
 from ..layouts import Layout
 from ..profiles import load
-from ..profiles.checkpoint_config import profile_from_checkpoint
+from ..profiles.checkpoint_config import profile_fields, profile_from_checkpoint
 from ..profiles.deployment import DeploymentProfile
 from ..profiles.schema import ProfileError
 from .tiny import ensure_written
@@ -16,13 +16,13 @@ from .tiny import ensure_written
 
 def resolve(ref, *, model: str | None = None, T: int | None = None, layout: str | None = None) -> DeploymentProfile:
     """Deployment ``ref`` (name, path or profile) with the given replacements. A ``model`` folder's
-    KV cache stores the deployment's compute format (as vLLM's ``kv_cache_dtype: auto``), all its
-    layers run, and it attends over its DSA indexer's top-k keys where it has one."""
+    KV cache keeps the format the deployment's model asks for (DeepSeek-V3.2's scaled FP8 where
+    its profile says so, indexer keys included where both models have an indexer of that width),
+    all its layers run, and it attends over its DSA indexer's top-k keys where it has one."""
     deployment = ref if isinstance(ref, DeploymentProfile) else load("deployment", ref)
     changes: dict = {}
     if model is not None:
-        fmt = deployment.compute_dtype
-        changes["model"] = profile_from_checkpoint(model, {"kv_cache": {"latent_dtype": fmt, "rope_dtype": fmt}})
+        changes["model"] = profile_from_checkpoint(model, _stored_formats(deployment, model))
         changes["layers"] = None  # the deployment's layer cut was for its own model
         changes["sparse_attention"] = None  # and its attention: sparse iff the folder's model has an indexer
     if T is not None:
@@ -38,14 +38,29 @@ def resolve(ref, *, model: str | None = None, T: int | None = None, layout: str 
     return deployment
 
 
+def _stored_formats(deployment: DeploymentProfile, folder: str) -> dict:
+    """Overrides of a checkpoint profile's stored formats: the deployment model's KV cache, and its
+    indexer keys' format where the checkpoint's indexer has the same key width."""
+    wanted = deployment.model
+    overrides: dict = {"kv_cache": dataclasses.asdict(wanted.kv_cache)}
+    found = profile_fields(folder)[0].get("indexer") if wanted.indexer is not None else None
+    if found is not None and found["head_dim"] == wanted.indexer.head_dim:
+        overrides["indexer"] = {**found, "dtype": wanted.indexer.dtype, "scale_bytes": wanted.indexer.scale_bytes}
+    return overrides
+
+
 def check_checkpoint(deployment: DeploymentProfile) -> None:
     """Raise :class:`~splash_core.profiles.checkpoint_config.CheckpointError` naming the first tensor the
-    deployment's model would read that its checkpoint lacks or shapes otherwise (headers only)."""
+    deployment's model would read that its checkpoint lacks or shapes otherwise, or (``ffn_weights:
+    fp8``) does not store FP8 block-scaled (headers only)."""
     profile = deployment.model
     folder = ensure_written(profile)
     if folder is None:
         return
-    from ..model.weights import tensor_shapes
+    from ..model.weights import ffn_weight_names, tensor_shapes
     from .source import CheckpointWeights
 
-    CheckpointWeights(folder, profile).check(tensor_shapes(profile, deployment.layers))
+    weights = CheckpointWeights(folder, profile)
+    weights.check(tensor_shapes(profile, deployment.layers))
+    if deployment.ffn_weights == "fp8":
+        weights.check_block_scaled(ffn_weight_names(profile, deployment.layers))

@@ -29,10 +29,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..model.fp8_blocks import BlockScaledFP8
 from ..profiles.checkpoint_config import CheckpointError, profile_fields, profile_from_checkpoint
 from ..profiles.checkpoint_family import COMMON_INERT_TENSORS
 from . import fp8
+from .fp8_blocks import read_block_scaled
 from .tiny import ensure_written
+
+_NOT_BLOCK_SCALED = ("not stored FP8 block-scaled (no weight_scale_inv, or config.json lacks quantization_config): "
+                     "FFN weights kept FP8 (ffn_weights: fp8) need an FP8 checkpoint")
+
 
 
 class CheckpointWeights:
@@ -121,6 +127,14 @@ class CheckpointWeights:
                 raise CheckpointError(self._where[self._stored(name)], name, "FP8 weight without weight_scale_inv "
                                       "(or config.json lacks quantization_config)")
 
+    def check_block_scaled(self, names) -> None:
+        """Raise :class:`CheckpointError` for the first tensor of ``names`` not stored FP8 block-scaled
+        (what weights kept FP8 need; headers only)."""
+        for name in names:
+            if not self._quantized(name):
+                raise CheckpointError(self._where.get(self._stored(name), str(self.folder)), name,
+                                      _NOT_BLOCK_SCALED)
+
     # ---- reading ------------------------------------------------------------------------
 
     def _rotary_order(self, name: str, rows: int) -> np.ndarray | None:
@@ -174,6 +188,25 @@ class CheckpointWeights:
         out = t.to(device=device, dtype=dtype or t.dtype).contiguous()
         self.seconds += time.perf_counter() - t0
         return out
+
+    def get_block_scaled(self, name, shape, *, rows=None, cols=None, device=None) -> BlockScaledFP8:
+        """``name``'s slice [rows, cols] kept FP8 as stored: its e4m3 codes and the scale blocks that
+        cover it, on ``device`` (``bytes_read`` counts both). A tensor the checkpoint does not store
+        FP8 block-scaled is a :class:`CheckpointError` naming it."""
+        t0 = time.perf_counter()
+        stored = self._stored(name)
+        full = tuple(self._slice(stored).get_shape())
+        file = self._where[stored]
+        if full != tuple(shape):
+            raise CheckpointError(file, name, f"shape {list(full)} disagrees with config.json, which implies "
+                                              f"{list(shape)}")
+        if not self._quantized(name):
+            raise CheckpointError(file, name, _NOT_BLOCK_SCALED)
+        weight = read_block_scaled(self._handles[file], stored, rows, cols, self.block, where=file)
+        self.bytes_read += weight.stored_bytes
+        weight = weight.to(torch.device(device or "cpu"))
+        self.seconds += time.perf_counter() - t0
+        return weight
 
 
 def _opened(safe_open, file: str):

@@ -1,5 +1,9 @@
 """``splash capacity --scenario FILE``: the longest nominal input each layout keeps resident
-(appendix B's KV residency sampler), beside the paper's printed limits."""
+(appendix B's KV residency sampler), beside the paper's printed limits.
+
+``splash capacity --deployment D [--model DIR]``: per-rank memory of a deployment in each layout,
+from the tensors its ranks would load (:mod:`splash_core.engine.memory_plan`): weights by part as
+held today and FP8-kept, graphs, reserve, and the KV the rest buys."""
 
 from __future__ import annotations
 
@@ -8,12 +12,18 @@ import time
 from ..formatting import number, percent
 from ..profiles import load
 from ..studies import capacity
+from .args import UsageError
 from .output import print_json, table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("capacity", help="KV residency limits per layout for a scenario (appendix B)")
-    p.add_argument("--scenario", required=True, help="scenario profile: name or path to a .yaml")
+    p = sub.add_parser("capacity", help="KV residency limits per layout for a scenario (appendix B), or a "
+                                        "deployment's per-rank memory by layout")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--scenario", help="scenario profile: name or path to a .yaml")
+    what.add_argument("--deployment", help="deployment profile: per-rank memory of each layout, from its tensors")
+    p.add_argument("--model", help="with --deployment: a checkpoint folder (safetensors headers, or config.json alone)")
+    p.add_argument("--hardware", help="with --deployment: plan on this hardware profile instead of the deployment's")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -38,6 +48,12 @@ def limit_rows(scenario, limits) -> list[dict]:
 
 
 def run(args) -> int:
+    if args.deployment is not None:
+        from . import deployment_memory  # the engine's import is for this form only
+
+        return deployment_memory.run(args)
+    if args.model is not None or args.hardware is not None:
+        raise UsageError(f"{'--model' if args.model is not None else '--hardware'} goes with --deployment")
     scenario = load("scenario", args.scenario)
     spec = scenario.capacity
     start = time.perf_counter()

@@ -159,6 +159,8 @@ def _served(args, deployment, policy):
     from ..checkpoint.generation_config import sampling_defaults
     from ..checkpoint.tiny import ensure_written
     from ..engine.admission import Admission, plan_capacity
+    from ..engine.memory_plan import deployment_memory
+    from ..engine.memory_plan import refusal as does_not_fit
     from ..engine.requests import Request
     from ..profiles.checkpoint_config import read_config
     from ..profiles.workload import RequestSpec
@@ -169,10 +171,15 @@ def _served(args, deployment, policy):
     context = args.context_length
     if context is None:
         context = (read_config(folder)[1].get("max_position_embeddings") if folder else None) or DEFAULT_CONTEXT
+    memory = deployment_memory(deployment, policy.layouts)
+    why = does_not_fit(memory)  # the weights first, before any is loaded
     try:
         capacity = plan_capacity(deployment, args.max_running, [context] * args.max_running, args.kv_pages)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    why = why or does_not_fit(memory, capacity.pages * int(deployment.kv_page_bytes))
+    if why:
+        raise UsageError(why)
     admission = Admission(capacity, args.max_running, policy.layouts)
 
     def refusal(prompt_tokens: int, max_new_tokens: int) -> str:

@@ -1,6 +1,9 @@
 """What ``splash run`` and ``splash generate`` check before any rank starts, so a job that cannot
 run fails at once with one line instead of after the ranks have spawned and allocated their
-pools: the runtime must be able to store the model's KV cache format, every request must fit,
+pools: the runtime must be able to store the model's KV cache format, every layout the policy may
+run must hold the weights the ranks would load (counted from the checkpoint's headers or
+config.json, :mod:`splash_core.engine.memory_plan`), the graph pool, the reserve and the KV pool
+the run plans, every request must fit,
 alone, in a layout the policy may run (else admission would reject it at run time and the run
 would serve less than it was asked to), and a prompt given to ``generate`` must fit the
 checkpoint's context length."""
@@ -15,6 +18,7 @@ from ..model.kv_format import kv_format_problem
 from ..profiles.checkpoint_config import read_config
 from ..profiles.workload import RequestSpec
 from .admission import Admission, KVCapacity, plan_capacity
+from .memory_plan import deployment_memory, refusal
 from .requests import Request
 
 
@@ -37,10 +41,16 @@ def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, p
     """The KV capacity a run of ``specs`` gets (as :func:`~splash_core.engine.admission.plan_capacity`
     sizes it: nothing is allocated here); JobError naming the first request that no layout the
     policy may run could hold, by the rule admission applies at run time and ``splash serve`` to
-    every request (:meth:`~splash_core.engine.admission.Admission.refusal`). ``what``: the
-    requests' source in words, for the message."""
+    every request (:meth:`~splash_core.engine.admission.Admission.refusal`); JobError too where a
+    layout of the policy cannot hold the weights its ranks would load beside the graph pool, the
+    reserve and one KV page, or the pool planned here (:func:`~splash_core.engine.memory_plan.refusal`).
+    ``what``: the requests' source in words, for the message."""
     if not specs:
         raise JobError(f"{what}: no requests to run")
+    memory = deployment_memory(deployment, tuple(policy.layouts))
+    problem = refusal(memory)  # the weights first: no pool is worth planning if they do not fit
+    if problem:
+        raise JobError(problem)
     try:
         capacity = plan_capacity(deployment, concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages)
     except ValueError as exc:
@@ -54,6 +64,10 @@ def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, p
         fix = "raise --kv-pages" if kv_pages is not None else "give the deployment more memory"
         raise JobError(f"{what}: request {spec.id} can never run{others}: {reason} "
                        f"under policy {policy.name}; {fix} or shorten the requests")
+    problem = refusal(memory, capacity.pages * int(deployment.kv_page_bytes))
+    if problem:
+        fix = "lower --kv-pages" if kv_pages is not None else "raise the deployment's common_gib"
+        raise JobError(f"{problem}; {fix}")
     return capacity
 
 

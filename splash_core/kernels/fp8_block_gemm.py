@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..model import fp8_blocks
 from ..model.fp8_blocks import BLOCK, BlockScaledFP8, TokenGroupsFP8, blocks_touched
+from ..platform.interfaces import FP8LinearKernels
 from .fp8_cache import _e4m3_codes
 
 _E4M3_MAX: tl.constexpr = tl.constexpr(fp8_blocks.E4M3_MAX)
@@ -195,3 +196,18 @@ def _launch(x: TokenGroupsFP8, w: BlockScaledFP8, offsets: torch.Tensor | None, 
         y.stride(0), ROW_BLOCK=w.block[0], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, EVEN_K=even,
         GROUPED=offsets is not None, num_warps=tile.warps, num_stages=tile.stages)
     return y.sum(0, dtype=torch.float32).to(out_dtype) if splits > 1 else y[0]
+
+
+def triton_fp8_linear_kernels() -> FP8LinearKernels:
+    """:class:`~splash_core.platform.interfaces.FP8LinearKernels` from these kernels: activations
+    quantized by :func:`quantize_token_groups`, results in the activations' dtype."""
+    return FP8LinearKernels(linear=_linear, grouped=_grouped, name="triton")
+
+
+def _linear(x: torch.Tensor, w: BlockScaledFP8) -> torch.Tensor:
+    return fp8_block_gemm(quantize_token_groups(x, w.start[1], w.block[1]), w, x.dtype)
+
+
+def _grouped(x: torch.Tensor, w: BlockScaledFP8, counts: torch.Tensor) -> torch.Tensor:
+    offsets = torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
+    return grouped_fp8_block_gemm(quantize_token_groups(x, w.start[1], w.block[1]), w, offsets, x.dtype)

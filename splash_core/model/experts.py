@@ -72,11 +72,19 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -
 
 
 def expert_outputs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, first: int,
-                   gate_up: torch.Tensor, down: torch.Tensor, silu_mul=reference_silu_mul) -> torch.Tensor:
+                   gate_up: torch.Tensor, down: torch.Tensor, silu_mul=reference_silu_mul,
+                   own_pairs_only: bool = False, linear=None) -> torch.Tensor:
     """Sum over each row's routed pairs of weight x expert(row), for the experts ``first`` ..
     ``first + G - 1`` held here (``gate_up`` [G, 2 I, d], ``down`` [G, d, I]); pairs routed to
     other experts add nothing. [n, d] in ``x``'s dtype. ``silu_mul``: the activation of the
-    stacked gate/up output."""
+    stacked gate/up output.
+
+    ``own_pairs_only``: build only the pairs routed to the experts held here (their count read back
+    to the host once); else every pair, of which the others' are computed and dropped — the
+    shapes a captured graph needs, T times the rows a rank of T needs.
+
+    ``linear(x, weight, counts)``: the grouped projection (None: :func:`grouped_linear`; FP8 weights
+    kept as stored pass their kernels', with ``gate_up`` and ``down`` then of their kind)."""
     n, k = experts.shape
     held = gate_up.shape[0]
     if held == 0 or n == 0:
@@ -86,9 +94,12 @@ def expert_outputs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     order = torch.argsort(group, stable=True)
     counts = torch.zeros(held + 1, dtype=torch.int64, device=x.device).scatter_add_(
         0, group, torch.ones_like(group))[:held]  # (bincount would read its size back to the host)
+    if own_pairs_only:
+        order = order[: int(counts.sum())]
     rows = order // k
-    both = grouped_linear(x.index_select(0, rows), gate_up, counts)
-    out = grouped_linear(silu_mul(both), down, counts)
+    linear = linear or grouped_linear
+    both = linear(x.index_select(0, rows), gate_up, counts)
+    out = linear(silu_mul(both), down, counts)
     mine = (group.index_select(0, order) < held)[:, None]
     # weighted and summed in the compute format, as transformers does: a float32 copy of every
     # routed pair would cost 8 x 4 bytes per hidden channel and token in a long prefill

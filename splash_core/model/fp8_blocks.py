@@ -98,6 +98,47 @@ class BlockScaledFP8:
         return BlockScaledFP8(self.codes.to(device), self.scales.to(device), self.start, self.block)
 
 
+@dataclass(frozen=True)
+class StackedFP8:
+    """A weight kept FP8 as stored whose ``parts`` (:class:`BlockScaledFP8`, each [n_i, k] or [E, n_i,
+    k], e.g. a gate and an up projection) the model computes with stacked along rows: :meth:`dequantize`
+    gives, in ``dtype``, exactly the tensor a dequantize-at-load model holds, without keeping it."""
+
+    parts: tuple[BlockScaledFP8, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self):
+        if not self.parts or len({(p.codes.shape[:-2], p.codes.shape[-1]) for p in self.parts}) != 1:
+            raise ValueError(f"FP8 parts stacked along rows need one column width and expert count (got "
+                             f"{[list(p.shape) for p in self.parts]})")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = self.parts[0].shape
+        return (*first[:-2], sum(p.shape[-2] for p in self.parts), first[-1])
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(p.stored_bytes for p in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts], dim=-2).to(self.dtype)
+
+
+def stack_experts(slices: list[BlockScaledFP8], shape: tuple[int, int], device=None) -> BlockScaledFP8:
+    """Whole experts' weights of ``shape`` [n, k] (each a slice from (0, 0), all in one block size)
+    stacked [E, n, k]; none: an empty stack on ``device``."""
+    block = slices[0].block if slices else (BLOCK, BLOCK)
+    if any(s.start != (0, 0) or s.shape != tuple(shape) or s.block != block for s in slices):
+        raise ValueError(f"stacked experts must be whole {list(shape)} weights in one block size")
+    if slices:
+        return BlockScaledFP8(torch.stack([s.codes for s in slices]), torch.stack([s.scales for s in slices]),
+                              block=block)
+    grid = tuple(blocks_touched(0, n, b) for n, b in zip(shape, block))
+    return BlockScaledFP8(torch.empty(0, *shape, dtype=torch.float8_e4m3fn, device=device),
+                          torch.empty(0, *grid, device=device), block=block)
+
+
 def slice_of(codes: torch.Tensor, scales: torch.Tensor, rows: slice, cols: slice,
              block: tuple[int, int] = (BLOCK, BLOCK)) -> BlockScaledFP8:
     """The slice [rows, cols] (unit steps) of a whole stored weight: its ``codes`` and scale grid ``scales``."""

@@ -64,6 +64,7 @@ import torch
 
 from ..layouts import Layout, Placement
 from ..profiles.model import LayerKind, ModelProfile
+from .fp8_blocks import BlockScaledFP8
 
 
 def layer_prefix(layer: int) -> str:
@@ -109,6 +110,17 @@ def layer_tensor_shapes(profile: ModelProfile, layer: int) -> dict[str, tuple[in
     elif profile.intermediate_size:
         shapes.update(mlp_shapes(f"{p}.mlp", profile.intermediate_size, d))
     return shapes
+
+
+def is_ffn_weight(name: str) -> bool:
+    """Whether ``name`` is a feed-forward projection weight (of a routed or shared expert or a
+    dense MLP): what a model with FFN weights kept FP8 reads as stored."""
+    return ".mlp." in name and name.endswith("_proj.weight")
+
+
+def ffn_weight_names(profile: ModelProfile, layers: int | None = None) -> list[str]:
+    """The feed-forward projection weights (:func:`is_ffn_weight`) of the first ``layers`` layers."""
+    return [n for n in tensor_shapes(profile, layers) if is_ffn_weight(n)]
 
 
 def indexer_tensor_shapes(profile: ModelProfile, attention: str) -> dict[str, tuple[int, ...]]:
@@ -164,6 +176,15 @@ class WeightSource(Protocol):
 
     def get(self, name: str, shape: Sequence[int], *, rows: slice | None = None,
             cols: slice | None = None, device=None, dtype=None) -> torch.Tensor: ...
+
+
+class BlockScaledSource(WeightSource, Protocol):
+    """A source that can also hand out FP8 block-scaled weights as stored: ``get_block_scaled``
+    returns ``name``'s slice ``[rows, cols]`` (full shape ``shape``) as its e4m3 codes and the scale
+    blocks covering it (:class:`~splash_core.model.fp8_blocks.BlockScaledFP8`), on ``device``."""
+
+    def get_block_scaled(self, name: str, shape: Sequence[int], *, rows: slice | None = None,
+                         cols: slice | None = None, device=None) -> BlockScaledFP8: ...
 
 
 def _take(t: torch.Tensor, rows: slice | None, cols: slice | None) -> torch.Tensor:

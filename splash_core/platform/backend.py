@@ -10,7 +10,8 @@ from typing import Any
 
 from ..profiles.transfer import TransferConfig
 from . import plugins
-from .interfaces import BackendInfo, Collectives, FusedKernels, GraphOps, KDAKernels, MLAKernels, PeerMemory, StreamOps
+from .interfaces import (BackendInfo, Collectives, FP8LinearKernels, FusedKernels, GraphOps, KDAKernels, MLAKernels,
+                         PeerMemory, StreamOps)
 
 
 class Backend:
@@ -78,6 +79,10 @@ class Backend:
 
     def kda_kernels(self, device, dtype) -> KDAKernels:
         return self._first("splash_kda_kernels", device=device, dtype=dtype)
+
+    def fp8_linear_kernels(self, device, dtype) -> FP8LinearKernels | None:
+        """GEMMs against FP8 weights kept as stored, or None where the backend has none."""
+        return self._first_or_none("splash_fp8_linear_kernels", device=device, dtype=dtype)
 
     def hardware_profile(self) -> str | None:
         """The profile of the first backend in the chain that ships one for this device

@@ -179,6 +179,20 @@ def splash_kda_kernels(device, dtype):
 
 
 @hookspec(firstresult=True)
+def splash_fp8_linear_kernels(device, dtype):
+    """GEMMs against FP8 block-scaled weights kept as stored, for this device and compute dtype.
+
+    Called once per runtime, only for a model whose feed-forward weights stay FP8
+    (``ffn_weights: fp8``).
+
+    :param device: ``torch.device``.
+    :param dtype: ``torch.dtype`` of activations.
+    :returns: :class:`splash_core.platform.interfaces.FP8LinearKernels`, or None: the model then
+        dequantizes the weights at each use (exactly the dequantize-at-load model). firstresult.
+    """
+
+
+@hookspec(firstresult=True)
 def splash_hardware_profile():
     """The hardware profile this backend ships for the machine it runs on.
 

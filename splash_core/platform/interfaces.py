@@ -282,6 +282,27 @@ class FusedKernels:
 
 
 @dataclasses.dataclass(frozen=True)
+class FP8LinearKernels:
+    """GEMMs against weights kept FP8 as a block-scaled checkpoint stores them (issue 38), W8A8 as
+    DeepSeek runs them: the activations are quantized per token in groups of ``w.block[1]``
+    channels that follow the weight's column blocks (the first starting ``w.start[1]`` inside one),
+    so each (group, block) product takes one activation and one weight scale. Both are checked
+    against the dequantized reference ``x @ w.dequantize().T`` by the tolerance-aware check
+    (activation rounding makes them differ from it).
+
+    - ``linear(x, w) -> y``: ``x`` [m, k] through one weight slice ``w``
+      (:class:`~splash_core.model.fp8_blocks.BlockScaledFP8`, codes [n, k]): ``y`` [m, n] in x's dtype.
+    - ``grouped(x, w, counts) -> y``: rows of ``x`` [P, k] sorted by expert, expert g's ``counts[g]``
+      rows through ``w``'s expert g (codes [G, n, k]): ``y`` [P, n] in x's dtype; rows past
+      ``counts.sum()`` come back undefined (as :func:`~splash_core.model.experts.grouped_linear`).
+    """
+
+    linear: Callable
+    grouped: Callable
+    name: str = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
 class KDAKernels:
     """Kimi delta attention (gated delta rule with per-channel decay), as fla's ``naive_recurrent_kda``.
 

@@ -47,8 +47,8 @@ class GraphConfig:
 
 def decode_capturable(*, kda: bool, sparse: bool, sparse_kernels_capture: bool = False) -> bool:
     """Whether a model's pure decode steps may run from captured graphs: not where it has KDA
-    layers (``kda``) or attends sparsely (``sparse``), whose attention the host steers step by
-    step (loops over requests; dense or sparse by the longest context), unless the backend's
+    layers (``kda``: per-request host loops) or attends sparsely (``sparse``: the host chooses dense
+    or sparse attention step by step, by the longest context), unless the backend's
     sparse-attention kernels can be captured (``sparse_kernels_capture``; no backend's can yet).
     The runtime captures only where this holds; the cost model charges replayed steps only there."""
     return not kda and (not sparse or sparse_kernels_capture)

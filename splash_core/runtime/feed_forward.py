@@ -15,36 +15,90 @@ and return the block's output for all rows, the same on every rank, after one al
   same one all-reduce, but EP keeps each expert's matmuls at full width (2048 in DeepSeek-V3, not
   2048/T), reads each active expert's weights on one rank only, and works for any T (experts split
   unevenly where T does not divide them, widths never need to); its cost is load imbalance when
-  routing is skewed.
+  routing is skewed. A large step (a prefill chunk) builds only the pairs routed to this rank's
+  experts; a small one builds every pair and drops the others' (no read back to the host, the
+  shapes a captured decode graph replays).
+
+With ``fp8`` (:attr:`~splash_core.runtime.model_config.ModelConfig.fp8_ffn`) both keep the weights of
+an FP8 block-scaled checkpoint as stored (:class:`~splash_core.model.fp8_blocks.StackedFP8`: e4m3
+codes and the 128 x 128 scale blocks of this rank's slices, TP shards starting mid-block), so a rank
+holds about the bytes it read, and dequantize them at each use into the tensor a dequantize-at-load
+model holds: the outputs are that model's, bit for bit. Given a backend's
+:class:`~splash_core.platform.interfaces.FP8LinearKernels`, they instead multiply the FP8 weights
+directly (W8A8: activations quantized per token group), within the tolerance-aware check.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..model.experts import expert_outputs, route
+from ..model.fp8_blocks import StackedFP8, stack_experts
 from ..model.ops import silu_mul as _silu_mul
 from ..model.weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
+from ..platform.interfaces import FP8LinearKernels
 from ..profiles.model import ModelProfile
 
+# Routed pairs from which a step builds only its own experts' (one read of their count to the host):
+# below it the pairs of all ranks cost little, and a decode step keeps its queue of launches.
+OWN_PAIRS_FROM = 4096
 
-def _size(t: torch.Tensor | None) -> int:
+
+def _size(t: torch.Tensor | StackedFP8 | None) -> int:
+    if isinstance(t, StackedFP8):
+        return t.stored_bytes
     return 0 if t is None else t.numel() * t.element_size()
+
+
+def _dense(w: torch.Tensor | StackedFP8) -> torch.Tensor:
+    """The weight to compute with: a weight kept FP8 is dequantized for this use only."""
+    return w.dequantize() if isinstance(w, StackedFP8) else w
+
+
+def _by_parts(op, x: torch.Tensor, w: StackedFP8, *args) -> torch.Tensor:
+    """``x`` through each part of ``w`` by the FP8 kernel ``op``, the outputs side by side (gate, then up)."""
+    outs = [op(x, part, *args) for part in w.parts]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def _fp8_source(source: WeightSource):
+    """``source`` if it hands out FP8 weights as stored; else ValueError (FFN weights kept FP8 need one)."""
+    if not callable(getattr(source, "get_block_scaled", None)):
+        raise ValueError(f"FFN weights kept FP8 need an FP8 block-scaled checkpoint; the weights come from "
+                         f"{type(source).__name__}")
+    return source
 
 
 class DenseMLP:
     """This rank's shard of a SiLU-gated MLP: ``gate_up`` [2 w, d] (gate rows, then up rows) and
-    ``down`` [d, w] for its ``w`` columns of the intermediate width; ``silu_mul`` applies the
-    activation to the stacked projection (a fused kernel where the backend has one)."""
+    ``down`` [d, w] for its ``w`` columns of the intermediate width (tensors, or kept FP8);
+    ``silu_mul`` applies the activation to the stacked projection (a fused kernel where the backend
+    has one); ``fp8_kernels`` multiply weights kept FP8 without dequantizing them (None: dequantized
+    at each use)."""
 
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, silu_mul=_silu_mul):
+    def __init__(self, gate_up: torch.Tensor | StackedFP8, down: torch.Tensor | StackedFP8, silu_mul=_silu_mul,
+                 fp8_kernels: FP8LinearKernels | None = None):
         self.gate_up, self.down, self.silu_mul = gate_up, down, silu_mul
+        self.kernels = fp8_kernels if isinstance(gate_up, StackedFP8) else None
 
     @classmethod
     def load(cls, source: WeightSource, prefix: str, width: int, d: int, rank: int, T: int,
-             device=None, dtype=None, silu_mul=_silu_mul) -> "DenseMLP":
+             device=None, dtype=None, silu_mul=_silu_mul, fp8: bool = False,
+             fp8_kernels: FP8LinearKernels | None = None) -> "DenseMLP":
         shapes, cut = mlp_shapes(prefix, width, d), even_shard(width, rank, T)
         rows = slice(cut.start, cut.stop)
+        if fp8:
+            src = _fp8_source(source)
+
+            def kept(name, **part):
+                return src.get_block_scaled(f"{prefix}.{name}", shapes[f"{prefix}.{name}"], **part, device=device)
+
+            return cls(StackedFP8((kept("gate_proj.weight", rows=rows), kept("up_proj.weight", rows=rows)),
+                                  dtype or torch.float32),
+                       StackedFP8((kept("down_proj.weight", cols=rows),), dtype or torch.float32), silu_mul,
+                       fp8_kernels)
 
         def get(name, **part):
             return source.get(f"{prefix}.{name}", shapes[f"{prefix}.{name}"], **part, device=device, dtype=dtype)
@@ -54,9 +108,12 @@ class DenseMLP:
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This shard's part of the output (to be summed over ranks)."""
-        return self.silu_mul(x @ self.gate_up.t()) @ self.down.t()  # gate_up: [n, 2 w], gate then up
+        if self.kernels is not None:
+            linear = self.kernels.linear
+            return _by_parts(linear, self.silu_mul(_by_parts(linear, x, self.gate_up)), self.down)
+        return self.silu_mul(x @ _dense(self.gate_up).t()) @ _dense(self.down).t()  # [n, 2 w]: gate then up
 
-    def forward(self, x: torch.Tensor, collectives) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, collectives, host_reads: bool = True) -> torch.Tensor:
         out = self.partial(x)
         collectives.all_reduce(out)
         return out
@@ -67,18 +124,21 @@ class DenseMLP:
 
 class MoE:
     """This rank's part of one MoE layer: the whole router, the routed experts ``experts`` (a
-    range of expert ids) stacked as ``gate_up`` [G, 2 I, d] and ``down`` [G, d, I], and its shard
-    of the shared experts."""
+    range of expert ids) stacked as ``gate_up`` [G, 2 I, d] and ``down`` [G, d, I] (tensors, or kept
+    FP8), and its shard of the shared experts."""
 
     def __init__(self, profile: ModelProfile, router: torch.Tensor, bias: torch.Tensor | None, experts: range,
-                 gate_up: torch.Tensor, down: torch.Tensor, shared: DenseMLP | None, silu_mul=_silu_mul):
+                 gate_up: torch.Tensor | StackedFP8, down: torch.Tensor | StackedFP8, shared: DenseMLP | None,
+                 silu_mul=_silu_mul, fp8_kernels: FP8LinearKernels | None = None):
         self.config = profile.moe
         self.router, self.bias, self.experts = router, bias, experts
         self.gate_up, self.down, self.shared, self.silu_mul = gate_up, down, shared, silu_mul
+        self.kernels = fp8_kernels if isinstance(gate_up, StackedFP8) else None
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
-             device=None, dtype=None, silu_mul=_silu_mul) -> "MoE":
+             device=None, dtype=None, silu_mul=_silu_mul, fp8: bool = False,
+             fp8_kernels: FP8LinearKernels | None = None) -> "MoE":
         e, d = profile.moe, profile.hidden_size
         experts = even_shard(e.n_routed_experts, rank, T)
         shapes = moe_tensor_shapes(profile, layer, experts)
@@ -91,20 +151,24 @@ class MoE:
         # the router in float32 whatever the compute format (as DeepSeek and transformers keep it)
         router = get(f"{p}.gate.weight", torch.float32)
         bias = get(f"{p}.gate.e_score_correction_bias", torch.float32) if e.topk_method == "noaux_tc" else None
-        probe = get(f"{p}.experts.{experts.start}.down_proj.weight") if len(experts) else router.to(dtype or torch.float32)
-        gate_up = probe.new_empty(len(experts), 2 * width, d)
-        down = probe.new_empty(len(experts), d, width)
-        for i, j in enumerate(experts):  # filled in place: no second copy of the experts while loading
-            gate_up[i, :width] = get(f"{p}.experts.{j}.gate_proj.weight")
-            gate_up[i, width:] = get(f"{p}.experts.{j}.up_proj.weight")
-            down[i] = probe if i == 0 else get(f"{p}.experts.{j}.down_proj.weight")
+        load_experts = _kept_experts if fp8 else _dequantized_experts
+        gate_up, down = load_experts(source, f"{p}.experts", experts, width, d, device, dtype)
         shared = (DenseMLP.load(source, f"{p}.shared_experts", e.n_shared_experts * width, d, rank, T, device, dtype,
-                                silu_mul) if e.n_shared_experts else None)
-        return cls(profile, router, bias, experts, gate_up, down, shared, silu_mul)
+                                silu_mul, fp8, fp8_kernels) if e.n_shared_experts else None)
+        return cls(profile, router, bias, experts, gate_up, down, shared, silu_mul, fp8_kernels)
 
-    def forward(self, x: torch.Tensor, collectives) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, collectives, host_reads: bool = True) -> torch.Tensor:
+        """The layer's output for all rows. ``host_reads``: the step may read a count back to the
+        host (not in a captured graph); then, past :data:`OWN_PAIRS_FROM` routed pairs, only
+        this rank's experts' pairs are built."""
         weights, chosen = route(x, self.router, self.bias, self.config)
-        out = expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down, self.silu_mul)
+        own = host_reads and chosen.numel() >= OWN_PAIRS_FROM
+        if self.kernels is not None:
+            out = expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down, self.silu_mul, own,
+                                 partial(_by_parts, self.kernels.grouped))
+        else:
+            out = expert_outputs(x, weights, chosen, self.experts.start, _dense(self.gate_up), _dense(self.down),
+                                 self.silu_mul, own)
         if self.shared is not None:
             out = out + self.shared.partial(x)
         collectives.all_reduce(out)
@@ -117,14 +181,50 @@ class MoE:
                 "mlp": _size(self.router) + _size(self.bias) + shared}
 
 
+def _dequantized_experts(source: WeightSource, prefix: str, experts: range, width: int, d: int, device,
+                         dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [G, 2 I, d], down [G, d, I]) of ``experts`` read in the compute format ``dtype``."""
+    shapes = mlp_shapes("", width, d)
+
+    def get(j, proj):
+        return source.get(f"{prefix}.{j}.{proj}.weight", shapes[f".{proj}.weight"], device=device, dtype=dtype)
+
+    probe = get(experts.start, "down_proj") if len(experts) else torch.empty((), device=device,
+                                                                               dtype=dtype or torch.float32)
+    gate_up = probe.new_empty(len(experts), 2 * width, d)
+    down = probe.new_empty(len(experts), d, width)
+    for i, j in enumerate(experts):  # filled in place: no second copy of the experts while loading
+        gate_up[i, :width] = get(j, "gate_proj")
+        gate_up[i, width:] = get(j, "up_proj")
+        down[i] = probe if i == 0 else get(j, "down_proj")
+    return gate_up, down
+
+
+def _kept_experts(source: WeightSource, prefix: str, experts: range, width: int, d: int, device,
+                  dtype) -> tuple[StackedFP8, StackedFP8]:
+    """(gate_up, down) of ``experts`` kept FP8 as stored, computed with in ``dtype``."""
+    src, shapes = _fp8_source(source), mlp_shapes("", width, d)
+
+    def stacked(proj):
+        shape = shapes[f".{proj}.weight"]
+        return stack_experts([src.get_block_scaled(f"{prefix}.{j}.{proj}.weight", shape, device=device)
+                              for j in experts], shape, device=device)
+
+    dtype = dtype or torch.float32
+    return StackedFP8((stacked("gate_proj"), stacked("up_proj")), dtype), StackedFP8((stacked("down_proj"),), dtype)
+
+
 def load_feed_forward(source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
-                      device=None, dtype=None, silu_mul=None) -> DenseMLP | MoE | None:
+                      device=None, dtype=None, silu_mul=None, fp8: bool = False,
+                      fp8_kernels: FP8LinearKernels | None = None) -> DenseMLP | MoE | None:
     """Layer ``layer``'s feed-forward part on rank ``rank`` (None: the model has none), its
-    activation applied by ``silu_mul`` (None: torch's)."""
+    activation applied by ``silu_mul`` (None: torch's); ``fp8``: its weights kept FP8 as the
+    checkpoint stores them (ValueError or CheckpointError for a source or tensor that is not),
+    multiplied by ``fp8_kernels`` (None: dequantized at each use)."""
     silu_mul = silu_mul or _silu_mul
     if profile.runtime_moe_layer(layer):
-        return MoE.load(source, profile, layer, rank, T, device, dtype, silu_mul)
+        return MoE.load(source, profile, layer, rank, T, device, dtype, silu_mul, fp8, fp8_kernels)
     if not profile.intermediate_size:
         return None
     return DenseMLP.load(source, f"{layer_prefix(layer)}.mlp", profile.intermediate_size, profile.hidden_size,
-                         rank, T, device, dtype, silu_mul)
+                         rank, T, device, dtype, silu_mul, fp8, fp8_kernels)

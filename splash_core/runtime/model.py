@@ -87,7 +87,8 @@ class Model:
             self.norms.append((weights.get(f"{p}.input_layernorm.weight"),
                                weights.get(f"{p}.post_attention_layernorm.weight")))
             self.mlps.append(load_feed_forward(source, profile, i, self.rank, self.T, device=ops.device,
-                                               dtype=config.dtype, silu_mul=self.fused.silu_mul))
+                                               dtype=config.dtype, silu_mul=self.fused.silu_mul, fp8=config.fp8_ffn,
+                                               fp8_kernels=ops.fp8_kernels))
         self.final_norm = weights.get("model.norm.weight")
         self.vocab_per_rank = -(-profile.vocab_size // self.T)
         vocab = even_shard(profile.vocab_size, self.rank, self.T)
@@ -220,7 +221,7 @@ class Model:
             out = layer.forward(normed, step)
             if mlp is not None:
                 x, h = fused.add_rms_norm(out, h, post_norm, eps)
-                out = mlp.forward(x, self.collectives)
+                out = mlp.forward(x, self.collectives, step.host_reads)
             if i + 1 < len(self.layers):  # this block's residual add and the next block's norm
                 normed, h = fused.add_rms_norm(out, h, self.norms[i + 1][0], eps)
             else:

@@ -13,7 +13,7 @@ from ..dtypes import torch_dtype
 from ..layouts import Layout
 from ..model import ops
 from ..model.kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
-from ..platform.interfaces import Collectives, FusedKernels, GraphOps, KDAKernels, StreamOps
+from ..platform.interfaces import Collectives, FP8LinearKernels, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
@@ -42,7 +42,10 @@ class ModelConfig:
     ops; models with KDA layers always run eagerly). ``attention_form``: how prefill rows attend
     (:mod:`splash_core.planning.attention_forms`; DOP layers always attend absorbed: their owners
     hold no one else's kv_b heads). ``sparse_attention``: MLA layers attend over the DSA indexer's
-    top-k keys (needs a profile with an indexer; decode steps then run eagerly, never from graphs)."""
+    top-k keys (needs a profile with an indexer; decode steps then run eagerly, never from graphs).
+    ``fp8_ffn``: the feed-forward weights (routed and shared experts, dense MLPs) stay FP8
+    block-scaled as the checkpoint stores them, dequantized at each use (needs an FP8 block-scaled
+    checkpoint; the model's outputs are unchanged); False: dequantized to ``dtype`` at load."""
 
     profile: ModelProfile
     layouts: Layout | Sequence[Layout]
@@ -55,6 +58,7 @@ class ModelConfig:
     graphs: GraphConfig | None = None
     attention_form: str = "auto"
     sparse_attention: bool = False
+    fp8_ffn: bool = False
 
     def __post_init__(self):
         if self.sparse_attention and self.profile.indexer is None:
@@ -70,9 +74,9 @@ class ModelConfig:
     @classmethod
     def of(cls, deployment, *, pages_per_layer: int, layouts=None) -> "ModelConfig":
         """A deployment's model: its profile, page size, compute format, layer count, initial
-        layout (unless ``layouts`` is given), decode graphs, prefill attention and sparse attention
-        (:func:`attends_sparsely`); the KV pool stores the model's cache format (one the runtime can
-        store: :func:`~splash_core.model.kv_format.kv_format_problem`)."""
+        layout (unless ``layouts`` is given), decode graphs, prefill attention, sparse attention
+        (:func:`attends_sparsely`) and the feed-forward weights' format; the KV pool stores the
+        model's cache format (one the runtime can store: :func:`~splash_core.model.kv_format.kv_format_problem`)."""
         kv = deployment.model.kv_cache
         problem = kv_format_problem(deployment.model)
         if problem:
@@ -81,7 +85,8 @@ class ModelConfig:
                    pages_per_layer=pages_per_layer, page_size=deployment.page_size,
                    dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
                    kv_scales=kv.scale_bytes // SCALE_BYTES, num_layers=deployment.layers, graphs=deployment.graphs,
-                   attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment))
+                   attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment),
+                   fp8_ffn=deployment.ffn_weights == "fp8")
 
     @property
     def layer_count(self) -> int:
@@ -130,7 +135,8 @@ class RankOps:
     waits for the device (None: ``collectives``, a round trip to the device when a batch opens a
     page); ``peer_memory`` to allocate the KV pool from, so switches pull pages rank to rank (None:
     pages move by collectives); ``graph_ops`` to capture and replay decode graphs; ``streams`` and
-    events (default: host ones)."""
+    events (default: host ones); ``fp8_kernels`` to multiply feed-forward weights kept FP8 (None:
+    dequantized at each use)."""
 
     rank: int
     T: int
@@ -143,6 +149,7 @@ class RankOps:
     peer_memory: Any = None
     graph_ops: GraphOps | None = None
     streams: StreamOps = dataclasses.field(default_factory=HostStreamOps)
+    fp8_kernels: FP8LinearKernels | None = None
 
     @classmethod
     def of(cls, ctx, config: ModelConfig, transfer: TransferConfig = TransferConfig()) -> "RankOps":
@@ -155,7 +162,8 @@ class RankOps:
                    kda_kernels=backend.kda_kernels(device, dtype) if config.kda_layers else None,
                    host_collectives=ctx.host_collectives(),
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
-                   graph_ops=backend.graph_ops(device) if config.graphs is not None else None, streams=ctx.streams)
+                   graph_ops=backend.graph_ops(device) if config.graphs is not None else None, streams=ctx.streams,
+                   fp8_kernels=backend.fp8_linear_kernels(device, dtype) if config.fp8_ffn else None)
 
 
 def _indexer_format(profile: ModelProfile) -> dict:

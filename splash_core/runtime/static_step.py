@@ -89,6 +89,7 @@ class StaticStepContext(StepContext):
     reaches the device while it runs)."""
 
     last_rows = None  # one row per request: every row's logits are wanted
+    host_reads = False  # replayed from a captured graph
 
     def __init__(self, batch: StepBatch, rank: int, device, collectives, kernels, inputs: DecodeInputs,
                  tables: DeviceTables):

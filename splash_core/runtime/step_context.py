@@ -48,6 +48,8 @@ class AttentionView:
 class StepContext:
     """Batch, rank, collectives and kernels of one step on one rank."""
 
+    host_reads = True  # whether the step may read device values back to the host (a captured one may not)
+
     def __init__(self, batch: StepBatch, rank: int, device: Any, collectives: Collectives, kernels: MLAKernels):
         if batch.T != collectives.size:
             raise ValueError(f"the batch was built for T = {batch.T}, the group has {collectives.size} ranks")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from splash_backend_cuda import common, detect
 # cuda's implementations of the hooks Hopper does not refine (device, NCCL, streams, peer memory,
-# KDA kernels), registered as this plugin's too: the fallback along ``specializes`` would find
+# KDA kernels, FP8 GEMMs), registered as this plugin's too: the fallback along ``specializes`` would find
 # them in cuda, but not where SPLASH_BACKENDS leaves cuda out, and then the reference's CPU answers
-from splash_backend_cuda.plugin import (splash_device, splash_fused_kernels, splash_graph_ops,  # noqa: F401
-                                        splash_kda_kernels, splash_make_collectives, splash_peer_memory,
-                                        splash_process_group_backend, splash_side_group_options, splash_stream_ops)
+from splash_backend_cuda.plugin import (splash_device, splash_fp8_linear_kernels, splash_fused_kernels,  # noqa: F401
+                                        splash_graph_ops, splash_kda_kernels, splash_make_collectives,
+                                        splash_peer_memory, splash_process_group_backend, splash_side_group_options,
+                                        splash_stream_ops)
 
 from splash_core.platform.hookspecs import hookimpl
 from splash_core.platform.interfaces import BackendInfo
