@@ -92,8 +92,11 @@ def stored_tensors(profile: ModelProfile, layers: int | None = None, compute_dty
     written = ensure_written(profile)  # a builtin checkpoint is written on first use, as for its readers
     folder = Path(written).expanduser() if written else None
     if folder is None:  # a profile's weight_dtype fp8 means DeepSeek's FP8 format (128 x 128 blocks)
+        stand_in = ("; its MoE layers run a dense MLP stand-in (runtime_experts: false): pass --model DIR "
+                    "(a config.json is enough) for the real experts") if profile.moe and not profile.runtime_experts \
+            else ""
         return (_by_rule(shapes, (128, 128) if profile.weight_dtype == "fp8" else None, compute_dtype),
-                f"model profile {profile.name!r} (no checkpoint: weights {profile.weight_dtype})")
+                f"model profile {profile.name!r} (no checkpoint: weights {profile.weight_dtype}{stand_in})")
     _, facts = profile_fields(folder)
     block, rename = facts["fp8_block"], facts["stored_name"]
     headers = _headers(folder)

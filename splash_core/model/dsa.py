@@ -33,7 +33,7 @@ from ..profiles.model import ModelProfile
 from .rotary import Rotary
 from .weights import WeightSource, indexer_tensor_shapes, layer_prefix
 
-__all__ = ["IndexerWeights", "index_scores", "ranked_before", "select", "sparse_attention", "visible"]
+__all__ = ["IndexerWeights", "index_scores", "select", "sparse_attention", "visible"]
 
 KEY_NORM_EPS = 1e-6  # the indexer key LayerNorm's epsilon (fixed in DeepSeek-V3.2, not in config.json)
 
@@ -125,12 +125,6 @@ def select(scores: torch.Tensor, topk: int, positions: torch.Tensor | None = Non
     top = torch.sort(ordered, dim=-1, descending=True, stable=True)
     indices = top.indices[:, :k]
     return (indices if by_position is None else by_position[indices]), torch.isfinite(top.values[:, :k])
-
-
-def ranked_before(scores: torch.Tensor, positions: torch.Tensor, score: torch.Tensor,
-                  position: torch.Tensor) -> torch.Tensor:
-    """[n, T] bool: key t ranks at or before (``score`` [n], ``position`` [n]) in :func:`select`'s order."""
-    return (scores > score[:, None]) | ((scores == score[:, None]) & (positions[None, :] <= position[:, None]))
 
 
 def sparse_attention(queries: torch.Tensor, entries: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor,

@@ -188,7 +188,8 @@ def splash_fp8_linear_kernels(device, dtype):
     :param device: ``torch.device``.
     :param dtype: ``torch.dtype`` of activations.
     :returns: :class:`splash_core.platform.interfaces.FP8LinearKernels`, or None: the model then
-        dequantizes the weights at each use (exactly the dequantize-at-load model). firstresult.
+        dequantizes the weights at each use (exactly the dequantize-at-load model, as float32 runs
+        always do). firstresult.
     """
 
 

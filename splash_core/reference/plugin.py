@@ -71,6 +71,13 @@ def splash_mla_kernels(device, dtype):
 
 
 @hookimpl
+def splash_fp8_linear_kernels(device, dtype):
+    from . import fp8_linear
+
+    return fp8_linear.KERNELS
+
+
+@hookimpl
 def splash_fused_kernels(device, dtype):
     return fused.KERNELS
 

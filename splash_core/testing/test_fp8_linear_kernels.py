@@ -1,7 +1,8 @@
 """The backend's FP8 GEMMs (``splash_fp8_linear_kernels``) match the W8A8 spec of
 :mod:`splash_core.model.fp8_blocks` (activations quantized per token group, then the dequantized
 operands multiplied in float32), for a weight slice starting inside its blocks and for experts
-with uneven and empty row groups. Skipped for a backend without them (it dequantizes instead)."""
+with uneven and empty row groups (the reference backend: its torch spec). Skipped for a backend without
+them (it dequantizes instead)."""
 
 from __future__ import annotations
 

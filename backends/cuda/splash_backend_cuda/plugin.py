@@ -80,12 +80,9 @@ def splash_fused_kernels(device, dtype):
 
 @hookimpl
 def splash_fp8_linear_kernels(device, dtype):
-    import torch
-
     from splash_core.kernels.fp8_block_gemm import triton_fp8_linear_kernels
 
-    # float32 runs are the exact ones (checked token for token): W8A8 would round their activations
-    return None if dtype == torch.float32 else triton_fp8_linear_kernels()
+    return triton_fp8_linear_kernels()
 
 
 @hookimpl

@@ -70,5 +70,11 @@ def splash_mla_kernels(device, dtype):
 
 
 @hookimpl
+def splash_fp8_linear_kernels(device, dtype):
+    # No FP8 GEMMs of our own: the reference's W8A8 spec (a device plugin returns its kernels here).
+    return reference.splash_fp8_linear_kernels(device, dtype)
+
+
+@hookimpl
 def splash_hardware_profile():
     return str(STARTING_PROFILE)
