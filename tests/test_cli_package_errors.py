@@ -180,3 +180,21 @@ def test_under_a_real_torchrun_of_three_processes_one_line_comes_from_splash(tmp
 def test_python_dash_m_runs_the_command(module):
     done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"splash {__version__} (splash-serve)\n", "")
+
+
+# ---- a checkpoint without tokenizer.json: token ids still generate, text prompts are refused -------
+
+def test_token_ids_need_no_tokenizer_and_text_names_the_missing_file(tmp_path, capsys):
+    import json
+    import shutil
+
+    from splash_core.checkpoint.tiny import ensure
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(ensure("tiny-deepseek-v3"), folder)
+    (folder / "tokenizer.json").unlink()
+    assert main(["generate", "--model", str(folder), "--prompt-ids", "3,17,5", "--max-new-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 3 and out["text"] is None
+    assert main(["generate", "--model", str(folder), "--prompt", "hello"]) == 2
+    assert "tokenizer.json: missing" in one_line(capsys, "generate")

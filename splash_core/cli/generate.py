@@ -10,6 +10,8 @@ checked against the single-device reference unless ``--no-check``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .args import UsageError, at_least
 from .engine_job import deployment_for, run_group
 from .output import print_json
@@ -73,7 +75,9 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     model = deployment.model
     folder = ensure_written(model)
-    tokenizer = Tokenizer(folder) if folder else None
+    # token ids in need no tokenizer: a folder without tokenizer.json then generates ids only
+    has_tokenizer = folder and (args.prompt is not None or (Path(folder) / "tokenizer.json").is_file())
+    tokenizer = Tokenizer(folder) if has_tokenizer else None
     prompt = _prompt(args, model, tokenizer)
     request = _request(args, prompt, tokenizer)
     why = _refusal(deployment, folder, request, make_policy(policy, deployment))

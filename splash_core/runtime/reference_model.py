@@ -22,10 +22,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..dtypes import torch_dtype
 from ..model.dsa import IndexerWeights, index_scores, select
 from ..model.experts import route
 from ..model.fp8_cache import round_trip
-from ..model.kv_format import scaled_layout
+from ..model.kv_format import indexer_layout, scaled_layout
 from ..model.ops import rms_norm
 from ..model.rotary import Rotary, rope, softmax_scale
 from ..model.weights import WeightSource, layer_prefix, tensor_shapes
@@ -41,6 +42,7 @@ class ReferenceModel:
         """``kv_dtype``: the format the runtime's KV pool stores (None: ``dtype``); each new latent
         and rotary key is rounded to it, as a write into the pool rounds it: through the
         scaled-fp8 format where the profile's cache has scales (``kv_dtype`` is then its latent's).
+        Indexer keys are always rounded to the profile's stored format.
         ``sparse``: attend over the DSA indexer's top-k keys only, the model's real function
         (transformers'); without it attention is dense, as the runtime's layers attend unless
         their :class:`~splash_core.runtime.model_config.ModelConfig` asks for ``sparse_attention``."""
@@ -166,13 +168,22 @@ class ReferenceModel:
         iw = IndexerWeights(w[f"{a}.wq_b.weight"], w[f"{a}.wk.weight"], w[f"{a}.k_norm.weight"],
                             w[f"{a}.k_norm.bias"], w[f"{a}.weights_proj.weight"], self.profile.indexer.rope_interleave)
         rotary = Rotary.at(pos, self.profile.mla.qk_rope_head_dim, self.profile.rope_theta, self.profile.rope_scaling)
-        new = iw.keys(x, rotary)
+        new = self._stored_index_keys(iw.keys(x, rotary))
         keys = torch.cat([self.index_keys[layer].get(request, new[:0]), new])
         self.index_keys[layer][request] = keys
         scores = index_scores(iw.queries(q_in, rotary), iw.head_weights(x), keys, visible)
         indices, valid = select(scores, self.profile.indexer.topk)
         self._chosen = torch.zeros_like(visible).scatter_(1, indices, valid) & visible
         return self._chosen
+
+    def _stored_index_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Indexer keys as the pool gives them back: through the scaled-fp8 key format, or rounded to
+        the keys' element format (the profile's, whatever the compute format: what selects is what
+        the runtime stored)."""
+        layout = indexer_layout(self.profile)
+        if layout is not None:
+            return round_trip(keys, layout)
+        return keys.to(torch_dtype(self.profile.indexer.dtype)).to(keys.dtype)
 
     def _kda(self, layer: int, request: int, start: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         kda, w, eps = self.profile.kda, self.w, self.profile.rms_norm_eps
