@@ -132,11 +132,7 @@ def _line(r: dict) -> str:
 
 def run(args, pool) -> int:
     start = time.time()
-    info = pool.run(step_bench.describe_rank)[0]
-    platform = args.platform or info["profile"] or "cpu"
-    if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
-        raise SystemExit("backend auto found no accelerator backend; install one (pip install --no-deps -e "
-                         "backends/cuda -e backends/hopper) or pass --smoke")
+    info, platform = step_bench.one_device_platform(args, pool)
     counts, accounting = layer_counts(args, info["memory"])
     print(f"backend {info['backend']} on {info['device']}; layers per batch {counts}", flush=True)
     spec = dict(model=args.model, layout=args.layout, dtype=args.dtype, batches=args.batches, contexts=args.contexts,

@@ -130,11 +130,7 @@ def _line(r: dict) -> str:
 
 def run(args, pool) -> int:
     start = time.time()
-    info = pool.run(step_bench.describe_rank)[0]
-    platform = args.platform or info["profile"] or "cpu"
-    if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
-        raise SystemExit("backend auto found no accelerator backend; install one (pip install --no-deps -e "
-                         "backends/cuda -e backends/hopper) or pass --smoke")
+    info, platform = step_bench.one_device_platform(args, pool)
     spec = dict(model=args.model, dtype=args.dtype, layers=args.layers, batch=args.batch, contexts=args.contexts,
                 chunk_rows=args.chunk_rows, caches=args.caches, prefill_form=args.prefill_form, providers=[p for p in args.providers.split(",") if p], page_size=args.page_size, kernels=args.kernels,
                 seed=args.seed, reps=args.reps, prefill_reps=args.prefill_reps, copy_mib=args.copy_mib,

@@ -99,6 +99,37 @@ def _positions(steps):
     return out
 
 
+def relative_errors(gen, ref) -> np.ndarray:
+    """max |SPLASH - transformers| / max |transformers logit| of every compared output row (a run of
+    :func:`_layouts` fed transformers' tokens ``ref``); every output position must be compared."""
+    scale = max(float(logits.abs().max()) for _, logits in ref)
+    rows = [(logits[row], ref[rid][1][pos].numpy()) for (ids, logits), at in zip(gen.steps, _positions(gen.steps))
+            for row, (rid, pos) in enumerate(zip(ids, at))]
+    assert len(rows) >= len(PROMPTS) * NEW  # every output position was compared
+    return np.array([np.abs(mine - want).max() for mine, want in rows]) / scale
+
+
+def assert_equals_transformers(gen, ref, tolerance: float, label) -> None:
+    """Every logit row within ``tolerance`` (relative, finite) and the greedy tokens transformers' own."""
+    errors = relative_errors(gen, ref)
+    assert np.isfinite(errors).all() and errors.max() <= tolerance, (label, errors.max())
+    assert [gen.tokens[rid] for rid in range(len(PROMPTS))] == [tokens for tokens, _ in ref], label
+
+
+def assert_generate_gives_transformers_tokens(folder: str, ref, capsys) -> None:
+    """``splash generate --model folder`` on the second prompt prints transformers' first 8 tokens
+    and passes its reference check."""
+    import json
+
+    from splash_core.cli.main import main
+
+    ids = ",".join(map(str, PROMPTS[1]))
+    assert main(["generate", "--model", folder, "--prompt-ids", ids, "--max-new-tokens", "8", "--ignore-eos",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == ref[1][0][:8] and out["check"]["passed"]
+
+
 @pytest.mark.parametrize("T", [1, 2, 4])
 def test_every_layout_gives_transformers_logits_and_tokens(rank_pools, checkpoints, T):
     cases = {name: (folder, compute, [tokens for tokens, _ in ref]) for name, (folder, compute, ref) in checkpoints.items()}

@@ -18,13 +18,11 @@ import shutil
 from pathlib import Path
 
 import hf_checkpoints as hf
-import numpy as np
 import pytest
 import test_checkpoint_transformers as base
 import torch
 
 from splash_core.checkpoint import tiny
-from splash_core.cli.main import main
 from splash_core.layouts import Layout
 from splash_core.profiles.checkpoint_config import CheckpointError, profile_from_checkpoint
 
@@ -61,16 +59,8 @@ def test_the_profile_is_derived_from_config_json(glm):
 def test_every_layout_gives_transformers_logits_and_tokens(rank_pools, glm, T):
     folder, ref = glm
     got = rank_pools(T).run(base._layouts, {"glm": (folder, "fp32", [tokens for tokens, _ in ref])})[0]
-    scale = max(float(logits.abs().max()) for _, logits in ref)
     for layout in Layout:
-        gen = got["glm", str(layout)]
-        rows = [(logits[row], ref[rid][1][pos].numpy())
-                for (ids, logits), at in zip(gen.steps, base._positions(gen.steps))
-                for row, (rid, pos) in enumerate(zip(ids, at))]
-        assert len(rows) >= len(base.PROMPTS) * base.NEW  # every output position was compared
-        errors = np.array([np.abs(mine - want).max() for mine, want in rows]) / scale
-        assert np.isfinite(errors).all() and errors.max() <= TOLERANCE, (layout, errors.max())
-        assert [gen.tokens[rid] for rid in range(len(base.PROMPTS))] == [tokens for tokens, _ in ref], layout
+        base.assert_equals_transformers(got["glm", str(layout)], ref, TOLERANCE, layout)
 
 
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, glm):
@@ -102,11 +92,7 @@ def test_each_rank_reads_only_its_slices(glm):
 
 def test_splash_generate_serves_the_folder(glm, capsys):
     folder, ref = glm
-    ids = ",".join(map(str, base.PROMPTS[1]))
-    assert main(["generate", "--model", folder, "--prompt-ids", ids, "--max-new-tokens", "8", "--ignore-eos",
-                 "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["token_ids"] == ref[1][0][:8] and out["check"]["passed"]
+    base.assert_generate_gives_transformers_tokens(folder, ref, capsys)
 
 
 def test_the_published_spelling_loads_alike(glm, tmp_path):

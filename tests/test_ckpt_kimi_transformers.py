@@ -22,7 +22,6 @@ import json
 import shutil
 
 import hf_checkpoints as hf
-import numpy as np
 import pytest
 import test_checkpoint_transformers as base
 import torch
@@ -65,24 +64,12 @@ def test_the_profile_is_derived_from_config_json(kimi):
             e.n_shared_experts) == (8, 1, 4, 2, 2.446, 1)
 
 
-def _relative_errors(gen, ref) -> np.ndarray:
-    """max |SPLASH - transformers| / max |transformers logit| of every compared output row."""
-    scale = max(float(logits.abs().max()) for _, logits in ref)
-    rows = [(logits[row], ref[rid][1][pos].numpy()) for (ids, logits), at in zip(gen.steps, base._positions(gen.steps))
-            for row, (rid, pos) in enumerate(zip(ids, at))]
-    assert len(rows) >= len(base.PROMPTS) * base.NEW  # every output position was compared
-    return np.array([np.abs(mine - want).max() for mine, want in rows]) / scale
-
-
 @pytest.mark.parametrize("T", [1, 2])
 def test_every_layout_gives_transformers_logits_and_tokens(rank_pools, kimi, T):
     folder, ref = kimi
     got = rank_pools(T).run(base._layouts, {"kimi": (folder, "fp32", [tokens for tokens, _ in ref])})[0]
     for layout in Layout:
-        gen = got["kimi", str(layout)]
-        errors = _relative_errors(gen, ref)
-        assert np.isfinite(errors).all() and errors.max() <= TOLERANCE, (layout, errors.max())
-        assert [gen.tokens[rid] for rid in range(len(base.PROMPTS))] == [tokens for tokens, _ in ref], layout
+        base.assert_equals_transformers(got["kimi", str(layout)], ref, TOLERANCE, layout)
 
 
 def _rotating(ctx, folder, forced):
@@ -101,7 +88,7 @@ def _rotating(ctx, folder, forced):
 def test_the_check_fails_when_mla_rotates(rank_pools, kimi):
     folder, ref = kimi
     gen = rank_pools(1).run(_rotating, folder, [tokens for tokens, _ in ref])[0]
-    assert _relative_errors(gen, ref).max() > 100 * TOLERANCE
+    assert base.relative_errors(gen, ref).max() > 100 * TOLERANCE
 
 
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, kimi):
@@ -134,11 +121,7 @@ def test_each_rank_reads_only_its_slices(kimi):
 
 def test_splash_generate_serves_the_folder(kimi, capsys):
     folder, ref = kimi
-    ids = ",".join(map(str, base.PROMPTS[1]))
-    assert main(["generate", "--model", folder, "--prompt-ids", ids, "--max-new-tokens", "8", "--ignore-eos",
-                 "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["token_ids"] == ref[1][0][:8] and out["check"]["passed"]
+    base.assert_generate_gives_transformers_tokens(folder, ref, capsys)
     # text in, text out, through the tokenizer beside the weights
     assert main(["generate", "--model", folder, "--prompt", "the model", "--max-new-tokens", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["check"]["passed"]

@@ -6,6 +6,7 @@ keys (measured here and reported), so the format really changes what is selected
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -81,3 +82,11 @@ def test_fp8_index_keys_pass_the_reference_check_through_switches(rank_pools, fo
     summary = rank_pools(2).run(serve, job)[0]
     assert summary.check["passed"] and summary.served == 1, summary.check["line"]
     assert len(summary.switches) == 2
+    from splash_core.engine import reference_check
+    from splash_core.profiles.loader import load
+
+    out = summary.outputs[0]
+    wrong = list(out["token_ids"])
+    wrong[5] = (wrong[5] + 1) % 100  # planted: one wrong token fails the same check
+    bad = reference_check.check(load("deployment", deployment), {0: np.asarray(out["prompt_token_ids"])}, {0: wrong})
+    assert not bad.passed and "output 5" in bad.first_failure, bad.line()

@@ -29,7 +29,6 @@ import shutil
 from pathlib import Path
 
 import hf_checkpoints as hf
-import numpy as np
 import pytest
 import test_checkpoint_transformers as base
 import torch
@@ -143,17 +142,9 @@ def test_every_layout_gives_transformers_logits_and_tokens(rank_pools, glm5, T):
     folder, ref = glm5
     cases = {str(layout): layout for layout in Layout} | (MIXED if T == 2 else {})
     got = rank_pools(T).run(_layouts, folder, [tokens for tokens, _ in ref], cases)[0]
-    scale = max(float(logits.abs().max()) for _, logits in ref)
     assert set(got) == set(cases)
     for layout in cases:
-        gen = got[layout]
-        rows = [(logits[row], ref[rid][1][pos].numpy())
-                for (ids, logits), at in zip(gen.steps, base._positions(gen.steps))
-                for row, (rid, pos) in enumerate(zip(ids, at))]
-        assert len(rows) >= len(base.PROMPTS) * base.NEW  # every output position was compared
-        errors = np.array([np.abs(mine - want).max() for mine, want in rows]) / scale
-        assert np.isfinite(errors).all() and errors.max() <= TOLERANCE, (layout, errors.max())
-        assert [gen.tokens[rid] for rid in range(len(base.PROMPTS))] == [tokens for tokens, _ in ref], layout
+        base.assert_equals_transformers(got[layout], ref, TOLERANCE, layout)
 
 
 def test_live_switches_in_every_direction_keep_transformers_tokens(rank_pools, glm5):

@@ -108,6 +108,17 @@ def describe_rank(ctx) -> dict:
             "memory": device_memory(ctx)}
 
 
+def one_device_platform(args, pool) -> tuple[dict, str]:
+    """(rank 0's :func:`describe_rank`, the results folder) of a one-device benchmark: ``--platform``,
+    else the backend's hardware profile, else cpu; exits where ``--backend auto`` found no
+    accelerator and the run is no ``--smoke``."""
+    info = pool.run(describe_rank)[0]
+    if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
+        raise SystemExit("backend auto found no accelerator backend; install one (pip install --no-deps -e "
+                         "backends/cuda -e backends/hopper) or pass --smoke")
+    return info, args.platform or info["profile"] or "cpu"
+
+
 def device_memory(ctx) -> tuple[int, int] | None:
     """(free, total) bytes of the rank's device, or None where torch cannot say (CPU)."""
     module = torch.get_device_module(ctx.device)
