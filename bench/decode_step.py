@@ -17,7 +17,11 @@ B with as many layers as fit at the longest context (``bench/runtime_step.py``'s
   alone (events around back-to-back replays); the capture's host time and graph memory; whether
   its greedy tokens equal the eager step's;
 - ``roofline``: the weights read once plus every KV history, at the copy bandwidth measured in
-  the same run, and the projections' and attention's FLOPs at the matmul rate measured in it.
+  the same run, and the projections' and attention's FLOPs at the matmul rate measured in it;
+- ``--profile`` (issue 39): a few replays under the profiler, the median one's kernels by class
+  (attention, GEMMs, LM head, routing/top-k, elementwise, copies; idle gaps between kernels),
+  each class beside its bytes and FLOPs (:mod:`splash_bench.replay_profile`). Only the issue's
+  points: ``--profile --batches 16,32,64 --contexts 32768,131072``.
 
 Writes ``<out>/<platform>/decode_step.json`` through :mod:`splash_core.results` and prints a
 table; points past ``--budget-s`` are skipped (listed in the summary). Exit code 1 if a graph's
@@ -64,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--matmul-n", type=int, default=8192, help="square matmul size for the matmul rate")
     p.add_argument("--no-unfused", dest="unfused", action="store_false", help="skip the eager_unfused variant")
     p.add_argument("--budget-s", type=float, default=300.0, help="skip points that would start after this")
+    p.add_argument("--profile", action="store_true",
+                   help="profile --profile-reps replays per point: device time per kernel class, idle gaps")
+    p.add_argument("--profile-reps", type=int, default=3, help="profiled replays per point (the median is kept)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU reference: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -105,6 +112,8 @@ def summarize(samples: list[dict]) -> list[dict]:
         if s["path"] == "graph":
             row.update(tokens_match=s["tokens_match"], decisive_mismatches=s["decisive_mismatches"],
                        captured=s["captured"])
+            if "profile" in s:
+                row["profile"] = s["profile"]
             if "failed" in s:  # the bucket's capture failed and its steps ran eagerly: no replay to time
                 row["failed"] = s["failed"]
             else:  # captured, or (no graph ops: CPU) the static-buffer step run eagerly
@@ -130,6 +139,16 @@ def _line(r: dict) -> str:
             f"{'match' if r['tokens_match'] else 'differ'} ({r['decisive_mismatches']} decisively)")
 
 
+def _profile_line(p: dict) -> str:
+    """One point's profiled replay: each class's share of the kernels' span, then the idle gap."""
+    if "error" in p:
+        return f"profile: none ({p['error']})"
+    parts = [f"{name} {c['share']:.0%}" + (f" ({c['over_floor']:.2f}x floor)" if c.get("over_floor") else "")
+             for name, c in p["classes"].items() if c["kernels"]]
+    return (f"profile over {p['span_us'] / 1e3:.2f} ms of kernels: " + ", ".join(parts)
+            + f"; idle {p['idle_share']:.0%}; outside the span {p['outside_span_us'] / 1e3:.2f} ms")
+
+
 def run(args, pool) -> int:
     start = time.time()
     info, platform = step_bench.one_device_platform(args, pool)
@@ -138,11 +157,14 @@ def run(args, pool) -> int:
     spec = dict(model=args.model, layout=args.layout, dtype=args.dtype, batches=args.batches, contexts=args.contexts,
                 page_size=args.page_size, min_table_pages=args.min_table_pages, layers=counts, kernels=args.kernels,
                 seed=args.seed, reps=args.reps, warmup=args.warmup, copy_mib=args.copy_mib, matmul_n=args.matmul_n,
-                unfused=args.unfused, deadline=start + args.budget_s)
+                unfused=args.unfused, deadline=start + args.budget_s, profile=args.profile,
+                profile_reps=args.profile_reps)
     got = pool.run(rank_side.measure, spec)[0]
     points = summarize(got["samples"]) if got["samples"] else []
     for row in points:
         print(_line(row), flush=True)
+        if "profile" in row:
+            print("   " + _profile_line(row["profile"]), flush=True)
     summary = {"rates": got["rates"], "layers": counts, "memory": accounting, "points": points,
                "skipped": got["skipped"]}
     data = results.make_result(
@@ -151,7 +173,10 @@ def run(args, pool) -> int:
         notes=(f"layout {args.layout}; synthetic histories, seeded weights (dense MLP); wall = host time to the "
                f"device done; replay = device time of the captured graph alone (events); device_ms = the profiler's "
                f"kernel sum of one eager step; roofline = (weights + KV bytes) / copy bandwidth vs FLOPs / matmul "
-               f"rate, both measured in this run (copy bandwidth counts bytes read + written)"))
+               f"rate, both measured in this run (copy bandwidth counts bytes read + written); profile "
+               f"(--profile): the kernels of the median of a few profiled replays by class "
+               f"(bench/splash_bench/kernel_classes.py; on the CPU its outermost operators), shares of their span, "
+               f"idle = span less busy time, outside_span = event replay time less the span"))
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     return 0 if not any(r["decisive_mismatches"] for r in points) else 1  # near ties may flip in bf16
 

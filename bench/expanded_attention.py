@@ -1,56 +1,76 @@
 #!/usr/bin/env python
-"""Expanded (MHA-form) MLA prefill attention on one GPU (issue 23 §1).
+"""Expanded (MHA-form) MLA prefill attention on one GPU: Triton against torch's SDPA kernels (issues 23 §1, 39).
 
-    python3 bench/expanded_attention.py --out OUT [--platform h200] [--block-m 128 --block-n 64 --warps 8 --stages 3]
-    python3 bench/expanded_attention.py --tiny --out /tmp/x     # the script's logic on CPU (Triton interpreter)
+    python3 bench/expanded_attention.py --out OUT [--platform h100] [--write-providers FILE] [--block-m 128 ...]
+    python3 bench/expanded_attention.py --tiny --out /tmp/x     # (or --smoke) the same logic on CPU
 
-Times :func:`splash_core.kernels.triton_expanded_attention` at DeepSeek-V3 widths (128 heads,
-d_n 128, d_r 64, d_v 128, bf16) on prefill chunks after history: (B=1, 8192 rows, history 0 /
-8K / 56K), (B=4, 2048 rows each, history 0 / 8K), (B=16, 512 rows each, history 8K). Keys come
-as kv_b's output does: k_nope and v views of one [M, H, 256] tensor, the rotary key [M, 64]
-shared by every head. Per point: Triton's ``do_bench`` median (L2 flushed), and TFLOP/s over
-the visible (query, key) pairs only, 2·(192 + 128)·H FLOPs each. Beside them, from the same
-run: the bf16 matmul rate (8192³) and torch's scaled_dot_product_attention (flash backend) on
-the dense causal problem of the B=1, history 0 point, its values padded to 192 channels
-(flash needs equal q/k and v widths; FLOPs counted as for the kernel). First, one small bf16
-case (several requests, rows interleaved, a row that sees nothing) against the float32 torch
-reference: its max error is recorded and a wrong kernel is flagged. Writes
-``OUT/<platform>/expanded_attention.json``.
+Times, per point, the providers of the expanded form at DeepSeek-V3 widths (d_n 128, d_r 64, d_v
+128, bf16) on prefill chunks after history: ``triton`` (:func:`splash_core.kernels.triton_expanded_attention`,
+its launch plan cached as across a step's layers), ``sdpa`` (:mod:`splash_core.kernels.expanded_sdpa` on
+torch's cuDNN attention, requests of equal shape batched into one call), ``sdpa_per_request`` (the
+same, one call per request: the variable-length alternative) and ``sdpa_efficient`` (torch's
+memory-efficient kernel, batched); on CPU every SDPA variant runs torch's math algorithm. Points
+(B requests x rows each, history, heads): fresh 8K chunks x B = 1, 4, 8 and one 32K prompt at 128
+heads, a 2K chunk after 30K of history, smaller calls (for the provider threshold), and 16 heads
+(128 over T = 8). Keys come as kv_b's output does: k_nope and v views of one [M, H, 256] tensor,
+the rotary key [M, 64] shared by every head. Per point: Triton's ``do_bench`` median (L2 flushed)
+and TFLOP/s = visible (query, key) pairs x 2·(d_n + d_r + d_v)·H / time, visible pairs = B·(rows·history
++ rows·(rows+1)/2) (causal: the work a kernel must do, not the dense square), and each provider's
+first call on the shape (compile or cuDNN graph build); beside them the bf16 matmul rate (8192³) of
+the same run. First, every provider on one small bf16 case (several requests,
+rows interleaved, a CP-style request, a row that sees nothing) against the float32 reference; a wrong
+provider fails the run and is never chosen. ``--write-providers FILE`` sets the ``expanded`` entry of
+the hopper backend's provider table: per head count the fewest query rows from which ``sdpa`` was
+faster than Triton at every larger measured point. Writes ``OUT/<platform>/expanded_attention.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-if "--tiny" in sys.argv:  # the interpreter's flag is read when Triton kernels are defined
+SMOKE = {"--tiny", "--smoke"}
+if SMOKE & set(sys.argv):  # the interpreter's flag is read when Triton kernels are defined
     os.environ["TRITON_INTERPRET"] = "1"
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from splash_backend_hopper.providers import expanded_thresholds  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
+from splash_bench.platform_name import accelerator_platform  # noqa: E402
 from splash_core.kernels import ExpandedTile, triton_expanded_attention  # noqa: E402
+from splash_core.kernels.expanded_sdpa import host_plan, sdpa_expanded_attention  # noqa: E402
 from splash_core.reference.expanded import expanded_attention as reference  # noqa: E402
-from splash_core.results import make_result, write_result  # noqa: E402
-from splash_core.testing.mla_inputs import tolerance  # noqa: E402
+from splash_core.results import machine_description, make_result, write_result  # noqa: E402
+from splash_core.testing.mla_inputs import expanded_case, tolerance  # noqa: E402
 
-FULL = {"heads": 128, "d_n": 128, "d_r": 64, "d_v": 128, "dtype": torch.bfloat16,
-        "points": [(1, 8192, 0), (1, 8192, 8192), (1, 8192, 57344), (4, 2048, 0), (4, 2048, 8192), (16, 512, 8192)],
-        "matmul": 8192}
+# (B requests, rows each, history, heads)
+FULL = {"heads": 128, "d_n": 128, "d_r": 64, "d_v": 128, "dtype": torch.bfloat16, "matmul": 8192,
+        "points": [(1, 8192, 0, 128), (4, 8192, 0, 128), (8, 8192, 0, 128), (1, 32768, 0, 128), (1, 2048, 30720, 128),
+                   (1, 8192, 8192, 128), (4, 2048, 0, 128), (4, 2048, 8192, 128), (16, 512, 8192, 128),
+                   (1, 512, 0, 128), (1, 8192, 0, 16), (8, 8192, 0, 16), (1, 2048, 30720, 16)]}
 # The interpreter computes bf16 dots wrongly (docs/design.md §6): the dry run uses fp16.
-TINY = {"heads": 2, "d_n": 16, "d_r": 8, "d_v": 16, "dtype": torch.float16,
-        "points": [(1, 32, 0), (1, 32, 32), (2, 16, 16)], "matmul": 128}
+TINY = {"heads": 2, "d_n": 16, "d_r": 8, "d_v": 16, "dtype": torch.float16, "matmul": 128,
+        "points": [(1, 32, 0, 2), (1, 32, 32, 2), (2, 16, 16, 2), (2, 16, 0, 1)]}
+SDPA = {"cpu": {"sdpa": SDPBackend.MATH, "sdpa_per_request": SDPBackend.MATH},
+        "accelerator": {"sdpa": SDPBackend.CUDNN_ATTENTION, "sdpa_per_request": SDPBackend.CUDNN_ATTENTION,
+                        "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results", help="results root; the file goes to <out>/<platform>/")
-    p.add_argument("--platform", default="h200")
-    p.add_argument("--tiny", action="store_true", help="tiny shapes on CPU in Triton's interpreter")
+    p.add_argument("--platform", default=None, help="results folder (default: the GPU's model)")
+    p.add_argument("--tiny", "--smoke", dest="tiny", action="store_true",
+                   help="tiny shapes on CPU (Triton's interpreter, torch's math SDPA)")
+    p.add_argument("--write-providers", metavar="FILE", help="record per head count from how many rows SDPA serves")
     default = ExpandedTile()
     p.add_argument("--block-m", type=int, default=default.block_m)
     p.add_argument("--block-n", type=int, default=default.block_n)
@@ -59,11 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def chunk_case(device, dims, batch: int, rows: int, history: int, seed: int = 0):
+def chunk_case(device, dims, batch: int, rows: int, history: int, heads: int, seed: int = 0):
     """Arguments of the kernel for ``batch`` requests of ``rows`` new rows after ``history``
     keys each: keys in position order, rows of request r at positions history .. history+rows-1."""
     g = torch.Generator(device=device).manual_seed(seed)
-    heads, d_n, d_r, d_v, dtype = dims["heads"], dims["d_n"], dims["d_r"], dims["d_v"], dims["dtype"]
+    d_n, d_r, d_v, dtype = dims["d_n"], dims["d_r"], dims["d_v"], dims["dtype"]
     keys = history + rows
     kvb = torch.randn(batch * keys, heads, d_n + d_v, generator=g, device=device, dtype=dtype)
     q = torch.randn(batch * rows, heads, d_n + d_r, generator=g, device=device, dtype=dtype)
@@ -91,6 +111,26 @@ def time_ms(fn, device) -> float:
     return do_bench(fn, warmup=5, rep=30, return_mode="median")
 
 
+def host_ms(fn, reps: int = 5) -> float:
+    """Median wall time of ``fn`` (host work that waits for the device itself)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[reps // 2]
+
+
+def first_call_ms(fn, device) -> float:
+    """Wall time of a provider's first call on a shape: a Triton compile (first point only) or a
+    cuDNN graph build (every new shape: serving meets new history lengths all the time)."""
+    t0 = time.perf_counter()
+    fn()
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def plan_ms(case, block_m: int, device) -> float:
     """Time of the launch plan (row blocks and key bounds) the kernel computes once per set of
     index tensors and reuses while they come back (as every layer of a step passes them)."""
@@ -107,32 +147,23 @@ def plan_ms(case, block_m: int, device) -> float:
 
 
 def correctness(kernel, device, dims) -> dict:
-    """One small case in the benchmark's dtype against the float32 reference: three requests
-    (one with history, one first chunk, one decode-like row), rows interleaved, plus a row
-    whose request holds no key at all."""
+    """The conformance suite's expanded case in the benchmark's dtype against the float32
+    reference: four requests (history, keys out of order, CP-style gaps, none), rows interleaved,
+    rows that see nothing. An error is recorded, not raised."""
     heads = min(dims["heads"], 16)
-    parts = [chunk_case(device, {**dims, "heads": heads}, 1, rows, history, seed=s)
-             for s, (rows, history) in enumerate(((37, 100), (64, 0), (1, 300)))]
-    q = torch.cat([p[0] for p in parts] + [parts[0][0][:1]])
-    kvb = torch.cat([torch.cat([p[1], p[3]], 2) for p in parts])
-    k_rope = torch.cat([p[2] for p in parts])
-    q_req = torch.cat([torch.full_like(p[4], r) for r, p in enumerate(parts)] + [parts[0][4][:1] * 0 + 3])
-    q_pos = torch.cat([p[5] for p in parts] + [parts[0][5][:1]])
-    sizes = torch.tensor([0] + [p[7].numel() for p in parts] + [0], device=device)
-    k_start = torch.cumsum(sizes, 0).to(torch.int32)
-    k_pos = torch.cat([p[7] for p in parts])
-    perm = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(1)).to(device)
-    d_n = dims["d_n"]
-    call = (q[perm], kvb[..., :d_n], k_rope, kvb[..., d_n:], q_req[perm], q_pos[perm], k_start, k_pos,
-            parts[0][-1])
-    out, lse = kernel(*call)
+    call = expanded_case(device, dims["dtype"], heads=heads, dims=(dims["d_n"], dims["d_r"], dims["d_v"]))
+    try:
+        out, lse = kernel(*call)
+    except RuntimeError as exc:
+        return {"correct": False, "error": str(exc).splitlines()[0], "heads": heads}
     ref_out, ref_lse = reference(*call)
     seen = ~torch.isneginf(ref_lse)
     atol, rtol = tolerance(dims["dtype"])
-    ok = (bool(seen.any()) and torch.equal(torch.isneginf(lse), ~seen) and bool(torch.all(out[~seen] == 0))
+    ok = (bool(seen.any()) and bool((~seen).any()) and torch.equal(torch.isneginf(lse), ~seen)
+          and bool(torch.all(out[~seen] == 0)) and bool(torch.isfinite(out).all())
           and torch.allclose(out.float(), ref_out.float(), atol=atol, rtol=rtol)
           and torch.allclose(lse[seen], ref_lse[seen], atol=atol, rtol=rtol))
-    return {"correct": bool(ok), "heads": heads, "rows": int(q.shape[0]), "keys": int(k_pos.numel()),
+    return {"correct": bool(ok), "heads": heads, "rows": int(call[0].shape[0]), "keys": int(call[7].numel()),
             "max_abs_err_out": float((out.float() - ref_out.float()).abs().max()),
             "max_abs_err_lse": float((lse[seen] - ref_lse[seen]).abs().max()), "atol": atol, "rtol": rtol}
 
@@ -143,24 +174,52 @@ def matmul_tflops(device, n: int, dtype) -> float:
     return 2 * n**3 / (time_ms(lambda: torch.matmul(a, b, out=out), device) / 1e3) / 1e12
 
 
-def sdpa_dense(device, dims, rows: int) -> dict:
-    """torch's flash attention on the dense causal problem of one request of ``rows`` rows:
-    q/k of d_n + d_r channels, values padded to the same width."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def _kind(device) -> str:
+    return "cpu" if device.type == "cpu" else "accelerator"
 
-    heads, width, dtype = dims["heads"], dims["d_n"] + dims["d_r"], dims["dtype"]
-    q, k, v = (torch.randn(1, heads, rows, width, device=device, dtype=dtype) for _ in range(3))
-    v[..., dims["d_v"]:] = 0
-    backend = SDPBackend.FLASH_ATTENTION if device.type != "cpu" else SDPBackend.MATH
-    try:
-        with sdpa_kernel(backend):
-            ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=width ** -0.5), device)
-    except RuntimeError as exc:
-        return {"skipped": f"{backend.name}: {str(exc).splitlines()[0]}"}
-    flops = visible_pairs(1, rows, 0) * 2 * (width + dims["d_v"]) * heads
-    return {"backend": backend.name, "rows": rows, "ms": ms, "tflops": flops / (ms / 1e3) / 1e12,
-            "note": f"values padded from {dims['d_v']} to {width} channels (flash needs equal widths); "
-                    f"FLOPs counted as 2*({width}+{dims['d_v']})*H per visible pair, as for the kernel"}
+
+def providers(device, tile: ExpandedTile) -> dict:
+    """name -> expanded attention: Triton, and torch's SDPA kernels through the SDPA provider
+    (Triton serving the requests a dense call cannot express)."""
+    triton = triton_expanded_attention(tile)
+    found = {"triton": triton}
+    for name, backend in SDPA[_kind(device)].items():
+        found[name] = sdpa_expanded_attention(backend, fallback=triton, group=name != "sdpa_per_request")
+    return found
+
+
+def measure_point(kernels: dict, usable: set, device, dims, point, block_m: int) -> dict:
+    """One point: every usable provider's time and rate (``<name>_ms``, ``<name>_tflops``; Triton's
+    as ``ms``/``tflops``), an SDPA provider's error as ``<name>_error``."""
+    batch, rows, history, heads = point
+    case = chunk_case(device, dims, batch, rows, history, heads)
+    pairs = visible_pairs(batch, rows, history)
+    flops = pairs * 2 * (dims["d_n"] + dims["d_r"] + dims["d_v"]) * heads
+    sample = {"batch": batch, "rows_per_request": rows, "history": history, "heads": heads, "rows": batch * rows,
+              "visible_pairs": pairs, "flops": flops}
+    for name, kernel in kernels.items():
+        if name not in usable or (name == "sdpa_per_request" and batch == 1):
+            continue  # one request: per-request calls are the batched call
+        key = "" if name == "triton" else f"{name}_"
+        try:
+            sample[f"{key}first_call_ms"] = first_call_ms(lambda: kernel(*case), device)
+            ms = time_ms(lambda: kernel(*case), device)
+        except RuntimeError as exc:
+            sample[f"{key}error"] = str(exc).splitlines()[0]
+            continue
+        sample[f"{key}ms"], sample[f"{key}tflops"] = ms, flops / (ms / 1e3) / 1e12
+    sample["plan_ms"] = plan_ms(case, block_m, device)
+    sample["sdpa_plan_ms"] = host_ms(lambda: host_plan(*case[4:8]))
+    return sample
+
+
+def _line(s: dict, names) -> str:
+    keys = {n: "" if n == "triton" else n + "_" for n in names}
+    rates = "  ".join(f"{n} {s[k + 'ms']:.2f} ms {s[k + 'tflops']:.0f} TFLOP/s"
+                      for n, k in keys.items() if k + "ms" in s)
+    errors = "  ".join(f"{n}: {s[k + 'error']}" for n, k in keys.items() if k + "error" in s)
+    return (f"B={s['batch']:2d} rows={s['rows_per_request']:5d} history={s['history']:6d} H={s['heads']:3d}  "
+            f"{rates}  {errors}".rstrip())
 
 
 def run(args) -> dict:
@@ -168,43 +227,58 @@ def run(args) -> dict:
     dims = TINY if args.tiny else FULL
     tile = (ExpandedTile(block_m=16, block_n=16, warps=1, stages=1) if args.tiny else
             ExpandedTile(block_m=args.block_m, block_n=args.block_n, warps=args.warps, stages=args.stages))
-    kernel = triton_expanded_attention(tile)
-    check = correctness(kernel, device, dims)
-    print(f"correctness: {check}", flush=True)
+    kernels = providers(device, tile)
+    checks = {name: correctness(kernel, device, dims) for name, kernel in kernels.items()}
+    print(f"correctness: {checks}", flush=True)
+    usable = {name for name, check in checks.items() if check["correct"] or name == "triton"}
     samples = []
-    for batch, rows, history in dims["points"]:
-        case = chunk_case(device, dims, batch, rows, history)
-        pairs = visible_pairs(batch, rows, history)
-        ms = time_ms(lambda: kernel(*case), device)
-        tflops = pairs * 2 * (dims["d_n"] + dims["d_r"] + dims["d_v"]) * dims["heads"] / (ms / 1e3) / 1e12
-        samples.append({"batch": batch, "rows_per_request": rows, "history": history, "heads": dims["heads"],
-                        "visible_pairs": pairs, "ms": ms, "tflops": tflops,
-                        "plan_ms": plan_ms(case, tile.fitted(case[0].shape[0], case[7].numel()).block_m, device)})
-        print(f"B={batch:2d} rows={rows:5d} history={history:6d}  {ms:9.3f} ms  {tflops:7.1f} TFLOP/s  "
-              f"plan {samples[-1]['plan_ms']:.3f} ms", flush=True)
-        del case
+    for point in dims["points"]:
+        block_m = tile.fitted(point[0] * point[1], point[0] * (point[1] + point[2])).block_m
+        samples.append(measure_point(kernels, usable, device, dims, point, block_m))
+        print(_line(samples[-1], kernels), flush=True)
     rates = {"matmul_tflops": matmul_tflops(device, dims["matmul"], dims["dtype"]), "matmul_n": dims["matmul"]}
-    first = dims["points"][0]
-    summary = {"correctness": check, "tile": tile.label(), "rates": rates, "sdpa": sdpa_dense(device, dims, first[1]),
+    choice = expanded_thresholds([{"heads": s["heads"], "rows": s["rows"], "triton_ms": s["ms"],
+                                   "sdpa_ms": s.get("sdpa_ms")} for s in samples])
+    summary = {"correctness": checks["triton"], "provider_correctness": checks, "tile": tile.label(), "rates": rates,
+               "providers": {"triton": "triton", **{n: b.name for n, b in SDPA[_kind(device)].items()}},
+               "expanded_choice": choice,
                "dims": {k: (str(v).removeprefix("torch.") if k == "dtype" else v)
                         for k, v in dims.items() if k in ("heads", "d_n", "d_r", "d_v", "dtype")}}
-    print(f"matmul {rates['matmul_tflops']:.1f} TFLOP/s; sdpa {summary['sdpa']}", flush=True)
+    print(f"matmul {rates['matmul_tflops']:.1f} TFLOP/s; choice {choice}", flush=True)
     return {"samples": samples, "summary": summary}
+
+
+def write_providers(path: str, choice: dict, command: str) -> None:
+    """Set the ``expanded`` entry of the hopper backend's provider table (other entries kept)."""
+    table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    table["expanded"] = {"heads": choice, "date": datetime.date.today().isoformat(), "machine": machine_description(),
+                         "command": command}
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+
+
+NOTES = ("expanded (MHA-form) MLA prefill attention over kv_b-expanded keys; TFLOP/s = visible (query, key) pairs "
+         "x 2*(d_n+d_r+d_v)*H / time, visible pairs = B*(rows*history + rows*(rows+1)/2); times are do_bench medians "
+         "(L2 flushed), each provider's plan cached as across a step's layers (plan_ms: Triton's device plan afresh; "
+         "sdpa_plan_ms: the SDPA provider's host plan afresh, its device-to-host copy included); SDPA times include "
+         "the key copies that broadcast the rotary key to every head; first_call_ms: a provider's first call on the "
+         "shape (Triton compile, cuDNN graph build)")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     command = "python3 bench/expanded_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data = run(args)
-    result = make_result(benchmark="expanded_attention", platform="cpu" if args.tiny else args.platform,
-                         backend="triton", model="deepseek-v3", T=1, dtype=data["summary"]["dims"]["dtype"],
+    result = make_result(benchmark="expanded_attention", platform="cpu" if args.tiny else args.platform or accelerator_platform(),
+                         backend="triton+sdpa", model="deepseek-v3", T=1, dtype=data["summary"]["dims"]["dtype"],
                          samples=data["samples"], summary=data["summary"], command=command,
-                         notes="expanded (MHA-form) MLA prefill attention over kv_b-expanded keys; TFLOP/s over "
-                               "visible (query, key) pairs only, 2*(d_n+d_r+d_v)*H FLOPs each; times are "
-                               "do_bench medians (L2 flushed) with the launch plan cached, as across a step's layers; "
-                               "plan_ms: that plan computed afresh")
+                         notes=NOTES)
     print("wrote", write_result(result, args.out))
-    return 0 if data["summary"]["correctness"]["correct"] else 1
+    if args.write_providers:
+        write_providers(args.write_providers, data["summary"]["expanded_choice"], command)
+        print("expanded providers ->", args.write_providers, flush=True)
+    wrong = [name for name, check in data["summary"]["provider_correctness"].items()
+             if not check["correct"] and "error" not in check]
+    return 1 if wrong or not data["summary"]["correctness"]["correct"] else 0
 
 
 if __name__ == "__main__":

@@ -8,8 +8,17 @@ On one H200 (issue 22's engine target: T = 1, 61 layers, the ``rollout-h200x2`` 
 
     python bench/prefill_forms.py --out $OUT
 
+Beside every run, its physical limit (issue 39; :mod:`splash_bench.run_roofline`): its steps'
+matmul FLOPs (projections, attention by form, MLP, LM head) at the matmul rate and its decode
+steps' bytes (weights read once, KV histories) at the copy rate, both rates measured in the same
+process after the runs (:func:`splash_bench.decode_step.device_rates`, the decode-step roofline's
+helper); ``physical_limit_s``, ``measured_s`` (the run's elapsed time), ``ratio`` (limit /
+measured) and the prefill and decode parts. ``--ffn-weights fp8`` keeps the feed-forward weights
+FP8 (seeded weights drawn FP8 as a checkpoint stores them; the bytes count them at one byte and
+their block scales).
+
 ``--smoke`` runs the same code on the tiny CPU deployment in seconds. Writes
-``<out>/<platform>/prefill_forms.json``.
+``<out>/<platform>/prefill_forms.json`` (``prefill_forms-fp8.json`` with ``--ffn-weights fp8``).
 """
 
 from __future__ import annotations
@@ -22,9 +31,13 @@ from pathlib import Path
 
 import yaml
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # uninstalled checkout
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
-from splash_core import results  # noqa: E402
+from splash_bench import decode_step as rank_side  # noqa: E402
+from splash_bench.platform_name import device_memory_fraction  # noqa: E402
+from splash_bench.run_roofline import (ModelCosts, deployment_costs, physical_limit, schedule,  # noqa: E402
+                                       schedule_difference)
+from splash_core import dtypes, results  # noqa: E402
 from splash_core.engine import Job, serve  # noqa: E402
 from splash_core.profiles import load  # noqa: E402
 from splash_core.profiles.loader import find  # noqa: E402
@@ -43,18 +56,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy", default="TP")
     p.add_argument("--prefill-chunk", type=int, default=8192)
     p.add_argument("--platform", default=None, help="results folder (default: the hardware profile's platform)")
+    p.add_argument("--ffn-weights", choices=("compute", "fp8"), default="compute",
+                   help="feed-forward weights in the compute format or kept FP8 (block-scaled e4m3)")
+    p.add_argument("--copy-mib", type=int, default=2048, help="bytes copied to measure the copy bandwidth")
+    p.add_argument("--matmul-n", type=int, default=8192, help="square matmul size for the matmul rate")
     p.add_argument("--smoke", action="store_true", help="cpu-tiny deployment, rollout-tiny: checks the script")
     args = p.parse_args(argv)
+    if args.T != 1:  # run_roofline counts one device's steps
+        p.error(f"--T {args.T}: the run's physical limit is counted at T = 1")
     if args.smoke:
         args.deployment, args.workload, args.T, args.layers = "cpu-tiny", "rollout-tiny", 1, None
+        args.copy_mib, args.matmul_n = 8, 128
     return args
 
 
 def deployment(args, form: str) -> dict:
     data = yaml.safe_load(Path(find("deployment", args.deployment)).read_text())
-    data.update(name=f"{data['name']}-{form}", T=args.T, prefill_attention=form)
+    data.update(name=f"{data['name']}-{form}", T=args.T, prefill_attention=form, ffn_weights=args.ffn_weights)
     if args.layers is not None:
         data["layers"] = args.layers
+    if not args.smoke:  # its hardware profile is an H200's: plan no more memory than this GPU has
+        hardware = load("hardware", data["hardware"])
+        fraction = data.get("memory_fraction", 0.9)
+        data["memory_fraction"] = device_memory_fraction(fraction, hardware.memory_bytes / 2**30)
+    if args.smoke and args.ffn_weights == "fp8":  # cpu-tiny's checkpoint is not FP8: its seeded widths are
+        data["model"] = "tiny-mla"
     return data
 
 
@@ -81,6 +107,22 @@ def sample(form: str, summary, overlap: bool) -> dict:
             "step_ms": list(summary.step_ms), "step_rows": list(summary.step_rows)}
 
 
+def with_limit(got: dict, served, form: str, costs: ModelCosts, requests, rates: dict) -> dict:
+    """``got`` (:func:`sample`) with its run's physical limit (:mod:`splash_bench.run_roofline`)."""
+    steps = schedule(requests, served.prefill_chunk)
+    differs = schedule_difference(steps, served.step_rows, served.step_requests)
+    limit = physical_limit(costs, steps, form, rates, served.step_ms, served.elapsed_s)
+    return {**got, **limit, "schedule_matches": not differs, "schedule_difference": differs}
+
+
+def _limit_line(s: dict) -> str:
+    prefill, decode = s["parts"]["prefill"], s["parts"]["decode"]
+    estimated = "" if s["schedule_matches"] else f" (schedule estimated: {s['schedule_difference']})"
+    return (f"{s['form']:>9}: physical limit {s['physical_limit_s']:.1f} s of {s['measured_s']:.1f} s measured "
+            f"({s['ratio']:.0%}; prefill {prefill['limit_s']:.1f} of {prefill['measured_s']:.1f} s, decode "
+            f"{decode['limit_s']:.1f} of {decode['measured_s']:.1f} s){estimated}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()
@@ -89,26 +131,44 @@ def main(argv=None) -> int:
     with RankPool(args.T, backend=probe.get("backend", "auto"), timeout_s=900) as pool:
         for form in forms:  # untimed, a few requests of the rollout's lengths: compiles each form's kernels
             run(pool, args, form, warm_up=True)
-        samples = []
+        runs = []
         for form, overlap in [(f, o == "on") for f in forms for o in args.overlap.split(",")]:
             served = run(pool, args, form, overlap=overlap)
             got = sample(form, served, overlap)
             print(f"{got['form']:>9}: {got['tokens_per_s']:,.0f} tokens/s, {got['prefill_steps']} prefill steps "
                   f"{got['prefill_s']:.1f} s (p50 {got['prefill_step_p50_ms']:.0f} ms), decode p50 "
                   f"{got['decode_step_p50_ms']:.1f} ms", flush=True)
-            samples.append(got)
-    dep = load("deployment", probe)
+            runs.append((form, served, got))
+        dep = load("deployment", probe)
+        # after the runs, so the runs plan their memory as before; the same process, the same device
+        rates = pool.run(rank_side.device_rates, args.copy_mib, args.matmul_n, dtypes.torch_dtype(dep.compute_dtype))[0]
+    costs = deployment_costs(dep)
+    requests = [(r.prompt_tokens, r.max_new_tokens) for r in load("workload", args.workload).requests()]
+    samples = [with_limit(got, served, form, costs, requests, rates) for form, served, got in runs]
+    for s in samples:
+        print(_limit_line(s), flush=True)
     platform = args.platform or dep.hardware.platform
     base = samples[0]["tokens_per_s"]
     summary = {"tokens_per_s": {s["form"]: s["tokens_per_s"] for s in samples},
-               "over_first": {s["form"]: s["tokens_per_s"] / base if base else 0.0 for s in samples}}
+               "over_first": {s["form"]: s["tokens_per_s"] / base if base else 0.0 for s in samples},
+               "rates": rates, "ffn_weights": args.ffn_weights,
+               "physical_limit": {s["form"]: {k: s[k] for k in ("physical_limit_s", "measured_s", "ratio")}
+                                  for s in samples}}
     data = results.make_result(
         benchmark="prefill_forms", platform=platform, backend=served.backend, model=dep.model.name, T=args.T,
         dtype=dep.compute_dtype, samples=samples, summary=summary,
         notes=(f"workload {args.workload}, policy {args.policy}, {dep.layers or dep.model.num_layers} layers, "
                f"seeded weights; each form first served 4 requests untimed (kernel compilation); "
-               f"a prefill step is one with more rows than requests"))
-    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+               f"a prefill step is one with more rows than requests; feed-forward weights {args.ffn_weights}; "
+               f"physical limit (issue 39): prefill steps' matmul FLOPs (every row through the layers' 2-D weights, "
+               f"routed experts at top-k of them, the LM head per request, attention by the form each request "
+               f"attends in with kv_b's work) at the measured matmul rate, decode steps' bytes (every weight but "
+               f"the embedding once, FP8 ones at 1 byte + scales, and every request's KV history) or FLOPs, the "
+               f"longer, at the measured copy / matmul rate; the steps' contexts from replaying the controller's "
+               f"batches, checked against the run's rows and requests per step (schedule_matches); measured_s = "
+               f"the run's elapsed time; ratio = limit / measured"))
+    name = "prefill_forms" + ("-fp8" if args.ffn_weights == "fp8" else "")
+    print("wrote", results.write_result(data, args.out, name=name), f"({time.time() - start:.0f} s)", flush=True)
     return 0
 
 

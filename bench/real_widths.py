@@ -13,7 +13,11 @@
    ``--ffn-weights fp8`` keeps the feed-forward weights FP8 as stored (the deployment's
    ``ffn_weights``; issue 38): the sizing counts them at one byte, the result is ``real_widths-fp8``.
 4. ``splash run --workload <B requests of C tokens> --policy TP --json`` per context C: prefill
-   step times (chunks of --prefill-chunk rows) and decode step times (B rows).
+   step times (chunks of --prefill-chunk rows) and decode step times (B rows), each beside its
+   roofline (``roofline_ms``, ``over_roofline``; :func:`splash_bench.run_roofline.beside_floors`):
+   a decode step's bytes (FP8 experts at one byte + scales with ``--ffn-weights fp8``) at the copy
+   rate, a prefill chunk's FLOPs at the matmul rate, both measured after the runs on the same device
+   (:func:`splash_bench.decode_step.device_rates`).
 
 Writes ``<out>/<platform>/real_widths.json`` (command, machine, date, raw step samples). The
 single-device reference check is off (``--no-check``): the reference expands every head and
@@ -35,7 +39,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from splash_bench.platform_name import accelerator_platform, device_memory_fraction  # noqa: E402
+from splash_core.profiles import load  # noqa: E402
 
 GIB = 1 << 30
 # DeepSeek-V3's config.json (huggingface.co/deepseek-ai/DeepSeek-V3), less its MTP layer
@@ -232,8 +239,10 @@ def _ffn_elem(args) -> int:
 def deployment(args, folder: Path, common_bytes: int) -> Path:
     path = Path(args.workdir) / "deployment.yaml"
     hw, backend, dtype = ("cpu", "reference", "fp32") if args.tiny else ("h200", "auto", "bf16")
+    # the h200 profile on another GPU: plan no more memory than this one has
+    fraction = 0.95 if args.tiny else device_memory_fraction(0.95, load("hardware", hw).memory_bytes / GIB)
     path.write_text(f"kind: deployment\nname: real-widths-T1\nbackend: {backend}\nhardware: {hw}\nT: 1\n"
-                    f"model: {{path: {folder}}}\nmemory_fraction: 0.95\nreserve_gib: 1.0\n"
+                    f"model: {{path: {folder}}}\nmemory_fraction: {fraction}\nreserve_gib: 1.0\n"
                     f"common_gib: {common_bytes / GIB:.2f}\npage_size: 64\ncompute_dtype: {dtype}\n"
                     f"ffn_weights: {args.ffn_weights}\n"
                     f"notes: written by bench/real_widths.py\n")
@@ -291,7 +300,7 @@ def run(args) -> int:
                         args.decode_tokens, "--no-check", "--json", timeout=max(60.0, left()))
     print(f"generate: load {gen['load']['seconds']:.1f} s, {gen['load']['gb_per_s']:.2f} GB/s; "
           f"{gen_s:.0f} s in all", flush=True)
-    samples, runs, skipped = [], [], []
+    samples, runs, skipped, measured = [], [], [], []
     for context in sorted(args.contexts):
         estimate = _estimate(runs[-1], context, args) if runs else 0.0
         if runs and estimate > left():
@@ -308,6 +317,7 @@ def run(args) -> int:
                                   timeout=max(60.0, left()))
         rows = steps(summary, context, args.batch)
         samples += rows
+        measured.append((rows, summary))
         decode = [r["step_ms"] for r in rows if r["full_batch"]]
         prefill = [r["step_ms"] for r in rows if r["phase"] == "prefill"]
         runs.append({"context": context, "output_tokens": outputs, "seconds": seconds, "load_s": summary["load"]["seconds"],
@@ -317,7 +327,8 @@ def run(args) -> int:
                      "tokens_per_s": summary["tokens_per_s"], "kv_pages": summary["kv_pages"]})
         print(f"run at {context}: decode p50 {runs[-1]['decode_step_ms_p50']:.1f} ms, prefill p50 "
               f"{runs[-1]['prefill_step_ms_p50']:.1f} ms ({seconds:.0f} s)", flush=True)
-    platform = "cpu" if args.tiny else "h200"
+    rates = _rooflines(args, dep, runs, measured)
+    platform = "cpu" if args.tiny else accelerator_platform()
     load = gen["load"]
     data = results.make_result(
         benchmark="real_widths", platform=platform, backend=gen["backend"], model=profile.name, T=1,
@@ -326,7 +337,8 @@ def run(args) -> int:
                  "written": written, "load": {k: load[k] for k in ("seconds", "bytes_read", "gb_per_s", "format",
                                                                     "dtype", "device_memory")},
                  "memory_bytes": load["memory"], "sizing": accounting, "runs": runs, "skipped": skipped,
-                 "generated_text": gen["text"], "generate_seconds": gen_s, "ffn_weights": args.ffn_weights},
+                 "generated_text": gen["text"], "generate_seconds": gen_s, "ffn_weights": args.ffn_weights,
+                 "rates": rates},
         notes=(f"random-init DeepSeek-V3 widths, FP8 block-scaled on disk, {_held(args)} at load; "
                "the first load reads the disk (page cache dropped after writing), splash run's loads may hit the "
                "page cache" + ("; --tiny: small widths on CPU" if args.tiny else "")))
@@ -337,6 +349,30 @@ def run(args) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _rooflines(args, dep: Path, runs: list[dict], measured: list) -> dict:
+    """The device's copy and matmul rates, measured now on one rank; every run's steps beside their floors."""
+    import torch
+
+    from splash_bench.decode_step import device_rates
+    from splash_bench.run_roofline import beside_floors, deployment_costs
+    from splash_core.profiles import load
+    from splash_core.runtime.spawn import RankPool
+
+    with RankPool(1, backend="reference" if args.tiny else "auto", timeout_s=300) as pool:
+        rates = pool.run(device_rates, 8 if args.tiny else 2048, 128 if args.tiny else 8192,
+                         torch.float32 if args.tiny else torch.bfloat16)[0]
+    deployment = load("deployment", str(dep))
+    costs = deployment_costs(deployment)
+    for run, (rows, summary) in zip(runs, measured):
+        requests = [(run["context"], run["output_tokens"])] * args.batch
+        run.update(beside_floors(rows, summary, costs, requests, args.prefill_chunk, deployment.prefill_attention,
+                                 rates))
+        replayed = "replayed" if run["schedule_matches"] else f"differs: {run['schedule_difference']}"
+        print(f"run at {run['context']}: decode roofline {run['decode_roofline_ms_p50']:.1f} ms, prefill roofline "
+              f"{run['prefill_roofline_ms_p50']:.1f} ms (schedule {replayed})", flush=True)
+    return rates
 
 
 def _estimate(last: dict, context: int, args) -> float:

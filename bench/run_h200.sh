@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm
+# serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -92,11 +92,14 @@ for s in "${sections[@]}"; do
            splash run --deployment h200-tiny-fp8kv --json | tail -c 600;
            python3 bench/peer_kernels.py --out $RES/fp8 ${PEER_ARGS:---quick}" ;;
     # prefill in the expanded form (one GPU): the kernel and a model in each form against the reference, the
-    # conformance suite's MLA cases, the expanded kernel's rate beside the matmul's and SDPA's
-    expanded) section expanded 300 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_expanded.py;
+    # conformance suite's MLA cases, Triton's rate beside the matmul's and the SDPA providers' (cuDNN), and
+    # the per-shape choice they would make (providers.json's expanded entry: commit it only where a served
+    # run gains, since cuDNN builds a graph per new shape)
+    expanded) section expanded 420 bash -c "python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_expanded.py \
+                 tests/test_sdpa_expanded_gpu.py;
                python3 -m pytest -q -p no:cacheprovider --pyargs splash_core.testing --splash-backend hopper \
                  --splash-ranks 1 -k 'mla';
-               python3 bench/expanded_attention.py --out $RES/expanded" ;;
+               python3 bench/expanded_attention.py --out $RES/expanded --write-providers $RES/expanded/providers.json" ;;
     # splash run's engine on the rollout-h200x2 workload at T = 1, 61 layers, prefill absorbed vs by form (one GPU)
     forms) section forms 560 python3 bench/prefill_forms.py --out "$RES/forms" ${FORMS_ARGS:-} ;;
     # the host planning step k+1 while the device runs step k (one GPU): the engine's tokens with and without
@@ -124,6 +127,19 @@ for s in "${sections[@]}"; do
          python3 bench/dsa_step.py --out $RES/dsa --budget-s ${DSA_BUDGET:-300} --write-providers $RES/dsa/providers.json" ;;
     # FP8 block-scaled GEMMs (one GPU): the Triton kernel beside bf16 and torch's row-wise FP8 at DeepSeek-V3 shapes
     fp8gemm) section fp8gemm 300 python3 bench/fp8_gemm.py --out "$RES/fp8gemm" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm)"; exit 2 ;;
+    # where the step's time goes against its roofline (issue 39; one GPU, 420 s in all): the replayed decode step
+    # profiled by kernel class at B = 16/64, 32K/128K (bf16), then the 61-layer rollout-h200x2 run's physical
+    # limit with bf16 and with FP8 feed-forward weights; each under its own limit, so an overrun loses only itself.
+    # 61 layers of bf16 weights (73 GB) do not fit an 80 GB H100: there both runs take 36 ($ROOFLINE_LAYERS sets it)
+    roofline) L=${ROOFLINE_LAYERS:-$(python3 -c 'import torch
+print(61 if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else 36)' 2>/dev/null || echo 61)}
+              P=$(python3 -c 'import sys; sys.path.insert(0, "bench")
+from splash_bench.platform_name import accelerator_platform; print(accelerator_platform())')
+              section roofline 440 bash -c "timeout 120 python3 bench/decode_step.py --out $RES/roofline --profile --platform $P \
+                --batches 16,64 --contexts 32768,131072 --no-unfused --reps 5 --budget-s 75;
+              timeout 150 python3 bench/prefill_forms.py --forms auto --layers $L --platform $P --out $RES/roofline;
+              timeout 150 python3 bench/prefill_forms.py --forms auto --layers $L --platform $P --ffn-weights fp8 \
+                --out $RES/roofline" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline)"; exit 2 ;;
   esac
 done

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from splash_bench.platform_name import accelerator_platform  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -55,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=330.0, help="start no rate expected to end past this")
     p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
+    p.add_argument("--ffn-weights", choices=("compute", "fp8"), default="compute",
+                   help="fp8: the server keeps the feed-forward weights FP8 as stored (ffn_weights: fp8)")
+    p.add_argument("--platform", default=None, help="results folder (default: the GPU's model, cpu with --tiny)")
     p.add_argument("--name", default="served_bench", help="result file name (<out>/<platform>/<name>.json)")
     return p.parse_args(argv)
 
@@ -70,8 +75,8 @@ def checkpoint(args) -> tuple[str, str]:
     import real_widths
 
     rw = real_widths.parse_args(["--workdir", args.workdir, "--batch", str(args.max_running),
-                                 "--contexts", str(args.input_len + args.output_len), "--layers", str(args.layers)]
-                                + ["--tiny"] * args.tiny)
+                                 "--contexts", str(args.input_len + args.output_len), "--layers", str(args.layers),
+                                 "--ffn-weights", args.ffn_weights] + ["--tiny"] * args.tiny)
     work = Path(args.workdir)
     folder = work / ("tiny-deepseek-v3-widths" if args.tiny else "deepseek-v3-real-widths")
     if not (args.reuse and (folder / "model.safetensors.index.json").is_file()):
@@ -91,8 +96,9 @@ def checkpoint(args) -> tuple[str, str]:
 
     profile = profile_from_checkpoint(folder)
     layers = profile.num_layers
-    held = sum(real_widths.layer_bytes(profile, i, 2) for i in range(layers))
-    return str(real_widths.deployment(rw, folder, held)), str(folder)
+    held = sum(real_widths.layer_bytes(profile, i, 2, real_widths._ffn_elem(rw)) for i in range(layers))
+    path = real_widths.deployment(rw, folder, held)  # planning no more memory than this GPU has
+    return str(path), str(folder)
 
 
 def cover_vocabulary(folder: Path) -> bool:
@@ -202,7 +208,8 @@ def _write(state: dict, code: int) -> Path:
     tail = log.read()[-4000:]
     log.seek(0, 2)
     data = results.make_result(
-        benchmark="served_bench", platform="cpu" if args.tiny else "h200", backend=state["info"].get("backend", "?"),
+        benchmark="served_bench", platform=args.platform or ("cpu" if args.tiny else accelerator_platform()),
+        backend=state["info"].get("backend", "?"),
         model=Path(state["folder"]).name, T=1, dtype="fp32" if args.tiny else "bf16", samples=state["samples"],
         summary={"server_command": " ".join(state["serve_cmd"]), "server_ready_s": state["ready_s"],
                  "server_exit_code": code, "runs": state["runs"], "skipped": state["skipped"],
@@ -210,7 +217,7 @@ def _write(state: dict, code: int) -> Path:
                  "workload": {"num_prompts": args.num_prompts, "input_tokens": [int(args.input_len * args.range_ratio),
                                                                                 args.input_len],
                               "output_tokens": args.output_len, "temperature": args.temperature,
-                              "top_p": args.top_p}},
+                              "top_p": args.top_p, "ffn_weights": args.ffn_weights}},
         notes="sglang.bench_serving (sglang 0.5.9, installed --no-deps) against splash serve; random-init "
               "DeepSeek-V3 widths" + ("; --tiny: small widths on CPU" if args.tiny else ""))
     return results.write_result(data, args.out, args.name)

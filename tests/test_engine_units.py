@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from splash_core.checkpoint.source import weight_source
 from splash_core.engine import reference_check
 from splash_core.engine.admission import Admission, KVCapacity, plan_capacity
 from splash_core.engine.controller import Controller
+from splash_core.engine.memory_plan import deployment_memory
 from splash_core.engine.plan import Command, StepPlan, exchange
 from splash_core.engine.policy import FixedPolicy, SchedulerPolicy, ScriptedPolicy, make_policy
 from splash_core.engine.requests import Request, State
@@ -84,6 +86,10 @@ def test_plan_capacity_is_the_budget_capped_at_what_the_workload_can_use():
     assert plan_capacity(dep, 2, [100], pages=5).pages == 5
     with pytest.raises(ValueError, match="at least one page"):
         plan_capacity(dep, 2, [100], pages=0)
+    big = plan_capacity(dep, 4096, [1 << 30] * 4096, layouts=[Layout.TP, Layout.DP])  # more than memory holds
+    counted = deployment_memory(dep, (Layout.TP, Layout.DP))  # weights counted from their tensors
+    assert big.pages == min(m.kv_pages() for m in counted.layouts) and "after the weights" in big.source
+    assert big.pages < plan_capacity(dep, 4096, [1 << 30] * 4096, layouts=[Layout.TP]).pages  # DP holds all heads
 
 
 # ---- the controller ---------------------------------------------------------------------
@@ -252,3 +258,18 @@ def test_a_sampled_token_that_differs_is_decisive_only_outside_the_kept_set_belo
     assert differ.tolist() == [False, True, True] and decisive.tolist() == [False, False, True]
     _, decisive, _ = reference_check._sampled(logits, engine, p, 7, exact=True)
     assert decisive.tolist() == [False, True, True]
+
+
+def test_a_deployment_planning_more_memory_than_the_device_has_is_refused_before_loading(monkeypatch):
+    from types import SimpleNamespace
+
+    from splash_core.engine import device_fit
+
+    dep = load("deployment", "cpu-tiny")  # 16 GiB x 0.5 planned per rank
+    ctx = SimpleNamespace(rank=0, device="cuda:0")
+    monkeypatch.setattr(device_fit, "device_memory", lambda device: (1 << 30, 4 << 30))  # planted: a 4 GiB device
+    assert re.search(r"plans 8.00 GiB per rank .*cuda:0 has 4.00 GiB", device_fit.device_memory_problem(ctx, dep))
+    monkeypatch.setattr(device_fit, "device_memory", lambda device: (1 << 30, 80 << 30))
+    assert device_fit.device_memory_problem(ctx, dep) is None  # fits
+    monkeypatch.setattr(device_fit, "device_memory", lambda device: None)  # the CPU: nothing to check
+    assert device_fit.device_memory_problem(ctx, dep) is None

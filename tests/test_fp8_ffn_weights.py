@@ -5,8 +5,7 @@ MLP's TP shards of 48 rows start inside a block and the experts' 24-row blocks a
 FP8 (``ModelConfig.fp8_ffn``), a rank holds exactly the FFN bytes it read, and the model's logits
 and greedy tokens are the dequantize-at-load model's, bit for bit, in every layout at T = 1 and 2
 and through live switches; a corrupted scale changes them (the equality can fail); a checkpoint
-or source that is not FP8 (before any rank starts, for a deployment), and a deployment without a
-checkpoint, are refused in one line.
+or source that is not FP8 (before any rank starts, for a deployment) is refused in one line.
 """
 
 from __future__ import annotations
@@ -62,16 +61,28 @@ def folders(tmp_path_factory):
     return str(root / "bf16"), str(root / "fp8")
 
 
-def _both_ways(ctx, folder):
-    """On each rank, in every layout: the dequantize-at-load model's and the FP8-kept model's
-    steps (ids and logits), tokens and FFN bytes."""
+def assert_same_generation(want, got, layout) -> None:
+    """Two ``both_ways`` results (steps, tokens, ...): the same tokens, every step's ids and finite
+    logits bit-equal."""
+    (want_steps, want_tokens), (steps, tokens) = want[:2], got[:2]
+    assert tokens == want_tokens and all(len(tokens[i]) == NEW for i in range(len(PROMPTS))), layout
+    assert len(steps) == len(want_steps) > 0
+    for (ids, logits), (want_ids, want_logits) in zip(steps, want_steps):
+        assert list(ids) == list(want_ids)
+        assert torch.isfinite(torch.as_tensor(logits)).all()
+        assert torch.equal(torch.as_tensor(logits), torch.as_tensor(want_logits)), (layout, ids)
+
+
+def both_ways(ctx, folder, kept_flag: str = "fp8_ffn"):
+    """On each rank, in every layout: the dequantize-at-load model's and the model keeping FP8 what
+    ``kept_flag`` (a :meth:`Model.from_context` flag) names: steps (ids and logits), tokens, FFN bytes."""
     profile = profile_from_checkpoint(folder)
     prompts = [Prompt(i, (0, ctx.world_size - 1)[i], tuple(p)) for i, p in enumerate(PROMPTS)]
     out = {}
     for layout in Layout:
         for kept in (False, True):
             model = Model.from_context(ctx, profile, CheckpointWeights(folder, profile), layout, pages_per_layer=16,
-                                       page_size=PAGE, dtype=torch.float32, fp8_ffn=kept)
+                                       page_size=PAGE, dtype=torch.float32, **{kept_flag: kept})
             gen = generate(model.step, prompts, T=ctx.world_size, page_size=PAGE, chunk=CHUNK, new_tokens=NEW,
                            release=model.release)
             ffn = sum(sum(m.nbytes().values()) for m in model.mlps if m is not None)
@@ -81,34 +92,29 @@ def _both_ways(ctx, folder):
 
 @pytest.mark.parametrize("T", [1, 2])
 def test_kept_fp8_gives_the_dequantized_models_logits_and_tokens_in_every_layout(rank_pools, folders, T):
-    got = rank_pools(T).run(_both_ways, folders[1])[0]
+    got = rank_pools(T).run(both_ways, folders[1])[0]
     for layout in Layout:
-        want_steps, want_tokens, dense_bytes = got[str(layout), False]
-        steps, tokens, kept_bytes = got[str(layout), True]
-        assert tokens == want_tokens and all(len(tokens[i]) == NEW for i in range(len(PROMPTS))), layout
-        assert len(steps) == len(want_steps) > 0
-        for (ids, logits), (want_ids, want_logits) in zip(steps, want_steps):
-            assert list(ids) == list(want_ids)
-            assert torch.isfinite(torch.as_tensor(logits)).all()
-            assert torch.equal(torch.as_tensor(logits), torch.as_tensor(want_logits)), (layout, ids)
+        assert_same_generation(got[str(layout), False], got[str(layout), True], layout)
+        kept_bytes, dense_bytes = got[str(layout), True][2], got[str(layout), False][2]
         assert kept_bytes < 0.4 * dense_bytes  # float32 compute: FP8 codes are a quarter, plus the router
 
 
-def _corrupted(ctx, folder):
-    """Logits of the first step before and after one kept scale block of layer 1's experts doubles."""
+def corrupted(ctx, folder, kept_flag: str = "fp8_ffn", scales=lambda model: model.mlps[1].gate_up.parts[0].scales):
+    """Logits of the first step before and after one block of the kept scales ``scales(model)`` doubles
+    (default: layer 1's experts')."""
     profile = profile_from_checkpoint(folder)
     model = Model.from_context(ctx, profile, CheckpointWeights(folder, profile), Layout.TP, pages_per_layer=16,
-                               page_size=PAGE, dtype=torch.float32, fp8_ffn=True)
+                               page_size=PAGE, dtype=torch.float32, **{kept_flag: True})
     prompts = [Prompt(0, 0, tuple(PROMPTS[1]))]
     before = generate(model.step, prompts, T=1, page_size=PAGE, chunk=CHUNK, new_tokens=2, release=model.release)
-    model.mlps[1].gate_up.parts[0].scales[0, 0, 0].mul_(2.0)
+    scales(model).view(-1)[0].mul_(2.0)
     after = generate(model.step, prompts, T=1, page_size=PAGE, chunk=CHUNK, new_tokens=2, release=model.release)
     return before.steps[0][1], after.steps[0][1]
 
 
 def test_a_corrupted_scale_changes_the_logits(rank_pools, folders):
     """The equality above can fail: the kept scales are what the model computes with."""
-    before, after = rank_pools(1).run(_corrupted, folders[1])[0]
+    before, after = rank_pools(1).run(corrupted, folders[1])[0]
     assert not torch.equal(torch.as_tensor(before), torch.as_tensor(after))
 
 
@@ -170,11 +176,11 @@ def test_a_checkpoint_or_source_that_is_not_fp8_is_refused(folders):
     check_checkpoint(loader.load("deployment", _deployment(folders[1], 1, "fp8")))
 
 
-def test_a_deployment_keeping_fp8_without_a_checkpoint_is_refused():
+def test_a_deployment_keeping_fp8_without_a_checkpoint_draws_seeded_fp8_weights():
     base = {"kind": "deployment", "name": "no-ckpt", "backend": "reference", "hardware": "cpu", "T": 1,
             "model": "tiny-mla", "memory_fraction": 0.5, "reserve_gib": 0.0}
-    with pytest.raises(Exception, match="ffn_weights.*no checkpoint folder"):
-        loader.load("deployment", {**base, "ffn_weights": "fp8"})
+    # seeded weights are drawn FP8 as a checkpoint stores them (tests/test_seeded_fp8_weights.py)
+    assert loader.load("deployment", {**base, "ffn_weights": "fp8"}).ffn_weights == "fp8"
     with pytest.raises(Exception, match="ffn_weights"):
         loader.load("deployment", {**base, "ffn_weights": "fp4"})
     assert loader.load("deployment", base).ffn_weights == "compute"

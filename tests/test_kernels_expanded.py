@@ -222,6 +222,7 @@ def test_benchmark_dry_run_writes_its_result(tmp_path):
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
     result = read_result(tmp_path / "cpu" / "expanded_attention.json")
     assert result.data["summary"]["correctness"]["correct"]
-    assert [(s["batch"], s["rows_per_request"], s["history"]) for s in result.data["samples"]] == bench.TINY["points"]
+    assert [(s["batch"], s["rows_per_request"], s["history"], s["heads"])
+            for s in result.data["samples"]] == bench.TINY["points"]
     assert all(s["visible_pairs"] == bench.visible_pairs(s["batch"], s["rows_per_request"], s["history"])
                for s in result.data["samples"])

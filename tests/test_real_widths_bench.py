@@ -21,6 +21,10 @@ def test_tiny_run_writes_valid_results(tmp_path):
     assert [r["context"] for r in s["runs"]] == args.contexts and not s["skipped"]
     for run in s["runs"]:
         assert run["decode_step_ms_p50"] > 0 and run["prefill_step_ms_p50"] > 0 and run["full_batch_decode_steps"] > 0
+        # each step beside its roofline, the steps' contexts replayed as the engine ran them (issue 39)
+        assert run["schedule_matches"] and run["decode_roofline_ms_p50"] > 0 and run["prefill_roofline_ms_p50"] > 0
+    assert all(x["roofline_ms"] > 0 and x["over_roofline"] > 0 for x in data["samples"])
+    assert s["rates"]["copy_gbps"] > 0 and s["rates"]["matmul_tflops"] > 0
     assert {x["phase"] for x in data["samples"]} == {"decode", "prefill"}
     assert not (tmp_path / "work").exists()  # the checkpoint is removed unless --keep
 

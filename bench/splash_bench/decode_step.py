@@ -27,6 +27,7 @@ from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
 
 from .kernels import kernels_for
+from .replay_profile import profile_step
 
 MIB = 1 << 20
 
@@ -55,7 +56,6 @@ def device_rates(ctx, copy_mib: int, matmul_n: int, dtype: torch.dtype, reps: in
     b = torch.randn(matmul_n, matmul_n, device=ctx.device).to(dtype)
     a @ b
     mm_ms = statistics.median(_timed(ctx, lambda: a @ b, reps))
-    del src, dst, a, b
     return {"copy_gbps": 2 * copy_mib * MIB / copy_ms / 1e6, "matmul_tflops": 2 * matmul_n ** 3 / mm_ms / 1e9,
             "copy_mib": copy_mib, "matmul_n": matmul_n}
 
@@ -106,9 +106,14 @@ def roofline(model: Model, batch: int, context: int, rates: dict) -> dict:
     projection_flops = 2 * batch * weight_bytes // model.paged_layers[0].kv.kv.element_size()
     memory_ms = (weight_bytes + kv_bytes) / (rates["copy_gbps"] * 1e6)
     compute_ms = (attention_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
+    head = model.lm_head.numel()  # its GEMM is the profile's lm_head class, the other weights' its gemm class
+    head_bytes, head_flops = head * model.lm_head.element_size(), 2 * batch * head
+    costs = {"attention": {"bytes": int(kv_bytes), "flops": int(attention_flops)},
+             "gemm": {"bytes": int(weight_bytes - head_bytes), "flops": int(projection_flops - head_flops)},
+             "lm_head": {"bytes": int(head_bytes), "flops": int(head_flops)}}
     return {"weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "attention_flops": int(attention_flops),
             "projection_flops": int(projection_flops), "memory_ms": memory_ms, "compute_ms": compute_ms,
-            "roofline_ms": max(memory_ms, compute_ms)}
+            "roofline_ms": max(memory_ms, compute_ms), "class_costs": costs}
 
 
 def _profiled_device_ms(ctx, fn) -> float | None:
@@ -177,12 +182,26 @@ def time_point(ctx, model: Model, batch: int, context: int, spec: dict, rates: d
         samples.append({**common, "path": "roofline", **roofline(model, batch, context, rates)})
         return samples
     replay = _timed(ctx, graph.replay, spec["reps"])
+    limit = roofline(model, batch, context, rates)
+    profiled = {}
+    if spec.get("profile"):  # where the replay's time goes, beside what its classes must move and compute
+        profiled["profile"] = profile_step(ctx, graph.replay, lambda: _eager_step(model, step, tokens),
+                                           spec["profile_reps"], statistics.median(replay), limit["class_costs"], rates)
     samples.append({**common, "path": "graph", "wall_ms": wall, "replay_ms": replay,
                     "captured": graph.captured is not None, "capture_s": float(sum(c["seconds"] for c in fresh)),
                     "graph_bytes": int(sum(c["bytes"] for c in fresh)), "table_width": graphs.tables.width,
-                    **agreement(logits, eager["eager"])})
-    samples.append({**common, "path": "roofline", **roofline(model, batch, context, rates)})
+                    **agreement(logits, eager["eager"]), **profiled})
+    samples.append({**common, "path": "roofline", **limit})
     return samples
+
+
+def _eager_step(model: Model, step: StepBatch, tokens: torch.Tensor) -> None:
+    """The model's plain step without its graphs (it rewrites the same KV slots as the replay)."""
+    graphs, model.graphs = model.graphs, None
+    try:
+        model.step(step, tokens)
+    finally:
+        model.graphs = graphs
 
 
 def agreement(got: torch.Tensor, want: torch.Tensor) -> dict:

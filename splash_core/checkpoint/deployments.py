@@ -52,11 +52,12 @@ def _stored_formats(deployment: DeploymentProfile, folder: str) -> dict:
 def check_checkpoint(deployment: DeploymentProfile) -> None:
     """Raise :class:`~splash_core.profiles.checkpoint_config.CheckpointError` naming the first tensor the
     deployment's model would read that its checkpoint lacks or shapes otherwise, or (``ffn_weights:
-    fp8``) does not store FP8 block-scaled (headers only)."""
+    fp8``, ``attention_weights: fp8``) does not store FP8 block-scaled (headers only)."""
     profile = deployment.model
     folder = ensure_written(profile)
     if folder is None:
         return
+    from ..model.mla import projection_names
     from ..model.weights import ffn_weight_names, tensor_shapes
     from .source import CheckpointWeights
 
@@ -64,3 +65,5 @@ def check_checkpoint(deployment: DeploymentProfile) -> None:
     weights.check(tensor_shapes(profile, deployment.layers))
     if deployment.ffn_weights == "fp8":
         weights.check_block_scaled(ffn_weight_names(profile, deployment.layers))
+    if deployment.attention_weights == "fp8":
+        weights.check_block_scaled(projection_names(profile, deployment.layers))

@@ -38,7 +38,8 @@ from ..profiles.checkpoint_family import CheckpointError
 from ..profiles.model import ModelProfile
 from .tiny import ensure_written
 
-PARTS = ("attention (head-indexed)", "attention (replicated)", "experts", "mlp", "embed/head", "norms")
+HEAD_INDEXED = "attention (head-indexed)"  # the projections layouts shard or replicate (W_A of Eq 1)
+PARTS = (HEAD_INDEXED, "attention (replicated)", "experts", "mlp", "embed/head", "norms")
 FP8 = "F8_E4M3"
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
 _HEADS_ROWS = re.compile(r".*\.self_attn\.(q_b_proj|q_proj|kv_b_proj|[qkv]_proj|f_b_proj|g_b_proj|b_proj)"

@@ -204,6 +204,10 @@ class CheckpointWeights:
             raise CheckpointError(file, name, _NOT_BLOCK_SCALED)
         weight = read_block_scaled(self._handles[file], stored, rows, cols, self.block, where=file)
         self.bytes_read += weight.stored_bytes
+        order = self._rotary_order(name, full[0])
+        if order is not None:  # rotary rows in the runtime's order, as get gives them (inside their scale blocks)
+            rows = slice(*(rows or slice(None)).indices(full[0]))
+            weight = weight.rows_reordered(torch.from_numpy(order[rows] - rows.start))
         weight = weight.to(torch.device(device or "cpu"))
         self.seconds += time.perf_counter() - t0
         return weight
@@ -221,11 +225,16 @@ def _opened(safe_open, file: str):
                                               f"{exc}") from None
 
 
-def weight_source(profile, seed: int = 0):
-    """The weights of ``profile``: its checkpoint folder's, else drawn from ``seed``."""
+def weight_source(profile, seed: int = 0, keep_fp8: bool = False):
+    """The weights of ``profile``: its checkpoint folder's, else drawn from ``seed`` (with
+    ``keep_fp8``, the deployment keeping weights FP8, as an FP8 checkpoint would store them)."""
     folder = ensure_written(profile)
     if folder is not None:
         return CheckpointWeights(folder, profile)
+    if keep_fp8:
+        from .seeded_fp8 import SeededFP8Weights
+
+        return SeededFP8Weights(seed)
     from ..model.weights import SeededWeights
 
     return SeededWeights(seed)

@@ -174,7 +174,8 @@ def _served(args, deployment, policy):
     memory = deployment_memory(deployment, policy.layouts)
     why = does_not_fit(memory)  # the weights first, before any is loaded
     try:
-        capacity = plan_capacity(deployment, args.max_running, [context] * args.max_running, args.kv_pages)
+        capacity = plan_capacity(deployment, args.max_running, [context] * args.max_running, args.kv_pages,
+                                 policy.layouts)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     why = why or does_not_fit(memory, capacity.pages * int(deployment.kv_page_bytes))

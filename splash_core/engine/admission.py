@@ -32,6 +32,7 @@ import numpy as np
 from ..layouts import LAYOUTS, Layout
 from ..planning.costmodel import BatchArrays, rank_loads
 from ..planning.ownership import assign_owner, pages_for
+from .memory_plan import deployment_memory, refusal
 from .requests import Request
 
 
@@ -78,11 +79,13 @@ class KVCapacity:
         return out
 
 
-def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], pages: int | None = None) -> KVCapacity:
-    """Pages per layer per rank: ``pages`` when given; else the deployment's memory budget for KV
-    (H·fraction − M0 − R − the replicated projection weights), capped at what the workload can
-    use (its ``concurrency`` largest requests, every page on every rank as in TP) so a small job
-    does not allocate the whole budget."""
+def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], pages: int | None = None,
+                  layouts: Sequence[Layout] = LAYOUTS) -> KVCapacity:
+    """Pages per layer per rank: ``pages`` when given; else what the memory left after the weights
+    counted from their tensors (:func:`~splash_core.engine.memory_plan.deployment_memory`: weights as
+    held, the graph pool, the reserve) buys on the tightest rank of any of ``layouts``, capped at
+    what the workload can use (its ``concurrency`` largest requests, every page on every rank as
+    in TP) so a small job does not allocate the whole budget."""
     T, page_size = deployment.T, deployment.page_size
     if pages is not None:
         if pages < 1:
@@ -92,13 +95,15 @@ def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], 
     workload_pages = max(1, sum(largest[:concurrency]))
     if not deployment.kv_page_bytes:  # no MLA layer runs: the pool holds nothing
         return KVCapacity(workload_pages, page_size, T, "sized for the workload (no MLA layer)")
-    budget_pages = int(deployment.kv_budget_bytes // deployment.kv_page_bytes)
-    if budget_pages < 1:  # the profile's own check (DeploymentProfile.problems) rules this out at load
-        raise ValueError(f"deployment {deployment.name!r}: its memory budget leaves no room for KV pages "
-                         f"({deployment.kv_budget_bytes / (1 << 30):.2f} GiB after M0, the reserve and the weights)")
+    memory = deployment_memory(deployment, tuple(layouts))
+    tightest = min(memory.layouts, key=lambda m: m.kv_pages())
+    budget_pages = tightest.kv_pages()
+    if budget_pages < 1:
+        raise ValueError(refusal(memory) or f"deployment {deployment.name!r}: no room for one KV page")
     if workload_pages <= budget_pages:
         return KVCapacity(workload_pages, page_size, T, f"sized for the workload; the memory budget holds {budget_pages:,}")
-    return KVCapacity(budget_pages, page_size, T, "the deployment's memory budget")
+    return KVCapacity(budget_pages, page_size, T, f"the memory left after the weights ({memory.held}) in "
+                                                  f"{tightest.layout}, rank {tightest.rank}")
 
 
 class Admission:

@@ -21,12 +21,16 @@ from typing import Callable
 import numpy as np
 
 from ..checkpoint.deployments import resolve
+from ..checkpoint.footprint import HEAD_INDEXED
+from ..model.fp8_blocks import BLOCK
 from ..profiles import load
 from ..profiles.deployment import DeploymentProfile
+from ..profiles.hardware import GIB
 from ..profiles.workload import RequestSpec
 from . import reference_check
 from .admission import plan_capacity
 from .controller import Controller
+from .memory_plan import deployment_memory
 from .policy import make_policy
 from .progress import Progress
 from .requests import GenerationRequest, Request, State
@@ -67,8 +71,23 @@ class Job:
 
 
 def deployment_of(job: Job) -> DeploymentProfile:
-    """The job's deployment with its replacements."""
-    return resolve(job.deployment, model=job.model, T=job.T)
+    """The job's deployment with its replacements, and M0 of Eq 5/6 (``common_gib``: the state
+    outside attention) counted from the tensors its ranks load (:func:`counted_common_gib`), so
+    the scheduler and the switch executor plan with the memory the run really has; with
+    ``attention_weights: fp8`` its model's projections are planned as FP8 with their scales."""
+    deployment = resolve(job.deployment, model=job.model, T=job.T)
+    if deployment.attention_weights == "fp8":  # Eq 5 and 9 plan the FP8 codes and scales a switch moves
+        block = deployment.model.weight_scale_block or (BLOCK, BLOCK)  # a seeded model's: DeepSeek's blocks
+        model = dataclasses.replace(deployment.model, weight_dtype="fp8", weight_scale_block=tuple(block))
+        deployment = dataclasses.replace(deployment, model=model)
+    return dataclasses.replace(deployment, common_gib=counted_common_gib(deployment))
+
+
+def counted_common_gib(deployment: DeploymentProfile) -> float:
+    """On the busiest rank of any layout: every weight a rank holds but the head-indexed attention
+    projections (which Eq 5's manifest counts itself) plus the decode-graph pool, in GiB."""
+    plan = deployment_memory(deployment)
+    return max(m.weights - m.parts[HEAD_INDEXED] + m.graphs for m in plan.layouts) / GIB
 
 
 def _requests(job: Job, deployment) -> tuple[str, int, list[Request]]:
@@ -90,8 +109,9 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     deployment = deployment_of(job)
     served, concurrency, requests = _requests(job, deployment)
-    capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages)
     policy = make_policy(job.policy, deployment, job.precopy_steps if job.switch_mode == "auto" else 0)
+    capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages,
+                             policy.layouts)
     group = build(ctx, deployment, capacity, policy, max_rows_per_owner=concurrency,
                   max_context=max(r.reserved_tokens for r in requests))
     lead = ctx.rank == 0

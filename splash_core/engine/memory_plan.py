@@ -6,7 +6,9 @@ the preflight refuses a job by, before any weight is read.
 The budget is the hardware's memory times the deployment's ``memory_fraction``. Graph memory is
 the hardware profile's measured ``graph_pool_mib`` where the deployment replays captured decode
 graphs. Activation scratch is not planned separately: the engine plans none beyond the reserve
-(``reserve_gib``). A deployment with ``ffn_weights: fp8`` holds its experts and MLPs as stored.
+(``reserve_gib``). A deployment with ``ffn_weights: fp8`` holds its experts and MLPs as stored; one
+with ``attention_weights: fp8`` its MLA layers' head-indexed projections, plus KV-B's copy in the
+compute format (:class:`~splash_core.model.mla.MLAWeights`).
 The profile's ``common_gib`` (M0 of Eq 6, a hand-set stand-in for the weights outside attention)
 is not used here: those weights are counted from their tensors.
 """
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..checkpoint.footprint import PARTS, RankWeights, stored_tensors
-from ..layouts import Layout
+from .. import dtypes
+from ..checkpoint.footprint import HEAD_INDEXED, PARTS, RankWeights, stored_tensors
+from ..layouts import Layout, Placement
 from ..profiles.graphs import decode_capturable
 from ..profiles.hardware import GIB
 from ..profiles.model import LayerKind
@@ -90,15 +93,31 @@ def deployment_memory(deployment, layouts=tuple(Layout)) -> DeploymentMemory:
     table = RankWeights(deployment.model, tensors, deployment.T, deployment.compute_dtype)
     graphs = graph_pool_bytes(deployment)
     kept = FFN_PARTS if deployment.ffn_weights == "fp8" else ()  # feed-forward weights held as stored
+    attention = deployment.attention_weights == "fp8"
+    kept += (HEAD_INDEXED,) if attention else ()
     out = []
     for layout in layouts:
         rank, held = table.busiest(layout)
-        out.append(LayoutMemory(layout, rank, {p: held[p].fp8 if p in kept else held[p].runtime for p in PARTS},
+        parts = {p: held[p].fp8 if p in kept else held[p].runtime for p in PARTS}
+        if attention:
+            parts[HEAD_INDEXED] += _kv_b_copies(deployment, layout)
+        out.append(LayoutMemory(layout, rank, parts,
                                 {p: held[p].fp8 for p in PARTS}, graphs, int(deployment.reserve_bytes),
                                 int(deployment.memory_budget_bytes), int(deployment.kv_page_bytes),
                                 deployment.page_size))
-    held = deployment.compute_dtype + (", feed-forward FP8 (ffn_weights: fp8)" if kept else "")
+    held = deployment.compute_dtype + (", feed-forward FP8 (ffn_weights: fp8)" if FFN_PARTS[0] in kept else "")
+    held += ", attention projections FP8 (attention_weights: fp8)" if attention else ""
     return DeploymentMemory(deployment.name, deployment.T, held, source, tuple(out))
+
+
+def _kv_b_copies(deployment, layout: Layout) -> int:
+    """Bytes of the compute-format KV-B copies a rank of ``layout`` holds beside MLA projections kept FP8."""
+    m = deployment.model.mla
+    if m is None:
+        return 0
+    heads = m.heads // deployment.T if layout.placement is Placement.SHARDED else m.heads
+    per_layer = heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank * dtypes.nbytes(deployment.compute_dtype)
+    return deployment.layer_kinds.count(LayerKind.MLA) * per_layer
 
 
 def gib(n: float) -> str:

@@ -52,7 +52,8 @@ def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, p
     if problem:
         raise JobError(problem)
     try:
-        capacity = plan_capacity(deployment, concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages)
+        capacity = plan_capacity(deployment, concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages,
+                                 policy.layouts)
     except ValueError as exc:
         raise JobError(str(exc)) from None
     admission = Admission(capacity, concurrency, policy.layouts)
@@ -66,7 +67,7 @@ def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, p
                        f"under policy {policy.name}; {fix} or shorten the requests")
     problem = refusal(memory, capacity.pages * int(deployment.kv_page_bytes))
     if problem:
-        fix = "lower --kv-pages" if kv_pages is not None else "raise the deployment's common_gib"
+        fix = "lower --kv-pages" if kv_pages is not None else "lower the deployment's reserve_gib"
         raise JobError(f"{problem}; {fix}")
     return capacity
 

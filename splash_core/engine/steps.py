@@ -34,8 +34,6 @@ import dataclasses
 import time
 from typing import Callable
 
-import torch
-
 from ..checkpoint.source import weight_source
 from ..profiles.deployment import DeploymentProfile
 from ..runtime.model import Model
@@ -44,6 +42,7 @@ from ..runtime.step_tokens import StepTokens
 from ..runtime.switch import SwitchExecutor, SwitchRefused
 from ..runtime.token_history import TokenHistory
 from .controller import Controller
+from .device_fit import device_memory, device_memory_problem
 from .logprobs import LogprobJobs, scored_rows
 from .plan import Command, StepPlan, exchange
 from .precopies import PreCopies
@@ -98,8 +97,12 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_
     if ctx.world_size != deployment.T:
         raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
                           f"the group has {ctx.world_size} ranks")
+    problem = device_memory_problem(ctx, deployment)
+    if problem:
+        raise EngineError(problem)
     t_load = time.perf_counter()
-    source = weight_source(deployment.model, deployment.seed)
+    source = weight_source(deployment.model, deployment.seed,
+                           "fp8" in (deployment.ffn_weights, deployment.attention_weights))
     model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial,
                                   source=source)
     ctx.streams.synchronize()
@@ -321,9 +324,7 @@ def _load_report(source, seconds: float, model: Model) -> dict:
     read = int(getattr(source, "bytes_read", 0))
     pool = sum(t.numel() * t.element_size() for layer in model.paged_layers
                for t in (layer.kv.kv, layer.kv.indexer) if t is not None)
-    where = torch.device(model.device)
-    module = torch.get_device_module(where) if where.type != "cpu" else None
-    held = module.mem_get_info(where) if module is not None and hasattr(module, "mem_get_info") else None
+    held = device_memory(model.device)
     return {"source": "checkpoint" if read else "seeded", "checkpoint": model.profile.checkpoint,
             "device_memory": None if held is None else {"free": int(held[0]), "total": int(held[1])},
             "seconds": seconds, "bytes_read": read, "gb_per_s": read / seconds / 1e9 if seconds > 0 else 0.0,

@@ -90,6 +90,23 @@ class BlockScaledFP8:
         return BlockScaledFP8(self.codes.index_select(-2, order.to(self.codes.device)), self.scales, self.start,
                               self.block)
 
+    def narrow(self, dim: int, begin: int, length: int) -> "BlockScaledFP8":
+        """The part ``[begin, begin + length)`` along ``dim`` (0 rows, 1 columns) of this 2-D slice:
+        views of its codes and of the scale blocks that part touches, and where it starts in its first."""
+        if self.codes.dim() != 2 or dim not in (0, 1):
+            raise ValueError(f"narrowing cuts rows (0) or columns (1) of a 2-D slice (dim {dim}, "
+                             f"codes {list(self.codes.shape)})")
+        at, b = self.start[dim] + begin, self.block[dim]
+        start = list(self.start)
+        start[dim] = at % b
+        return BlockScaledFP8(self.codes.narrow(dim, begin, length),
+                              self.scales.narrow(dim, at // b, blocks_touched(at % b, length, b)), tuple(start),
+                              self.block)
+
+    def clone(self) -> "BlockScaledFP8":
+        """A copy owning its memory (a narrowed part then no longer holds the whole weight)."""
+        return BlockScaledFP8(self.codes.clone(), self.scales.clone(), self.start, self.block)
+
     def expert(self, e: int) -> "BlockScaledFP8":
         """Expert ``e``'s slice of stacked experts' weights."""
         return BlockScaledFP8(self.codes[e], self.scales[e], self.start, self.block)
@@ -123,6 +140,34 @@ class StackedFP8:
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts], dim=-2).to(self.dtype)
+
+
+def joined(parts: list[BlockScaledFP8], dim: int, codes: torch.Tensor | None = None) -> BlockScaledFP8:
+    """Adjacent 2-D slices ``parts`` of one weight, in order along ``dim`` (0 rows, 1 columns), as one
+    slice: their codes concatenated (or ``codes``, that concatenation already made, e.g. by a gather)
+    and their scales placed on one block grid. Two parts meeting inside a block both hold that
+    block's scale, which must be equal: ValueError otherwise (a part that carries a wrong block), as
+    for parts that are not adjacent (a part must start where the one before it ends, inside its block)."""
+    first, other = parts[0], 1 - dim
+    b, at = first.block[dim], first.start[dim]
+    total = sum(p.codes.shape[dim] for p in parts)
+    shape = list(first.scales.shape)
+    shape[dim] = blocks_touched(at, total, b)
+    grid = first.scales.new_empty(shape)
+    filled = 0  # blocks of the grid set so far
+    for i, p in enumerate(parts):
+        if (p.block != first.block or p.start[other] != first.start[other] or p.start[dim] != at % b
+                or p.scales.shape[other] != shape[other]):
+            raise ValueError(f"FP8 part {i} (from {p.start} in {p.block} blocks, codes {list(p.codes.shape)}) does "
+                             f"not continue the parts before it along dim {dim}")
+        lo, n = at // b - first.start[dim] // b, p.scales.shape[dim]
+        if lo < filled and not torch.equal(grid.narrow(dim, lo, filled - lo), p.scales.narrow(dim, 0, filled - lo)):
+            raise ValueError(f"FP8 parts {i - 1} and {i} disagree on the scale of the block they share along dim "
+                             f"{dim} (block {at // b})")
+        grid.narrow(dim, lo, n).copy_(p.scales)
+        filled, at = max(filled, lo + n), at + p.codes.shape[dim]
+    codes = torch.cat([p.codes for p in parts], dim=dim) if codes is None else codes
+    return BlockScaledFP8(codes, grid, first.start, first.block)
 
 
 def stack_experts(slices: list[BlockScaledFP8], shape: tuple[int, int], device=None) -> BlockScaledFP8:

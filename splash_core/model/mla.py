@@ -25,12 +25,13 @@ import torch
 
 from ..planning.attention_forms import MLADims
 from ..profiles.deployment import FORMS
-from ..profiles.model import ModelProfile
+from ..profiles.model import LayerKind, ModelProfile
+from .fp8_blocks import StackedFP8, joined
 from .ops import KERNELS, rms_norm
 from .rotary import Rotary, rope, softmax_scale
 from .weights import WeightSource, head_shard, layer_prefix, layer_tensor_shapes
 
-__all__ = ["MLAMath", "MLAWeights", "Rotary", "rms_norm", "rope"]
+__all__ = ["MLAMath", "MLAWeights", "Rotary", "projection_names", "rms_norm", "rope"]
 
 
 @dataclasses.dataclass
@@ -42,27 +43,49 @@ class MLAWeights:
     small and every rank keeps them whole in every layout. :meth:`load` stores ``q_a``, ``kv_a``
     and ``indexer_wk`` as row blocks of one tensor, ``down``, so one matmul applies all three;
     weights built without it (``down`` None) are applied one by one. Whoever replaces one of the
-    three replaces ``down`` with it (or sets it to None)."""
+    three replaces ``down`` with it (or sets it to None).
+
+    Kept FP8 (:meth:`load` with ``fp8``, ``attention_weights: fp8``), ``q_b``, ``kv_b`` and ``o`` are
+    :class:`~splash_core.model.fp8_blocks.StackedFP8` of one part each: this rank's slice as the
+    checkpoint stores it (e4m3 codes and the float32 scales of the blocks it touches, 128 x 128 in
+    DeepSeek's; a head shard may start inside a block), used in the compute format, so a rank holds
+    about the bytes it read. The absorbed form multiplies queries and latents by W_UK and W_UV head by head (batched
+    matmuls, no FP8 kernel), so ``kv_b_dense`` keeps a compute-format copy of ``kv_b`` derived from
+    the FP8 slice whenever the weights are made (load, ``shard``, ``from_shards``, a switch's gather,
+    as SGLang derives its absorbed factors after load); :meth:`nbytes` counts it. The low-rank
+    ``down`` (Q-A, KV-A, indexer keys) and the norms stay in the compute format."""
 
     heads: range
     total_heads: int
     q_a: torch.Tensor | None  # [r_q, d]; None when queries are projected directly
     q_a_norm: torch.Tensor | None  # [r_q]
-    q_b: torch.Tensor  # [h (d_n + d_r), r_q or d]
+    q_b: torch.Tensor | StackedFP8  # [h (d_n + d_r), r_q or d]
     kv_a: torch.Tensor  # [d_c + d_r, d]
     kv_a_norm: torch.Tensor  # [d_c]
-    kv_b: torch.Tensor  # [h (d_n + d_v), d_c]
-    o: torch.Tensor  # [d, h d_v]
+    kv_b: torch.Tensor | StackedFP8  # [h (d_n + d_v), d_c]
+    o: torch.Tensor | StackedFP8  # [d, h d_v]
     indexer_wk: torch.Tensor | None = None  # [indexer_dim, d]
     down: torch.Tensor | None = None  # q_a, kv_a, indexer_wk stacked by rows; they are views of it
+    kv_b_dense: torch.Tensor | None = dataclasses.field(init=False, default=None, repr=False)  # kv_b kept FP8
 
     SHARDED = ("q_b", "kv_b", "o")
     SHARD_AXES = {"q_b": 0, "kv_b": 0, "o": 1}  # the axis a head-indexed tensor's shards join along
 
+    def __post_init__(self):
+        if isinstance(self.kv_b, StackedFP8):
+            self.kv_b_dense = self.kv_b.dequantize()
+
+    @property
+    def kv_b_weight(self) -> torch.Tensor:
+        """KV-B [h (d_n + d_v), d_c] in the compute format (W_UK and W_UV per head)."""
+        return self.kv_b if self.kv_b_dense is None else self.kv_b_dense
+
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, heads: range | None = None,
-             device=None, dtype=None) -> "MLAWeights":
-        """Read layer ``layer``'s attention weights for ``heads`` (all heads by default)."""
+             device=None, dtype=None, fp8: bool = False) -> "MLAWeights":
+        """Read layer ``layer``'s attention weights for ``heads`` (all heads by default); ``fp8``:
+        Q-B, KV-B and O kept FP8 as the checkpoint stores them (ValueError or CheckpointError for a
+        source or tensor that is not)."""
         m = profile.mla
         heads = range(m.heads) if heads is None else heads
         shapes = layer_tensor_shapes(profile, layer)
@@ -73,6 +96,12 @@ class MLAWeights:
         def get(name, **cut):
             return source.get(f"{a}.{name}", shapes[f"{a}.{name}"], **cut, **kw)
 
+        def projection(name, **cut):  # a head-indexed projection, kept FP8 or in the compute format
+            if not fp8:
+                return get(name, **cut)
+            kept = _fp8_source(source).get_block_scaled(f"{a}.{name}", shapes[f"{a}.{name}"], **cut, device=device)
+            return StackedFP8((kept,), dtype or torch.float32)
+
         q_b_name = "q_b_proj.weight" if m.q_lora_rank else "q_proj.weight"
         parts = (get("q_a_proj.weight") if m.q_lora_rank else None, get("kv_a_proj_with_mqa.weight"),
                  get("indexer.wk.weight") if profile.indexer is not None and profile.indexer.selects(layer) else None)
@@ -81,10 +110,10 @@ class MLAWeights:
         return cls(
             heads=heads, total_heads=m.heads, q_a=q_a,
             q_a_norm=get("q_a_layernorm.weight") if m.q_lora_rank else None,
-            q_b=get(q_b_name, rows=slice(heads.start * qk, heads.stop * qk)),
+            q_b=projection(q_b_name, rows=slice(heads.start * qk, heads.stop * qk)),
             kv_a=kv_a, kv_a_norm=get("kv_a_layernorm.weight"),
-            kv_b=get("kv_b_proj.weight", rows=slice(heads.start * kvh, heads.stop * kvh)),
-            o=get("o_proj.weight", cols=slice(heads.start * m.v_head_dim, heads.stop * m.v_head_dim)),
+            kv_b=projection("kv_b_proj.weight", rows=slice(heads.start * kvh, heads.stop * kvh)),
+            o=projection("o_proj.weight", cols=slice(heads.start * m.v_head_dim, heads.stop * m.v_head_dim)),
             indexer_wk=indexer_wk, down=down,
         )
 
@@ -101,9 +130,9 @@ class MLAWeights:
         qk, kvh, dv = self.q_b.shape[0] // h, self.kv_b.shape[0] // h, self.o.shape[1] // h
         return dataclasses.replace(
             self, heads=heads,
-            q_b=self.q_b[heads.start * qk: heads.stop * qk].clone(),
-            kv_b=self.kv_b[heads.start * kvh: heads.stop * kvh].clone(),
-            o=self.o[:, heads.start * dv: heads.stop * dv].clone(),
+            q_b=_cut(self.q_b, 0, heads.start * qk, len(heads) * qk),
+            kv_b=_cut(self.kv_b, 0, heads.start * kvh, len(heads) * kvh),
+            o=_cut(self.o, 1, heads.start * dv, len(heads) * dv),
         )
 
     @classmethod
@@ -114,15 +143,53 @@ class MLAWeights:
             raise ValueError(f"shards cover heads {heads[:3]}..., not 0..{shards[0].total_heads - 1} in order")
         return dataclasses.replace(
             shards[0], heads=range(shards[0].total_heads),
-            **{n: torch.cat([getattr(s, n) for s in shards], dim=cls.SHARD_AXES[n]) for n in cls.SHARDED},
+            **{n: _join([getattr(s, n) for s in shards], cls.SHARD_AXES[n]) for n in cls.SHARDED},
         )
 
     def nbytes(self) -> dict[str, int]:
-        """{'projections': Q-B + KV-B + O bytes held, 'replicated': the small always-whole rest}."""
-        size = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
-        proj = sum(size(getattr(self, n)) for n in self.SHARDED)
-        rest = sum(size(getattr(self, n)) for n in ("q_a", "q_a_norm", "kv_a", "kv_a_norm", "indexer_wk"))
+        """{'projections': Q-B + KV-B + O bytes held (kept FP8: as stored, plus KV-B's compute-format
+        copy), 'replicated': the small always-whole rest}."""
+        proj = sum(_size(getattr(self, n)) for n in (*self.SHARDED, "kv_b_dense"))
+        rest = sum(_size(getattr(self, n)) for n in ("q_a", "q_a_norm", "kv_a", "kv_a_norm", "indexer_wk"))
         return {"projections": proj, "replicated": rest}
+
+
+def projection_names(profile: ModelProfile, layers: int | None = None) -> list[str]:
+    """The head-indexed projection weights (Q-B or Q, KV-B, O) of the MLA layers among the first
+    ``layers`` layers: what ``attention_weights: fp8`` keeps as stored."""
+    q_b = "q_b_proj" if profile.mla is not None and profile.mla.q_lora_rank else "q_proj"
+    kinds = profile.layer_kinds[: profile.num_layers if layers is None else layers]
+    return [f"{layer_prefix(i)}.self_attn.{n}.weight" for i, kind in enumerate(kinds) if kind is LayerKind.MLA
+            for n in (q_b, "kv_b_proj", "o_proj")]
+
+
+def _size(t: torch.Tensor | StackedFP8 | None) -> int:
+    if isinstance(t, StackedFP8):
+        return t.stored_bytes
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def _fp8_source(source: WeightSource):
+    """``source`` if it hands out FP8 weights as stored; else ValueError (projections kept FP8 need one)."""
+    if not callable(getattr(source, "get_block_scaled", None)):
+        raise ValueError(f"attention weights kept FP8 need an FP8 block-scaled source; the weights come from "
+                         f"{type(source).__name__}")
+    return source
+
+
+def _cut(t: torch.Tensor | StackedFP8, dim: int, begin: int, length: int) -> torch.Tensor | StackedFP8:
+    """A copy of the run ``[begin, begin + length)`` along ``dim`` of a head-indexed projection (kept
+    FP8: its codes, the scale blocks they touch and where it starts in its first block)."""
+    if isinstance(t, StackedFP8):
+        return StackedFP8((t.parts[0].narrow(dim, begin, length).clone(),), t.dtype)
+    return t.narrow(dim, begin, length).clone()
+
+
+def _join(parts: list, dim: int) -> torch.Tensor | StackedFP8:
+    """Head shards of one projection joined along ``dim`` (kept FP8: with their scale grids merged)."""
+    if isinstance(parts[0], StackedFP8):
+        return StackedFP8((joined([p.parts[0] for p in parts], dim),), parts[0].dtype)
+    return torch.cat(parts, dim=dim)
 
 
 def _blocks(stacked: torch.Tensor, parts, dim: int = 0) -> list[torch.Tensor | None]:
@@ -139,9 +206,11 @@ class MLAMath:
     """The projections of one model's MLA layers (dims, eps and RoPE base from the profile), with
     the cache entries made by ``fused`` (:class:`~splash_core.platform.interfaces.FusedKernels`; None:
     the torch reference); queries come absorbed (:meth:`queries`) or per head for the expanded
-    form (:meth:`head_queries`), results go out from the latent (:meth:`output`) or from values."""
+    form (:meth:`head_queries`), results go out from the latent (:meth:`output`) or from values.
+    Q-B and O kept FP8 go through ``fp8_kernels`` (:class:`~splash_core.platform.interfaces.FP8LinearKernels`,
+    W8A8) or, without them, are dequantized at each use (the dequantize-at-load model's outputs)."""
 
-    def __init__(self, profile: ModelProfile, fused=None, attention_form: str = "auto"):
+    def __init__(self, profile: ModelProfile, fused=None, attention_form: str = "auto", fp8_kernels=None):
         """``attention_form``: how prefill rows attend (:data:`splash_core.profiles.deployment.FORMS`)."""
         if attention_form not in FORMS:
             raise ValueError(f"attention form must be one of {', '.join(FORMS)} (got {attention_form!r})")
@@ -153,6 +222,7 @@ class MLAMath:
         self.rotates = profile.mla_rope
         self.scale = softmax_scale(profile)
         self.fused = fused or KERNELS
+        self.fp8_kernels = fp8_kernels
 
     @property
     def kv_width(self) -> int:
@@ -189,7 +259,7 @@ class MLAMath:
         return torch.cat([q_lat, q_rope], dim=-1)
 
     def _per_head(self, w: MLAWeights, q_in: torch.Tensor) -> torch.Tensor:
-        return (q_in @ w.q_b.t()).view(q_in.shape[0], len(w.heads), self.d_n + self.d_r)
+        return self._linear(q_in, w.q_b).view(q_in.shape[0], len(w.heads), self.d_n + self.d_r)
 
     def latent(self, w: MLAWeights, kv: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Cache entries [n, d_c + d_r] from KV-A's output: normalised latent, then the rotated shared key."""
@@ -213,8 +283,16 @@ class MLAMath:
     def project_values(self, w: MLAWeights, values: torch.Tensor) -> torch.Tensor:
         """O output [n, d] of per-head values [n, h, d_v]."""
         n, heads, d_v = values.shape
-        return values.reshape(n, heads * d_v).to(w.o.dtype) @ w.o.t()
+        return self._linear(values.reshape(n, heads * d_v).to(w.o.dtype), w.o)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor | StackedFP8) -> torch.Tensor:
+        """``x W^T``; a weight kept FP8 through the FP8 kernels, else dequantized for this use only."""
+        if not isinstance(w, StackedFP8):
+            return x @ w.t()
+        if self.fp8_kernels is not None:
+            return self.fp8_kernels.linear(x, w.parts[0])
+        return x @ w.dequantize().t()
 
     def _heads(self, w: MLAWeights) -> torch.Tensor:
         """KV-B per head [h, d_n + d_v, d_c]: W_UK then W_UV."""
-        return w.kv_b.view(len(w.heads), self.d_n + self.d_v, self.d_c)
+        return w.kv_b_weight.view(len(w.heads), self.d_n + self.d_v, self.d_c)

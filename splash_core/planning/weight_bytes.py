@@ -9,8 +9,12 @@ GLM-5.3-Flash KDA layer) are replicated because DOP's owner convolves every head
 it holds, which needs the taps of every head.
 
 The projections themselves (names, shapes) are :mod:`splash_core.profiles.projections`.
-Sizes are parameters times the transfer format's bytes; quantization scales (S_meta of Eq 9)
-are not counted because model profiles do not describe them.
+Sizes are parameters times the transfer format's bytes. Quantization scales (S_meta of Eq 9) are
+counted where the weights are kept FP8 block-scaled and the block is given (``scale_block``:
+the checkpoint's, e.g. DeepSeek's 128 x 128; what a deployment with ``attention_weights: fp8``
+moves, codes and scales, equal to the runtime's received bytes); without it they are not (model
+profiles do not describe them): a profile whose weight_dtype is fp8 is then counted at one byte
+per parameter, while a deployment holding attention in its compute format moves that format.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ class LayerWeights:
 
     @property
     def received_per_rank(self) -> int:
-        """(1 - 1/T) S: what one rank receives per layer in a sharded→replicated switch."""
-        return self.layer_bytes - self.shard_bytes
+        """(1 - 1/T) S: what one rank receives per layer in a sharded→replicated switch (the T - 1
+        other shards; kept FP8, each with the scale blocks of the shard touching the most)."""
+        return (self.T - 1) * self.shard_bytes
 
     @property
     def received_by_group(self) -> int:
@@ -77,12 +82,14 @@ class WeightReport:
         return self.T * self.received_per_rank
 
 
-def weight_report(model: ModelProfile, T: int, dtype: str | None = None) -> WeightReport:
-    """Eq 9 accounting of ``model`` at group size ``T`` in ``dtype`` (default: the model's)."""
+def weight_report(model: ModelProfile, T: int, dtype: str | None = None,
+                  scale_block: tuple[int, int] | None = None) -> WeightReport:
+    """Eq 9 accounting of ``model`` at group size ``T`` in ``dtype`` (default: the model's);
+    ``scale_block``: MLA projections kept FP8 in blocks of (rows, cols), their scales counted."""
     dtype = dtype or model.weight_dtype
     kinds = []
     for kind in LayerKind:
-        projs = projections(model, kind, dtype)
+        projs = projections(model, kind, dtype, scale_block)
         count = model.count(kind)
         if projs and count:
             check_divides(T, projs[0].heads, f"{kind} heads")

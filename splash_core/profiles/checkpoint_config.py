@@ -109,6 +109,8 @@ def profile_fields(folder: str | Path, raw: dict | None = None) -> tuple[dict, d
     quant = _quantization(raw, file)
     dtype = _weight_dtype(raw, file)
     fields["weight_dtype"] = dtype
+    if quant:
+        fields["weight_scale_block"] = list(quant)
     fields["kv_cache"] = {"latent_dtype": dtype, "rope_dtype": dtype}
     facts = _generation_facts(c, fam, quant, file)
     notes = [f"weights stored as FP8 e4m3 with {quant[0]}x{quant[1]} block scales (weight_scale_inv), "

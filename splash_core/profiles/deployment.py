@@ -22,6 +22,7 @@ FORMS = ("auto", "absorbed", "expanded")  # how prefill rows attend (splash_core
 RESIDENCIES = ("transfer", "last_token")  # how long a prompt's KV stays in the prefill pool
 ADMISSIONS = ("continuous", "waves")  # how the prefill group admits queued requests
 FFN_WEIGHTS = ("compute", "fp8")  # how a rank holds the feed-forward weights
+ATTENTION_WEIGHTS = ("compute", "fp8")  # how a rank holds the attention's head-indexed projections
 
 
 def _default_overlap():
@@ -140,7 +141,13 @@ class DeploymentProfile:
     ffn_weights: str = field(
         "how a rank holds the feed-forward weights (routed and shared experts, dense MLPs): compute (dequantized "
         "to compute_dtype at load) or fp8 (block-scaled e4m3 as an FP8 checkpoint stores them, about half the "
-        "bytes of bf16; needs one)", default="compute", checks=[one_of(*FFN_WEIGHTS)])
+        "bytes of bf16; seeded weights are then drawn FP8 as such a checkpoint would hold them)",
+        default="compute", checks=[one_of(*FFN_WEIGHTS)])
+    attention_weights: str = field(
+        "how a rank holds the MLA layers' head-indexed projections (Q-B, KV-B, O): compute (dequantized to "
+        "compute_dtype at load) or fp8 (block-scaled e4m3 as an FP8 checkpoint stores them, switches moving them "
+        "FP8 with their scales; KV-B also keeps a compute_dtype copy for the absorbed per-head products)",
+        default="compute", checks=[one_of(*ATTENTION_WEIGHTS)])
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
@@ -158,9 +165,6 @@ class DeploymentProfile:
             yield Problem("T", f"must divide the model's {mla.heads} MLA heads", self.T)
         if kda is not None and LayerKind.KDA in self.model.layer_kinds and kda.heads % self.T:
             yield Problem("T", f"must divide the model's {kda.heads} KDA heads", self.T)
-        if self.ffn_weights == "fp8" and not self.model.checkpoint:
-            yield Problem("ffn_weights", "fp8 keeps an FP8 checkpoint's weights as stored; the model has no "
-                                         "checkpoint folder (its weights are drawn from a seed)", self.ffn_weights)
         if self.page_size & (self.page_size - 1):
             yield Problem("page_size", "must be a power of two", self.page_size)
         if self.layers is not None and not 0 < self.layers <= self.model.num_layers:

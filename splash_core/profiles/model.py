@@ -171,6 +171,10 @@ class ModelProfile:
         "MLA cache format", default=KVCacheFormat(latent_dtype="bf16", rope_dtype="bf16")
     )
     weight_dtype: str = field("format of attention projection weights", default="bf16", checks=[_DTYPE])
+    weight_scale_block: tuple[int, ...] | None = field(
+        "[rows, cols] of one float32 scale block of FP8 block-scaled attention projections (an FP8 checkpoint's "
+        "weight_block_size): Eq 9 counts these scales (S_meta) where weight_dtype is fp8. None: not counted, "
+        "as the paper's own 143.5 MiB 'before scales'", default=None)
     vocab_size: int = field("vocabulary size (runtime embedding / LM head)", default=32000, checks=[positive])
     intermediate_size: int = field("dense MLP width (runtime)", default=0, checks=[non_negative])
     moe: MoEConfig | None = field("routed experts (None: a dense MLP in every layer)", default=None)
@@ -195,6 +199,9 @@ class ModelProfile:
     notes: str = field("caveats, e.g. where a stand-in disagrees with a paper figure", default="")
 
     def problems(self):
+        block = self.weight_scale_block
+        if block is not None and not (len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            yield Problem("weight_scale_block", "expected [rows, cols], two positive integers", list(block))
         kinds = set(self.layers.kinds)
         if LayerKind.MLA in kinds and self.mla is None:
             yield Problem("mla", "the layer pattern has mla layers but no mla dims are given")

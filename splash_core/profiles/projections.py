@@ -15,6 +15,12 @@ KDA (Kimi-Linear naming; H heads of width K = V = head_dim, conv width c)::
 
 Everything replicated in every layout (Q-A, KV-A, the rotary key rows, norms, KDA's low-rank
 gate down-projections and its short-convolution taps) is not one of them (appendix A).
+
+Kept FP8 block-scaled (``scale_block``: the checkpoint's (rows, cols) block of the stored [out, in]
+weight), a projection's bytes include its float32 scale per block, and a head shard's those of
+the blocks it touches: where shards start inside a block (tiny models; DeepSeek's at T = 8 align
+to 128) neighbours share the boundary block, and a shard counts the most blocks any rank's shard
+touches (what a switch's all-gather sends per rank: :mod:`splash_core.runtime.switch.weights_mover`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class Projection:
     shape: tuple[int, ...]  # elements, (in, out) for matrices
     heads: int  # the head axis it is sharded along
     dtype: str  # transfer format
+    head_axis: int = 1  # the index in ``shape`` split by heads (O: its input)
+    scale_block: tuple[int, int] | None = None  # FP8 block-scaled: (rows, cols) of the stored [out, in] blocks
 
     @property
     def params(self) -> int:
@@ -44,12 +52,21 @@ class Projection:
 
     @property
     def bytes(self) -> int:
-        return self.params * dtypes.nbytes(self.dtype)
+        return self.params * dtypes.nbytes(self.dtype) + 4 * self._scale_blocks(1)
 
     def shard_bytes(self, T: int) -> int:
-        """Bytes of one of T head shards; ValueError if T does not divide the heads."""
+        """Bytes of one of T head shards (kept FP8: the largest); ValueError if T does not divide the heads."""
         check_divides(T, self.heads, f"{self.kind} heads")
-        return self.bytes // T
+        return self.params * dtypes.nbytes(self.dtype) // T + 4 * self._scale_blocks(T)
+
+    def _scale_blocks(self, T: int) -> int:
+        """Scale blocks of the head shard of T touching the most blocks (0 unless kept FP8)."""
+        if self.scale_block is None:
+            return 0
+        per_axis = (self.scale_block[1], self.scale_block[0])  # shape is (in, out): columns, then rows
+        n, b = self.shape[self.head_axis] // T, per_axis[self.head_axis]
+        other = -(-self.shape[1 - self.head_axis] // per_axis[1 - self.head_axis])
+        return other * max(-(-((r * n) % b + n) // b) for r in range(T))
 
 
 def check_divides(T: int, heads: int, what: str) -> None:
@@ -59,10 +76,15 @@ def check_divides(T: int, heads: int, what: str) -> None:
         raise ValueError(f"T = {T} does not divide the model's {heads} {what}")
 
 
-def projections(model: ModelProfile, kind: LayerKind, dtype: str | None = None) -> tuple[Projection, ...]:
+def projections(model: ModelProfile, kind: LayerKind, dtype: str | None = None,
+                scale_block: tuple[int, int] | None = None) -> tuple[Projection, ...]:
     """The head-indexed projections of one layer of ``kind``, in order; () if the model has
-    no dims for that kind. ``dtype`` defaults to the model's weight format."""
+    no dims for that kind. ``dtype`` defaults to the model's weight format; ``scale_block``:
+    MLA's kept FP8 block-scaled in blocks of that many (rows, cols), their scales counted (default:
+    the model's ``weight_scale_block`` where the format is fp8)."""
     dtype = dtype or model.weight_dtype
+    if scale_block is None and dtype == "fp8" and model.weight_scale_block is not None:
+        scale_block = tuple(model.weight_scale_block)
     dtypes.nbytes(dtype)  # unknown formats fail here, naming the known ones
     d = model.hidden_size
     if kind is LayerKind.MLA and model.mla is not None:
@@ -73,7 +95,7 @@ def projections(model: ModelProfile, kind: LayerKind, dtype: str | None = None) 
             ("kv_b", (m.kv_lora_rank, m.heads * (m.qk_nope_head_dim + m.v_head_dim))),
             ("o", (m.heads * m.v_head_dim, d)),
         ]
-        heads = m.heads
+        heads, blocks = m.heads, scale_block
     elif kind is LayerKind.KDA and model.kda is not None:
         k = model.kda
         h, w = k.heads, k.head_dim
@@ -81,10 +103,11 @@ def projections(model: ModelProfile, kind: LayerKind, dtype: str | None = None) 
             ("q", (d, h * w)), ("k", (d, h * w)), ("v", (d, h * w)), ("o", (h * w, d)),
             ("beta", (d, h)), ("f_b", (w, h * w)), ("g_b", (w, h * w)), ("decay", (h * (1 + w),)),
         ]
-        heads = h
+        heads, blocks = h, None
     else:
         return ()
-    return tuple(Projection(name, kind, shape, heads, dtype) for name, shape in rows)
+    return tuple(Projection(name, kind, shape, heads, dtype, 0 if name == "o" else 1, blocks)
+                 for name, shape in rows)
 
 
 def layer_weight_bytes(model: ModelProfile, kind: LayerKind, dtype: str | None = None) -> int:

@@ -27,7 +27,32 @@ def render(result: Result, ctx: Context) -> list[str]:
         lines += [f"Captures that failed (those steps ran eagerly): {'; '.join(failed)}.", ""]
     if summary["skipped"]:
         lines += [f"Skipped (time budget): {', '.join(summary['skipped'])}.", ""]
+    profiled = [p for p in summary["points"] if p.get("profile", {}).get("classes")]
+    if profiled:
+        lines += _profile_table(profiled)
     return lines
+
+
+PROFILED = ("attention", "gemm", "lm_head", "routing_topk", "elementwise", "memcpy", "collective", "other")
+
+
+def _profile_table(points: list[dict]) -> list[str]:
+    """Where a replayed step's device time goes: each kernel class's share of the step's span (and, where
+    its bytes or FLOPs are known, its time over its own floor), the idle gaps, the time outside the span."""
+    rows = []
+    for p in points:
+        prof = p["profile"]
+        cells = []
+        for name in PROFILED:
+            c = prof["classes"].get(name, {})
+            over = f" ({c['over_floor']:.2f}x)" if c.get("over_floor") else ""
+            cells.append(f"{c.get('share', 0):.0%}{over}" if c.get("kernels") else "")
+        rows.append([str(p["batch"]), tokens(p["context"]), prof.get("profiled", "graph"), *cells,
+                     f"{prof['idle_share']:.0%}", ms(prof.get("outside_span_us", 0) / 1e3)])
+    return ["Profiled replays (bench/splash_bench/kernel_classes.py): each kernel class's share of the step's "
+            "kernel span, and in brackets its time over its own floor (its bytes at the copy rate or FLOPs at the "
+            "matmul rate).", ""] + table(["B", "context", "profiled", *PROFILED, "idle", "outside span ms"], rows,
+                                         "rrl" + "r" * (len(PROFILED) + 2)) + [""]
 
 
 def _row(p: dict) -> list[str]:

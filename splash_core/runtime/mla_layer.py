@@ -159,8 +159,8 @@ class MLALayer(HeadShardedLayer):
             values.index_copy_(0, rows.absorbed, m.values(w, out).to(values.dtype))
             lse.index_copy_(0, rows.absorbed, part)
         keys = step.expanded_keys(self.kv, self.layout, rows)
-        out, part = attend_expanded(step.kernels, q.index_select(0, rows.expanded), self.kv, keys, rows, w.kv_b,
-                                    m.d_n, m.scale)
+        out, part = attend_expanded(step.kernels, q.index_select(0, rows.expanded), self.kv, keys, rows,
+                                    w.kv_b_weight, m.d_n, m.scale)
         values.index_copy_(0, rows.expanded, out.to(values.dtype))
         lse.index_copy_(0, rows.expanded, part)
         return values, lse

@@ -71,7 +71,8 @@ class Model:
         self.rank, self.T, self.device = ops.rank, ops.T, ops.device
         self.collectives, self.kernels, self.host_collectives = ops.collectives, ops.kernels, ops.host_collectives
         self.fused, self.streams = ops.fused, ops.streams
-        self.math = MLAMath(profile, self.fused, config.attention_form) if config.mla_layers else None
+        self.math = (MLAMath(profile, self.fused, config.attention_form,
+                             ops.fp8_kernels if config.fp8_attention else None) if config.mla_layers else None)
         self.pool = KVPool(config.mla_layers, config.pages_per_layer, config.page_format(), ops.device,
                            memory=ops.peer_memory)
         self.recurrent = RecurrentPool(config.kda_layers, config.recurrent_format(), ops.device)
@@ -116,7 +117,8 @@ class Model:
         sparse = self.config.sparse_attention
         selects = sparse and profile.indexer.selects(i)  # else a shared-indexer layer (GLM-5) reuses the last top-k
         indexer = IndexerWeights.load(weights.source, profile, i, **kw) if selects else None
-        return MLALayer(i, layout, MLAWeights.load(weights.source, profile, i, heads, **kw), self.pool[i], self.math,
+        attention = MLAWeights.load(weights.source, profile, i, heads, fp8=self.config.fp8_attention, **kw)
+        return MLALayer(i, layout, attention, self.pool[i], self.math,
                         rank, T, indexer, profile.indexer.topk if sparse else 0,
                         shares_selection=sparse and not selects)
 
@@ -139,7 +141,8 @@ class Model:
         if ctx.world_size != deployment.T:
             raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
         return cls(config, RankOps.of(ctx, config, deployment.transfer),
-                   source or weight_source(deployment.model, deployment.seed))
+                   source or weight_source(deployment.model, deployment.seed,
+                                           "fp8" in (deployment.ffn_weights, deployment.attention_weights)))
 
     # ---- one step -------------------------------------------------------------------------
 

@@ -45,7 +45,9 @@ class ModelConfig:
     top-k keys (needs a profile with an indexer; decode steps then run eagerly, never from graphs).
     ``fp8_ffn``: the feed-forward weights (routed and shared experts, dense MLPs) stay FP8
     block-scaled as the checkpoint stores them, dequantized at each use (needs an FP8 block-scaled
-    checkpoint; the model's outputs are unchanged); False: dequantized to ``dtype`` at load."""
+    checkpoint; the model's outputs are unchanged); False: dequantized to ``dtype`` at load.
+    ``fp8_attention``: likewise the MLA layers' head-indexed projections (Q-B, KV-B, O; a switch
+    moves them FP8 with their scales: :class:`~splash_core.model.mla.MLAWeights`)."""
 
     profile: ModelProfile
     layouts: Layout | Sequence[Layout]
@@ -59,6 +61,7 @@ class ModelConfig:
     attention_form: str = "auto"
     sparse_attention: bool = False
     fp8_ffn: bool = False
+    fp8_attention: bool = False
 
     def __post_init__(self):
         if self.sparse_attention and self.profile.indexer is None:
@@ -86,7 +89,7 @@ class ModelConfig:
                    dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
                    kv_scales=kv.scale_bytes // SCALE_BYTES, num_layers=deployment.layers, graphs=deployment.graphs,
                    attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment),
-                   fp8_ffn=deployment.ffn_weights == "fp8")
+                   fp8_ffn=deployment.ffn_weights == "fp8", fp8_attention=deployment.attention_weights == "fp8")
 
     @property
     def layer_count(self) -> int:
@@ -135,8 +138,8 @@ class RankOps:
     waits for the device (None: ``collectives``, a round trip to the device when a batch opens a
     page); ``peer_memory`` to allocate the KV pool from, so switches pull pages rank to rank (None:
     pages move by collectives); ``graph_ops`` to capture and replay decode graphs; ``streams`` and
-    events (default: host ones); ``fp8_kernels`` to multiply feed-forward weights kept FP8 (None:
-    dequantized at each use)."""
+    events (default: host ones); ``fp8_kernels`` to multiply feed-forward and attention weights kept
+    FP8 (None: dequantized at each use)."""
 
     rank: int
     T: int
@@ -163,7 +166,8 @@ class RankOps:
                    host_collectives=ctx.host_collectives(),
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
                    graph_ops=backend.graph_ops(device) if config.graphs is not None else None, streams=ctx.streams,
-                   fp8_kernels=_fp8_kernels(backend, device, dtype) if config.fp8_ffn else None)
+                   fp8_kernels=(_fp8_kernels(backend, device, dtype) if config.fp8_ffn or config.fp8_attention
+                                else None))
 
 
 def _fp8_kernels(backend, device, dtype: torch.dtype):

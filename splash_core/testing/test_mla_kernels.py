@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from splash_core.kernels.expanded_choice import ExpandedChoice
 from splash_core.reference import mla as ref
 from splash_core.reference.expanded import expanded_attention
 
@@ -49,10 +50,14 @@ def test_scaled_fp8_cache_matches_reference(kernels, conformance_device, conform
 
 
 def test_expanded_matches_reference(kernels, conformance_device, conformance_dtype):
+    """Where the backend chooses among expanded providers per call (e.g. torch's SDPA kernels by a
+    measured table), every one of them, not only the one the case's shape picks."""
     if kernels.expanded is None:
         pytest.skip(f"{kernels.name} has no expanded-form kernel (prefill attends absorbed)")
     case = expanded_case(conformance_device, conformance_dtype)
-    _assert_matches(kernels.expanded(*case), expanded_attention(*case), conformance_dtype, "expanded")
+    chosen = kernels.expanded
+    for name, provider in chosen.providers if isinstance(chosen, ExpandedChoice) else (("", chosen),):
+        _assert_matches(provider(*case), expanded_attention(*case), conformance_dtype, f"expanded {name}".rstrip())
 
 
 def test_merge_matches_reference(kernels, conformance_device, conformance_dtype):

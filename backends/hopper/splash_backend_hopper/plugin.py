@@ -27,7 +27,7 @@ def splash_backend_info():
         name="hopper",
         version=__version__,
         summary=("NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile; "
-                 + providers.describe(flashmla.missing_reason())),
+                 + providers.describe(flashmla.missing_reason()) + "; " + providers.describe_expanded()),
         device_type="cuda",
         accelerator=True,
         specializes="cuda",
@@ -51,7 +51,7 @@ def splash_mla_kernels(device, dtype):
     from splash_core.kernels import triton_mla_kernels
 
     config, _ = tuned.load()
-    kernels = triton_mla_kernels(config.with_processors(detect.processors(device)))
+    kernels = with_expanded_choice(triton_mla_kernels(config.with_processors(detect.processors(device))))
     if flashmla.missing_reason():
         return kernels
     table = providers.load()
@@ -63,6 +63,24 @@ def splash_mla_kernels(device, dtype):
         kernels = dataclasses.replace(kernels, sparse=by_format(flashmla.sparse(kernels.sparse), kernels.sparse),
                                       name=f"{kernels.name}+flashmla-sparse")
     return kernels
+
+
+def with_expanded_choice(kernels):
+    """``kernels`` whose expanded form runs torch's cuDNN attention where the measured table chose
+    it for the call's heads and rows (Triton for the rest, and for requests a dense call cannot
+    express); unchanged where nothing was measured."""
+    import dataclasses
+
+    from torch.nn.attention import SDPBackend
+
+    from splash_core.kernels.expanded_choice import ExpandedChoice
+    from splash_core.kernels.expanded_sdpa import sdpa_expanded_attention
+
+    if not providers.sdpa_somewhere():
+        return kernels
+    sdpa = sdpa_expanded_attention(SDPBackend.CUDNN_ATTENTION, fallback=kernels.expanded)
+    choice = ExpandedChoice((("triton", kernels.expanded), ("sdpa", sdpa)), providers.expanded_provider)
+    return dataclasses.replace(kernels, expanded=choice, name=f"{kernels.name}+sdpa-expanded")
 
 
 def by_format(flashmla_sparse, triton_sparse):

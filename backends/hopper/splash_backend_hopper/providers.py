@@ -9,6 +9,8 @@ counts take the row of the nearest measured count below (above, for fewer heads 
 measured); with no measurement, or without the FlashMLA wheel, Triton serves every call. Calls
 on a scaled-fp8 cache go by their own table (``decode_fp8``, from the benchmark's fp8 points):
 FlashMLA's fp8 decode is another kernel, so the bf16 measurement says nothing about it.
+Expanded-form prefill attention goes by the ``expanded`` entry (``bench/expanded_attention.py``):
+torch's cuDNN attention from a measured number of query rows, else Triton.
 """
 
 from __future__ import annotations
@@ -62,6 +64,45 @@ def sparse_provider(kv: str = "bf16", table: dict | None = None) -> str:
     return "flashmla" if entry.get("provider") == "flashmla" else "triton"
 
 
+def expanded_provider(heads: int, rows: int, table: dict | None = None) -> str:
+    """``"sdpa"`` (torch's cuDNN attention, :mod:`splash_core.kernels.expanded_sdpa`) or ``"triton"``
+    for an expanded-form call of ``heads`` heads and ``rows`` query rows: the table's ``expanded``
+    entry (``bench/expanded_attention.py --write-providers``: per measured head count the fewest
+    rows from which SDPA was faster at every larger measured point), heads between measured
+    counts as for decode; Triton where nothing was measured."""
+    measured = {int(h): row.get("sdpa_from_rows")
+                for h, row in (load() if table is None else table).get("expanded", {}).get("heads", {}).items()}
+    if not measured:
+        return "triton"
+    below = [h for h in measured if h <= heads]
+    threshold = measured[max(below)] if below else measured[min(measured)]
+    return "sdpa" if threshold is not None and rows >= int(threshold) else "triton"
+
+
+def sdpa_somewhere(table: dict | None = None) -> bool:
+    """Whether the table's ``expanded`` entry chose SDPA for some calls."""
+    rows = (load() if table is None else table).get("expanded", {}).get("heads", {})
+    return any(row.get("sdpa_from_rows") is not None for row in rows.values())
+
+
+def expanded_thresholds(points: list[dict]) -> dict[str, dict]:
+    """Per head count of ``bench/expanded_attention.py``'s points (``heads``, ``rows`` of the
+    call, ``triton_ms``, ``sdpa_ms``), the fewest rows from which SDPA was faster at every
+    measured point of as many rows or more (None: nowhere)."""
+    out = {}
+    for heads in sorted({p["heads"] for p in points}):
+        mine = sorted((p for p in points if p["heads"] == heads), key=lambda p: (p["rows"], p["triton_ms"]))
+        start = None
+        for p in reversed(mine):  # the longest run of SDPA wins ending at the largest call
+            if p.get("sdpa_ms") is None or p["sdpa_ms"] >= p["triton_ms"]:
+                break
+            start = p["rows"]
+        out[str(heads)] = {"sdpa_from_rows": start, "points": len(mine),
+                           "sdpa_faster_at_rows": [p["rows"] for p in mine
+                                                   if p.get("sdpa_ms") is not None and p["sdpa_ms"] < p["triton_ms"]]}
+    return out
+
+
 def thresholds(samples: list[dict]) -> dict[str, dict]:
     """Per head count of ``bench/peer_kernels.py``'s samples, the fewest KV tokens from which
     FlashMLA was faster than SPLASH's Triton decode at every measured point (None: nowhere)."""
@@ -96,3 +137,14 @@ def describe(flashmla_missing: str | None) -> str:
                                           for h, t in sorted(fp8.items()))) if fp8 else "; fp8 KV: triton (not measured)"
     sparse = ", ".join(f"{kv} KV: {sparse_provider(kv)}" for kv in TABLES)
     return f"decode by measurement ({picks}; else triton{fp8_picks}); sparse attention: {sparse}"
+
+
+def describe_expanded() -> str:
+    """What serves expanded-form prefill attention, by the measured table."""
+    measured = load().get("expanded", {}).get("heads", {})
+    if not measured:
+        return "expanded prefill: triton (not measured)"
+    picks = ", ".join(f"{h} heads: " + ("triton" if row.get("sdpa_from_rows") is None
+                                        else f"sdpa from {row['sdpa_from_rows']} rows")
+                      for h, row in sorted(measured.items(), key=lambda kv: int(kv[0])))
+    return f"expanded prefill by measurement ({picks})"

@@ -22,6 +22,27 @@ def _decode_steps_agree(summary: dict, samples: list, where: str) -> str | None:
             median = percentile(sample["wall_ms"], 50)
             if not math.isclose(p[f"{path}_ms"], median, rel_tol=1e-9, abs_tol=1e-12):
                 return f"{where}: summary.points[{i}].{path}_ms: is {p[f'{path}_ms']} but its samples' median is {median}"
+        if "profile" in p and (error := _profile_error(p["profile"])):
+            return f"{where}: summary.points[{i}].profile: {error}"
+    return None
+
+
+def _profile_error(profile: dict) -> str | None:
+    """Why a profiled replay's split (bench/splash_bench/kernel_classes.py) is not one: its classes'
+    shares and the idle share must be finite and >= 0, some kernel must have run, and busy and idle
+    time must make up the step's time; or it is ``{"error": why}`` (no profile could be taken)."""
+    if set(profile) == {"error"}:
+        return None if isinstance(profile["error"], str) and profile["error"].strip() else "an empty error"
+    classes = profile.get("classes")
+    if not isinstance(classes, dict) or not classes:
+        return "no classes"
+    shares = [c.get("share") for c in classes.values()] + [profile.get("idle_share")]
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in shares):
+        return f"shares {shares} are not finite numbers >= 0"
+    busy, idle, step = (profile.get(k) for k in ("busy_us", "idle_gap_us", "step_us"))
+    if not (isinstance(busy, (int, float)) and busy > 0 and isinstance(step, (int, float)) and step > 0
+            and isinstance(idle, (int, float)) and math.isclose(busy + idle, step, rel_tol=1e-6)):
+        return f"busy {busy} us and idle {idle} us do not make up the step's {step} us (or no kernel ran)"
     return None
 
 
@@ -37,7 +58,7 @@ SHAPES: dict[str, Shape] = {
                          "roofline_ms": "nonneg", "capture_s": "nonneg?", "graph_bytes": "count?",
                          "captured": "flag", "failed": "text?", "tokens_match": "flag", "decisive_mismatches": "count",
                          "wall_over_replay": "nonneg?",
-                         "eager_over_graph": "nonneg", "replay_over_roofline": "nonneg?"}},
+                         "eager_over_graph": "nonneg", "replay_over_roofline": "nonneg?", "profile": "object?"}},
         row_key={"points": ("batch", "context")},
         sample={"batch": "positive", "context": "positive", "layers": "positive", "layout": "layout", "path": "text"},
         sources=frozenset({"measured"}),
