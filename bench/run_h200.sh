@@ -4,7 +4,7 @@
 #   bash bench/run_h200.sh [SECTION ...]      (default: all sections, in this order)
 #
 # Sections: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference
-# serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline
+# serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline servefp8
 # (peer onwards need one GPU only: the cuda backend's peer memory between two processes, how
 # much page copies by kernels or by memcpy slow a step beside them, sglang.bench_serving against
 # splash serve on the real-widths checkpoint, which needs the wheels of bench/serve_wheels.sh
@@ -140,6 +140,14 @@ from splash_bench.platform_name import accelerator_platform; print(accelerator_p
               timeout 150 python3 bench/prefill_forms.py --forms auto --layers $L --platform $P --out $RES/roofline;
               timeout 150 python3 bench/prefill_forms.py --forms auto --layers $L --platform $P --ffn-weights fp8 \
                 --out $RES/roofline" ;;
-    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline)"; exit 2 ;;
+    # FP8 experts served (one GPU): sglang.bench_serving against splash serve on 4 real-width layers with the
+    # feed-forward weights in bf16 and kept FP8, each after a warm-up run of its own (kernel compilation)
+    servefp8) section servefp8 560 bash -c "A='--layers 4 --num-prompts 64 --rates inf --input-len 2048 --range-ratio 0.5
+                --output-len 64 --budget-s 100 --workdir /tmp/rw';
+              for w in compute fp8; do
+                timeout 130 python3 bench/serve_bench.py \$A --keep --reuse --ffn-weights \$w --num-prompts 16 --out /tmp/warm;
+                timeout 110 python3 bench/serve_bench.py \$A --reuse --keep --ffn-weights \$w --name served_bench-ffn-\$w \
+                  --out $RES/servefp8; done" ;;
+    *) echo "unknown section $s (known: calibrate kernels runtime switch engine kda conformance hostprof trace transport peer interference serve graphs decode theta fp8 expanded forms overlap graphmem sampling dsa fp8gemm roofline servefp8)"; exit 2 ;;
   esac
 done

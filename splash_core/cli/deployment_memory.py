@@ -50,9 +50,10 @@ def run(args) -> int:
     print(table(body, heads, align="lr" + "r" * (len(heads) - 2)))
     print(f"\nGiB per rank (busiest rank). Weights as the runtime holds them ({plan.held}; FP8 tensors held "
           "otherwise are dequantized at load) and FP8-kept (every FP8 tensor kept as stored: codes + block scales; "
-          "ffn_weights: fp8 keeps the feed-forward ones). 'left' buys the KV pool: KV tok/rank = pages of every "
+          "ffn_weights: fp8 keeps the feed-forward ones, attention_weights: fp8 Q-B, KV-B and O). 'left' buys the KV "
+          "pool (a run sizes its pool by it, on the tightest layout its policy may run): KV tok/rank = pages of every "
           "cache-bearing layer x page size. Activation scratch is inside the reserve; the profile's common_gib "
-          f"({deployment.common_gib:g}) is not used here.")
+          f"({deployment.common_gib:g}) is used only by the paper studies (sweep, decide, plan).")
     if problem:
         print(f"\n{problem}")
     return 0
