@@ -50,10 +50,7 @@ from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="bench/results", help="results root; files go to <out>/<platform>/")
-    p.add_argument("--backend", default="auto", help="backend plugin (auto: the accelerator's, else reference)")
-    p.add_argument("--kernels", choices=("backend", "reference"), default="backend", help="MLA attention kernels")
-    p.add_argument("--platform", default=None, help="results folder (default: the backend's hardware profile)")
+    step_bench.add_one_device_options(p)
     p.add_argument("--model", default="deepseek-v3")
     p.add_argument("--layout", default="TP", choices=[str(l) for l in Layout])
     p.add_argument("--dtype", default="bf16")

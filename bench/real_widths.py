@@ -131,7 +131,7 @@ def sizing(args, config: dict, free_disk: int) -> tuple[int, dict]:
     d, V, m = profile.hidden_size, profile.vocab_size, profile.mla
     longest = max(args.contexts) + -(-args.batch * max(args.contexts) // args.prefill_chunk) + args.decode_tokens
     kv_layer = args.batch * longest * (m.kv_lora_rank + m.qk_rope_head_dim) * 2
-    ffn, first_moe = _ffn_elem(args), profile.moe.first_k_dense_replace
+    ffn, first_moe = ffn_elem(args), profile.moe.first_k_dense_replace
     dense, moe = layer_bytes(profile, 0, 2, ffn), layer_bytes(profile, first_moe, 2, ffn)
     dense_disk, moe_disk = layer_bytes(profile, 0, 1), layer_bytes(profile, first_moe, 1)  # FP8 files
     fixed = 2 * V * d * 2 + d * 2
@@ -231,7 +231,7 @@ def _held(args) -> str:
     return f"{kept}dequantized to bf16"
 
 
-def _ffn_elem(args) -> int:
+def ffn_elem(args) -> int:
     """Bytes an element of the feed-forward weights the runtime holds: 1 kept FP8, else bf16's 2."""
     return 1 if args.ffn_weights == "fp8" else 2
 
@@ -293,7 +293,7 @@ def run(args) -> int:
     from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 
     profile = profile_from_checkpoint(folder)
-    held = sum(layer_bytes(profile, i, 2, _ffn_elem(args)) for i in range(layers))  # M0 of Eq 6: their weights
+    held = sum(layer_bytes(profile, i, 2, ffn_elem(args)) for i in range(layers))  # M0 of Eq 6: their weights
     dep = deployment(args, folder, held)
     left = lambda: args.budget_s - (time.perf_counter() - start)  # noqa: E731
     gen, gen_s = splash("generate", "--deployment", dep, "--prompt", "The capital of France is", "--max-new-tokens",

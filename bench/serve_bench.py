@@ -96,7 +96,7 @@ def checkpoint(args) -> tuple[str, str]:
 
     profile = profile_from_checkpoint(folder)
     layers = profile.num_layers
-    held = sum(real_widths.layer_bytes(profile, i, 2, real_widths._ffn_elem(rw)) for i in range(layers))
+    held = sum(real_widths.layer_bytes(profile, i, 2, real_widths.ffn_elem(rw)) for i in range(layers))
     path = real_widths.deployment(rw, folder, held)  # planning no more memory than this GPU has
     return str(path), str(folder)
 

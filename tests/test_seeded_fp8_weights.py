@@ -17,7 +17,8 @@ import pytest
 import torch
 import yaml
 
-from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights, stored_fp8
+from splash_core.checkpoint.fp8 import stored_fp8
+from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights
 from splash_core.checkpoint.source import weight_source
 from splash_core.engine import Job, serve
 from splash_core.model.fp8_blocks import BlockScaledFP8
@@ -49,13 +50,13 @@ def test_only_what_an_fp8_checkpoint_stores_fp8_is_kept_fp8():
     for name, shape in (("model.embed_tokens.weight", (64, 32)), ("lm_head.weight", (64, 32)),
                         ("model.layers.1.mlp.gate.weight", (8, 32)), ("model.layers.0.input_layernorm.weight", (32,)),
                         ("model.layers.0.self_attn.indexer.weights_proj.weight", (4, 32))):
-        assert not stored_fp8(name, shape)
+        assert not stored_fp8(name)
         assert torch.equal(source.get(name, shape), SeededWeights(3).get(name, shape))
         with pytest.raises(ValueError, match="not stored FP8 block-scaled"):
             source.get_block_scaled(name, shape)
     for name in ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.layers.0.self_attn.o_proj.weight",
                  "model.layers.2.mlp.shared_experts.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"):
-        assert stored_fp8(name, (48, 32))
+        assert stored_fp8(name)
     profile = loader.load("model", "tiny-mla")
     assert type(weight_source(profile, 3)) is SeededWeights
     assert type(weight_source(profile, 3, keep_fp8=True)) is SeededFP8Weights

@@ -108,6 +108,14 @@ def describe_rank(ctx) -> dict:
             "memory": device_memory(ctx)}
 
 
+def add_one_device_options(p) -> None:
+    """The options every one-device benchmark shares, read back by :func:`one_device_platform`."""
+    p.add_argument("--out", default="bench/results", help="results root; files go to <out>/<platform>/")
+    p.add_argument("--backend", default="auto", help="backend plugin (auto: the accelerator's, else reference)")
+    p.add_argument("--kernels", choices=("backend", "reference"), default="backend", help="MLA attention kernels")
+    p.add_argument("--platform", default=None, help="results folder (default: the backend's hardware profile)")
+
+
 def one_device_platform(args, pool) -> tuple[dict, str]:
     """(rank 0's :func:`describe_rank`, the results folder) of a one-device benchmark: ``--platform``,
     else the backend's hardware profile, else cpu; exits where ``--backend auto`` found no

@@ -32,10 +32,12 @@ from pathlib import Path
 
 from .. import dtypes
 from ..layouts import Layout, Placement
+from ..model.fp8_blocks import BLOCK
 from ..model.weights import even_shard, tensor_shapes
 from ..profiles.checkpoint_config import profile_fields
 from ..profiles.checkpoint_family import CheckpointError
 from ..profiles.model import ModelProfile
+from .fp8 import stored_fp8
 from .tiny import ensure_written
 
 HEAD_INDEXED = "attention (head-indexed)"  # the projections layouts shard or replicate (W_A of Eq 1)
@@ -58,13 +60,6 @@ class StoredTensor:
     block: tuple[int, int] | None = None
 
 
-def _config_quantized(name: str) -> bool:
-    """DeepSeek's FP8 rule for a checkpoint known only by its config.json (module docstring)."""
-    if name.endswith("weights_proj.weight") or _ROUTER.fullmatch(name):
-        return False
-    return name.endswith(("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight"))
-
-
 def _read_header(file: Path) -> dict:
     """A safetensors file's header (name -> dtype, shape, offsets), read without its data."""
     try:
@@ -85,10 +80,11 @@ def _headers(folder: Path) -> dict[str, dict]:
 
 
 def stored_tensors(profile: ModelProfile, layers: int | None = None, compute_dtype: str = "bf16",
-                   ) -> tuple[dict[str, StoredTensor], str]:
+                   seeded_fp8: bool = False) -> tuple[dict[str, StoredTensor], str]:
     """(runtime tensor name -> how it is stored, where that came from in words) for every tensor
     the runtime reads for the first ``layers`` layers. A profile without a checkpoint folder
-    stores them by the FP8 rule where its ``weight_dtype`` is fp8, else in the compute format."""
+    stores them by the FP8 rule where its ``weight_dtype`` is fp8 or the deployment keeps weights
+    FP8 (``seeded_fp8``: its seeded source then draws them so), else in the compute format."""
     shapes = tensor_shapes(profile, layers)
     written = ensure_written(profile)  # a builtin checkpoint is written on first use, as for its readers
     folder = Path(written).expanduser() if written else None
@@ -96,7 +92,8 @@ def stored_tensors(profile: ModelProfile, layers: int | None = None, compute_dty
         stand_in = ("; its MoE layers run a dense MLP stand-in (runtime_experts: false): pass --model DIR "
                     "(a config.json is enough) for the real experts") if profile.moe and not profile.runtime_experts \
             else ""
-        return (_by_rule(shapes, (128, 128) if profile.weight_dtype == "fp8" else None, compute_dtype),
+        fp8 = seeded_fp8 or profile.weight_dtype == "fp8"
+        return (_by_rule(shapes, (BLOCK, BLOCK) if fp8 else None, compute_dtype),
                 f"model profile {profile.name!r} (no checkpoint: weights {profile.weight_dtype}{stand_in})")
     _, facts = profile_fields(folder)
     block, rename = facts["fp8_block"], facts["stored_name"]
@@ -123,7 +120,7 @@ def stored_tensors(profile: ModelProfile, layers: int | None = None, compute_dty
 def _by_rule(shapes: dict, block: tuple[int, int] | None, other: str) -> dict[str, StoredTensor]:
     """Stored formats by the FP8 rule (``block`` None: nothing quantized), the rest in ``other``."""
     code = {"fp32": "F32", "fp16": "F16"}.get(other, "BF16")
-    return {n: StoredTensor(FP8, s, block) if block and _config_quantized(n) else StoredTensor(code, s)
+    return {n: StoredTensor(FP8, s, block) if block and stored_fp8(n) else StoredTensor(code, s)
             for n, s in shapes.items()}
 
 

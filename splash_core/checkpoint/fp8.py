@@ -16,6 +16,16 @@ import torch.nn.functional as F
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
+def stored_fp8(name: str) -> bool:
+    """DeepSeek's FP8 rule: whether its FP8 checkpoints store the runtime tensor ``name`` block-scaled
+    (the layers' linear projections and the DSA indexer's key and query projections; not the
+    indexer's per-head weights, the router, norms, embeddings or the LM head)."""
+    if name.endswith("weights_proj.weight") or name.endswith(".mlp.gate.weight"):
+        return False
+    return name.startswith("model.layers.") and name.endswith(
+        ("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight"))
+
+
 def scale_name(weight_name: str) -> str:
     """The scale tensor of a quantized weight ``...weight``."""
     return f"{weight_name}_scale_inv"

@@ -20,13 +20,6 @@ from ..model.weights import SeededWeights
 from . import fp8
 
 
-def stored_fp8(name: str, shape) -> bool:
-    """Whether DeepSeek's FP8 checkpoints store ``name`` (full shape ``shape``) FP8 block-scaled."""
-    return (len(shape) == 2 and name.startswith("model.layers.") and name.endswith(("_proj.weight",
-                                                                                   "_proj_with_mqa.weight"))
-            and not name.endswith("weights_proj.weight"))
-
-
 class SeededFP8Weights(SeededWeights):
     """:class:`SeededWeights` whose projection weights are kept FP8 block-scaled (``block`` rows x cols)."""
 
@@ -39,7 +32,7 @@ class SeededFP8Weights(SeededWeights):
         return fp8.quantize(super().get(name, shape, device=device), self.block)
 
     def get(self, name, shape, *, rows=None, cols=None, device=None, dtype=None):
-        if not stored_fp8(name, shape):
+        if not (len(shape) == 2 and fp8.stored_fp8(name)):
             return super().get(name, shape, rows=rows, cols=cols, device=device, dtype=dtype)
         kept = self.get_block_scaled(name, shape, rows=rows, cols=cols, device=device)
         return kept.dequantize().to(dtype or torch.float32).contiguous()
@@ -47,7 +40,7 @@ class SeededFP8Weights(SeededWeights):
     def get_block_scaled(self, name, shape, *, rows=None, cols=None, device=None) -> BlockScaledFP8:
         """``name``'s slice [rows, cols] as e4m3 codes and the scale blocks that cover it; ValueError
         for a tensor an FP8 checkpoint does not store FP8."""
-        if not stored_fp8(name, shape):
+        if not (len(shape) == 2 and fp8.stored_fp8(name)):
             raise ValueError(f"{name}: not stored FP8 block-scaled (an FP8 checkpoint keeps it in bf16/fp32)")
         codes, scales = self._stored(name, shape, torch.device(device or "cpu"))
         part = slice_of(codes, scales, rows or slice(None), cols or slice(None), self.block)

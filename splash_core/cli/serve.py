@@ -175,7 +175,7 @@ def _served(args, deployment, policy):
     why = does_not_fit(memory)  # the weights first, before any is loaded
     try:
         capacity = plan_capacity(deployment, args.max_running, [context] * args.max_running, args.kv_pages,
-                                 policy.layouts)
+                                 policy.layouts, memory)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     why = why or does_not_fit(memory, capacity.pages * int(deployment.kv_page_bytes))

@@ -32,7 +32,7 @@ import numpy as np
 from ..layouts import LAYOUTS, Layout
 from ..planning.costmodel import BatchArrays, rank_loads
 from ..planning.ownership import assign_owner, pages_for
-from .memory_plan import deployment_memory, refusal
+from .memory_plan import DeploymentMemory, deployment_memory, refusal
 from .requests import Request
 
 
@@ -80,12 +80,13 @@ class KVCapacity:
 
 
 def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], pages: int | None = None,
-                  layouts: Sequence[Layout] = LAYOUTS) -> KVCapacity:
+                  layouts: Sequence[Layout] = LAYOUTS, memory: DeploymentMemory | None = None) -> KVCapacity:
     """Pages per layer per rank: ``pages`` when given; else what the memory left after the weights
     counted from their tensors (:func:`~splash_core.engine.memory_plan.deployment_memory`: weights as
     held, the graph pool, the reserve) buys on the tightest rank of any of ``layouts``, capped at
     what the workload can use (its ``concurrency`` largest requests, every page on every rank as
-    in TP) so a small job does not allocate the whole budget."""
+    in TP) so a small job does not allocate the whole budget. ``memory``: that plan where the caller
+    already made it (for ``layouts`` or more), so the headers are not read twice."""
     T, page_size = deployment.T, deployment.page_size
     if pages is not None:
         if pages < 1:
@@ -95,8 +96,8 @@ def plan_capacity(deployment, concurrency: int, reserved_tokens: Iterable[int], 
     workload_pages = max(1, sum(largest[:concurrency]))
     if not deployment.kv_page_bytes:  # no MLA layer runs: the pool holds nothing
         return KVCapacity(workload_pages, page_size, T, "sized for the workload (no MLA layer)")
-    memory = deployment_memory(deployment, tuple(layouts))
-    tightest = min(memory.layouts, key=lambda m: m.kv_pages())
+    memory = memory or deployment_memory(deployment, tuple(layouts))
+    tightest = min((memory.of(layout) for layout in layouts), key=lambda m: m.kv_pages())
     budget_pages = tightest.kv_pages()
     if budget_pages < 1:
         raise ValueError(refusal(memory) or f"deployment {deployment.name!r}: no room for one KV page")

@@ -53,7 +53,7 @@ def check_requests(deployment, specs: Sequence[RequestSpec], concurrency: int, p
         raise JobError(problem)
     try:
         capacity = plan_capacity(deployment, concurrency, [s.prompt_tokens + s.max_new_tokens for s in specs], kv_pages,
-                                 policy.layouts)
+                                 policy.layouts, memory)
     except ValueError as exc:
         raise JobError(str(exc)) from None
     admission = Admission(capacity, concurrency, policy.layouts)

@@ -178,8 +178,7 @@ def check(deployment, prompts: Mapping[int, np.ndarray], outputs: Mapping[int, S
     compute, kv = torch_dtype(deployment.compute_dtype), torch_dtype(deployment.model.kv_cache.latent_dtype)
     low_compute = compute != torch.float32
     exact = not low_compute and kv == torch.float32
-    source = weight_source(deployment.model, deployment.seed,
-                           "fp8" in (deployment.ffn_weights, deployment.attention_weights))
+    source = weight_source(deployment.model, deployment.seed, deployment.keeps_fp8)
     if low_compute:
         source = RoundedWeights(source, compute)
     kv_format = None if kv == torch.float32 else kv

@@ -101,8 +101,7 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_
     if problem:
         raise EngineError(problem)
     t_load = time.perf_counter()
-    source = weight_source(deployment.model, deployment.seed,
-                           "fp8" in (deployment.ffn_weights, deployment.attention_weights))
+    source = weight_source(deployment.model, deployment.seed, deployment.keeps_fp8)
     model = Model.from_deployment(ctx, deployment, pages_per_layer=capacity.pages, layouts=policy.initial,
                                   source=source)
     ctx.streams.synchronize()

@@ -21,8 +21,7 @@ from .transfer import TransferConfig
 FORMS = ("auto", "absorbed", "expanded")  # how prefill rows attend (splash_core.planning.attention_forms)
 RESIDENCIES = ("transfer", "last_token")  # how long a prompt's KV stays in the prefill pool
 ADMISSIONS = ("continuous", "waves")  # how the prefill group admits queued requests
-FFN_WEIGHTS = ("compute", "fp8")  # how a rank holds the feed-forward weights
-ATTENTION_WEIGHTS = ("compute", "fp8")  # how a rank holds the attention's head-indexed projections
+WEIGHT_FORMATS = ("compute", "fp8")  # how a rank holds the feed-forward weights and the attention projections
 
 
 def _default_overlap():
@@ -142,12 +141,12 @@ class DeploymentProfile:
         "how a rank holds the feed-forward weights (routed and shared experts, dense MLPs): compute (dequantized "
         "to compute_dtype at load) or fp8 (block-scaled e4m3 as an FP8 checkpoint stores them, about half the "
         "bytes of bf16; seeded weights are then drawn FP8 as such a checkpoint would hold them)",
-        default="compute", checks=[one_of(*FFN_WEIGHTS)])
+        default="compute", checks=[one_of(*WEIGHT_FORMATS)])
     attention_weights: str = field(
         "how a rank holds the MLA layers' head-indexed projections (Q-B, KV-B, O): compute (dequantized to "
         "compute_dtype at load) or fp8 (block-scaled e4m3 as an FP8 checkpoint stores them, switches moving them "
         "FP8 with their scales; KV-B also keeps a compute_dtype copy for the absorbed per-head products)",
-        default="compute", checks=[one_of(*ATTENTION_WEIGHTS)])
+        default="compute", checks=[one_of(*WEIGHT_FORMATS)])
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
@@ -199,6 +198,11 @@ class DeploymentProfile:
     @property
     def reserve_bytes(self) -> float:
         return self.reserve_gib * GIB
+
+    @property
+    def keeps_fp8(self) -> bool:
+        """Whether a rank keeps any weights FP8 as stored (seeded weights are then drawn so)."""
+        return "fp8" in (self.ffn_weights, self.attention_weights)
 
     @property
     def common_bytes(self) -> float:

@@ -141,8 +141,7 @@ class Model:
         if ctx.world_size != deployment.T:
             raise ValueError(f"deployment {deployment.name!r} is for T = {deployment.T}, the group has {ctx.world_size} ranks")
         return cls(config, RankOps.of(ctx, config, deployment.transfer),
-                   source or weight_source(deployment.model, deployment.seed,
-                                           "fp8" in (deployment.ffn_weights, deployment.attention_weights)))
+                   source or weight_source(deployment.model, deployment.seed, deployment.keeps_fp8))
 
     # ---- one step -------------------------------------------------------------------------
 
