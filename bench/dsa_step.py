@@ -64,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="how dense prefill rows attend (sparse attention always attends absorbed)")
     p.add_argument("--providers", default="", help="sparse providers to time (comma-separated; default: all found)")
     p.add_argument("--write-providers", metavar="FILE", help="record the faster sparse provider per cache format")
+    p.add_argument("--graphs", choices=("on", "off"), default="on", help="decode steps from captured graphs "
+                   "where the backend captures (as served), or eagerly")
+    p.add_argument("--profile", action="store_true", help="profile one more call of each point: device time by "
+                   "kernel class and the longest-running kernels")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU reference: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -91,21 +95,29 @@ def summarize(samples: list[dict]) -> list[dict]:
         ms = statistics.median(s["wall_ms"])
         rows.append({k: s[k] for k in ("cache", "phase", "context", "rows", "provider", "finite")}
                     | {"ms": ms, "roofline_ms": s["roofline_ms"], "over_roofline": ms / s["roofline_ms"],
-                       **{k: s[k] for k in ("max_logit_diff_vs_triton", "tokens_match_triton") if k in s}})
+                       **{k: s[k] for k in ("max_logit_diff_vs_triton", "tokens_match_triton", "replayed") if k in s}})
     return rows
 
 
 def sparse_choice(points: list[dict]) -> dict:
     """Per cache format: FlashMLA where it was faster than Triton at every measured point with the
-    same greedy tokens, else Triton (``{cache: {"provider", "points"}}``)."""
+    same greedy tokens, else Triton (``provider``), and the same rule per phase (``phases``: decode
+    and prefill are different kernels of FlashMLA's)."""
     out = {}
     for cache in sorted({p["cache"] for p in points}):
         mine = {(p["phase"], p["context"]): p for p in points if p["cache"] == cache and p.get("provider") == "triton"}
         theirs = [p for p in points if p["cache"] == cache and p.get("provider") == "flashmla"]
         wins = [p for p in theirs if (p["phase"], p["context"]) in mine and p.get("tokens_match_triton")
                 and p["ms"] < mine[(p["phase"], p["context"])]["ms"]]
-        every = bool(theirs) and len(wins) == len(theirs) == len(mine)
-        out[cache] = {"provider": "flashmla" if every else "triton", "points": len(mine), "flashmla_faster": len(wins)}
+
+        def every(phase=None):
+            count = lambda rows: sum(1 for p in rows if phase in (None, p["phase"]))  # noqa: E731
+            measured = sum(1 for ph, _ in mine if phase in (None, ph))
+            return bool(count(theirs)) and count(wins) == count(theirs) == measured
+
+        out[cache] = {"provider": "flashmla" if every() else "triton", "points": len(mine),
+                      "flashmla_faster": len(wins),
+                      "phases": {ph: "flashmla" if every(ph) else "triton" for ph in sorted({ph for ph, _ in mine})}}
     return out
 
 
@@ -116,12 +128,23 @@ def write_providers(path: str, choice: dict, command: str, machine: str) -> None
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
 
 
+def _profile_line(s: dict) -> str:
+    """A profiled point: its classes' shares and its three longest-running kernels."""
+    p, where = s["profile"], f"{s['cache']} {s['phase']} ctx={s['context']} {s['provider']}"
+    if "error" in p:
+        return f"   profile {where}: none ({p['error']})"
+    shares = ", ".join(f"{name} {c['share']:.0%}" for name, c in p["classes"].items() if c["share"] >= 0.01)
+    top = "; ".join(f"{k['name'][:48]} {k['us'] / 1e3:.1f} ms x{k['calls']}" for k in p["top"][:3])
+    return f"   profile {where}: {p['span_us'] / 1e3:.1f} ms span, idle {p['idle_share']:.0%}: {shares} | {top}"
+
+
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['cache']:>4s} ctx={r['context']:>7d} {r['provider']:>8s}: {r['error']}"
     agree = (f"  vs triton: diff {r['max_logit_diff_vs_triton']:.3g}, tokens "
              f"{'match' if r['tokens_match_triton'] else 'differ'}") if "tokens_match_triton" in r else ""
-    return (f"{r['cache']:>4s} {r['phase']:>7s} ctx={r['context']:>7d} rows={r['rows']:<5d} {r['provider']:>8s} "
+    graph = " (graph)" if r.get("replayed") else ""
+    return (f"{r['cache']:>4s} {r['phase']:>7s}{graph} ctx={r['context']:>7d} rows={r['rows']:<5d} {r['provider']:>8s} "
             f"{r['ms']:9.2f} ms  roofline {r['roofline_ms']:8.2f} ms  x{r['over_roofline']:.2f}{agree}")
 
 
@@ -129,21 +152,27 @@ def run(args, pool) -> int:
     start = time.time()
     info, platform = step_bench.one_device_platform(args, pool)
     spec = dict(model=args.model, dtype=args.dtype, layers=args.layers, batch=args.batch, contexts=args.contexts,
-                chunk_rows=args.chunk_rows, caches=args.caches, prefill_form=args.prefill_form, providers=[p for p in args.providers.split(",") if p], page_size=args.page_size, kernels=args.kernels,
+                chunk_rows=args.chunk_rows, caches=args.caches, prefill_form=args.prefill_form,
+                providers=[p for p in args.providers.split(",") if p], page_size=args.page_size, kernels=args.kernels,
                 seed=args.seed, reps=args.reps, prefill_reps=args.prefill_reps, copy_mib=args.copy_mib,
-                matmul_n=args.matmul_n, deadline=start + args.budget_s)
+                matmul_n=args.matmul_n, deadline=start + args.budget_s, profile=args.profile,
+                graphs=args.graphs == "on")
     got = pool.run(rank_side.measure, spec)[0]
     points = summarize(got["samples"])
     for row in points:
         print(_line(row), flush=True)
+    for s in got["samples"]:
+        if "profile" in s:
+            print(_profile_line(s), flush=True)
     choice = sparse_choice([p for p in points if "error" not in p])
     summary = {"rates": got["rates"], "points": points, "skipped": got["skipped"], "sparse_providers": choice}
     data = results.make_result(
         benchmark="dsa_step", platform=platform, backend=info["backend"], model=args.model, T=1, dtype=args.dtype,
         samples=got["samples"], summary=summary,
         notes=(f"{args.layers} layers, TP, B = {args.batch}, prefill chunk {args.chunk_rows} rows per request; "
-               f"seeded weights (dense MLP), synthetic histories; wall = host time to the device done (eager: sparse "
-               f"decode is not captured); roofline = max(bytes / copy bandwidth, FLOPs / matmul rate), both "
+               f"seeded weights (dense MLP), synthetic histories; wall = host time to the device done (decode "
+               f"{'replayed from captured graphs where the backend captures' if args.graphs == 'on' else 'eager'}); "
+               f"roofline = max(bytes / copy bandwidth, FLOPs / matmul rate), both "
                f"measured in this run (copy bandwidth counts bytes read + written)"))
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
     if args.write_providers:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Expanded (MHA-form) MLA prefill attention on one GPU: Triton against torch's SDPA kernels (issues 23 §1, 39).
 
-    python3 bench/expanded_attention.py --out OUT [--platform h100] [--write-providers FILE] [--block-m 128 ...]
+    python3 bench/expanded_attention.py --out OUT [--platform h100] [--buckets] [--write-providers FILE]
+                                        [--block-m 128 ...]
     python3 bench/expanded_attention.py --tiny --out /tmp/x     # (or --smoke) the same logic on CPU
 
 Times, per point, the providers of the expanded form at DeepSeek-V3 widths (d_n 128, d_r 64, d_v
@@ -21,12 +22,20 @@ the same run. First, every provider on one small bf16 case (several requests,
 rows interleaved, a CP-style request, a row that sees nothing) against the float32 reference; a wrong
 provider fails the run and is never chosen. ``--write-providers FILE`` sets the ``expanded`` entry of
 the hopper backend's provider table: per head count the fewest query rows from which ``sdpa`` was
-faster than Triton at every larger measured point. Writes ``OUT/<platform>/expanded_attention.json``.
+faster than Triton at every larger measured point. ``--buckets`` adds ``sdpa_buckets`` (the same on
+shape buckets, :mod:`splash_core.kernels.expanded_buckets`, of ``--granularity``,
+``--smallest-rows`` and ``--row-step``): first its warm-up
+builds every bucket shape of a deployment of ``--warm-rows`` rows a call and ``--warm-context``
+keys (timed, counted: the build time a server pays once), then its points are timed like the
+others (``first_call_ms`` then shows what the warm-up did not build); the provider choice and
+``--write-providers`` then weigh the bucketed provider against Triton and record its buckets.
+Writes ``OUT/<platform>/expanded_attention.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -45,6 +54,7 @@ from torch.nn.attention import SDPBackend  # noqa: E402
 
 from splash_bench.platform_name import accelerator_platform  # noqa: E402
 from splash_core.kernels import ExpandedTile, triton_expanded_attention  # noqa: E402
+from splash_core.kernels.expanded_buckets import BucketSizes  # noqa: E402
 from splash_core.kernels.expanded_sdpa import host_plan, sdpa_expanded_attention  # noqa: E402
 from splash_core.reference.expanded import expanded_attention as reference  # noqa: E402
 from splash_core.results import machine_description, make_result, write_result  # noqa: E402
@@ -57,7 +67,8 @@ FULL = {"heads": 128, "d_n": 128, "d_r": 64, "d_v": 128, "dtype": torch.bfloat16
                    (1, 512, 0, 128), (1, 8192, 0, 16), (8, 8192, 0, 16), (1, 2048, 30720, 16)]}
 # The interpreter computes bf16 dots wrongly (docs/design.md §6): the dry run uses fp16.
 TINY = {"heads": 2, "d_n": 16, "d_r": 8, "d_v": 16, "dtype": torch.float16, "matmul": 128,
-        "points": [(1, 32, 0, 2), (1, 32, 32, 2), (2, 16, 16, 2), (2, 16, 0, 1)]}
+        "points": [(1, 32, 0, 2), (1, 32, 32, 2), (2, 16, 16, 2), (2, 16, 0, 1)],
+        "buckets": BucketSizes(16, 4, 8), "warm": (64, 256)}  # replace the bucket and warm-up options
 SDPA = {"cpu": {"sdpa": SDPBackend.MATH, "sdpa_per_request": SDPBackend.MATH},
         "accelerator": {"sdpa": SDPBackend.CUDNN_ATTENTION, "sdpa_per_request": SDPBackend.CUDNN_ATTENTION,
                         "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}}
@@ -71,6 +82,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", "--smoke", dest="tiny", action="store_true",
                    help="tiny shapes on CPU (Triton's interpreter, torch's math SDPA)")
     p.add_argument("--write-providers", metavar="FILE", help="record per head count from how many rows SDPA serves")
+    p.add_argument("--buckets", action="store_true", help="also SDPA on shape buckets (sdpa_buckets), warmed up first")
+    p.add_argument("--granularity", type=int, default=BucketSizes().granularity, help="bucket granularity G (keys)")
+    p.add_argument("--smallest-rows", type=int, default=BucketSizes().smallest_rows, help="smallest row bucket")
+    p.add_argument("--row-step", type=int, default=BucketSizes().row_step, help="row buckets' step above it")
+    p.add_argument("--warm-rows", type=int, default=8192, help="warm-up: most query rows of a call (prefill chunk)")
+    p.add_argument("--warm-context", type=int, default=32768, help="warm-up: most keys of a request")
     default = ExpandedTile()
     p.add_argument("--block-m", type=int, default=default.block_m)
     p.add_argument("--block-n", type=int, default=default.block_n)
@@ -178,14 +195,27 @@ def _kind(device) -> str:
     return "cpu" if device.type == "cpu" else "accelerator"
 
 
-def providers(device, tile: ExpandedTile) -> dict:
+def providers(device, tile: ExpandedTile, buckets: BucketSizes | None = None) -> dict:
     """name -> expanded attention: Triton, and torch's SDPA kernels through the SDPA provider
-    (Triton serving the requests a dense call cannot express)."""
+    (Triton serving the requests a dense call cannot express); ``sdpa_buckets`` where ``buckets``."""
     triton = triton_expanded_attention(tile)
     found = {"triton": triton}
     for name, backend in SDPA[_kind(device)].items():
         found[name] = sdpa_expanded_attention(backend, fallback=triton, group=name != "sdpa_per_request")
+    if buckets is not None:
+        found["sdpa_buckets"] = sdpa_expanded_attention(SDPA[_kind(device)]["sdpa"], fallback=triton, buckets=buckets)
     return found
+
+
+def warm_up(provider, device, dims, rows: int, context: int) -> dict:
+    """The bucketed provider's warm-up for a deployment of ``rows`` rows a call and ``context``
+    keys at the benchmark's heads and widths: shapes built and wall time."""
+    t0 = time.perf_counter()
+    shapes = provider.warm_up(dims["heads"], (dims["d_n"], dims["d_r"], dims["d_v"]), dims["dtype"], device,
+                              rows, context)
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
+    return {"shapes": shapes, "seconds": time.perf_counter() - t0, "max_rows": rows, "max_context": context}
 
 
 def measure_point(kernels: dict, usable: set, device, dims, point, block_m: int) -> dict:
@@ -210,6 +240,8 @@ def measure_point(kernels: dict, usable: set, device, dims, point, block_m: int)
         sample[f"{key}ms"], sample[f"{key}tflops"] = ms, flops / (ms / 1e3) / 1e12
     sample["plan_ms"] = plan_ms(case, block_m, device)
     sample["sdpa_plan_ms"] = host_ms(lambda: host_plan(*case[4:8]))
+    if "sdpa_buckets" in kernels:
+        sample["sdpa_buckets_plan_ms"] = host_ms(lambda: host_plan(*case[4:8], buckets=kernels["sdpa_buckets"].buckets))
     return sample
 
 
@@ -227,10 +259,18 @@ def run(args) -> dict:
     dims = TINY if args.tiny else FULL
     tile = (ExpandedTile(block_m=16, block_n=16, warps=1, stages=1) if args.tiny else
             ExpandedTile(block_m=args.block_m, block_n=args.block_n, warps=args.warps, stages=args.stages))
-    kernels = providers(device, tile)
+    buckets = None
+    if args.buckets:
+        buckets = dims.get("buckets") or BucketSizes(args.granularity, args.smallest_rows, args.row_step)
+    kernels = providers(device, tile, buckets)
     checks = {name: correctness(kernel, device, dims) for name, kernel in kernels.items()}
     print(f"correctness: {checks}", flush=True)
     usable = {name for name, check in checks.items() if check["correct"] or name == "triton"}
+    warmed = None
+    if "sdpa_buckets" in usable:
+        warmed = warm_up(kernels["sdpa_buckets"], device, dims, *dims.get("warm", (args.warm_rows, args.warm_context)))
+        print(f"sdpa_buckets warm-up: {warmed}", flush=True)
+    chosen = "sdpa_buckets" if buckets is not None else "sdpa"
     samples = []
     for point in dims["points"]:
         block_m = tile.fitted(point[0] * point[1], point[0] * (point[1] + point[2])).block_m
@@ -238,21 +278,23 @@ def run(args) -> dict:
         print(_line(samples[-1], kernels), flush=True)
     rates = {"matmul_tflops": matmul_tflops(device, dims["matmul"], dims["dtype"]), "matmul_n": dims["matmul"]}
     choice = expanded_thresholds([{"heads": s["heads"], "rows": s["rows"], "triton_ms": s["ms"],
-                                   "sdpa_ms": s.get("sdpa_ms")} for s in samples])
+                                   "sdpa_ms": s.get(f"{chosen}_ms")} for s in samples])
     summary = {"correctness": checks["triton"], "provider_correctness": checks, "tile": tile.label(), "rates": rates,
                "providers": {"triton": "triton", **{n: b.name for n, b in SDPA[_kind(device)].items()}},
-               "expanded_choice": choice,
+               "expanded_choice": choice, "chosen_sdpa": chosen, "warm_up": warmed,
+               "buckets": None if buckets is None else dataclasses.asdict(buckets),
                "dims": {k: (str(v).removeprefix("torch.") if k == "dtype" else v)
                         for k, v in dims.items() if k in ("heads", "d_n", "d_r", "d_v", "dtype")}}
     print(f"matmul {rates['matmul_tflops']:.1f} TFLOP/s; choice {choice}", flush=True)
     return {"samples": samples, "summary": summary}
 
 
-def write_providers(path: str, choice: dict, command: str) -> None:
-    """Set the ``expanded`` entry of the hopper backend's provider table (other entries kept)."""
+def write_providers(path: str, choice: dict, command: str, buckets: dict | None = None) -> None:
+    """Set the ``expanded`` entry of the hopper backend's provider table (other entries kept), with
+    the shape buckets the chosen SDPA provider was measured with (None: exact shapes)."""
     table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
     table["expanded"] = {"heads": choice, "date": datetime.date.today().isoformat(), "machine": machine_description(),
-                         "command": command}
+                         "command": command, **({"buckets": buckets} if buckets else {})}
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
 
 
@@ -261,20 +303,24 @@ NOTES = ("expanded (MHA-form) MLA prefill attention over kv_b-expanded keys; TFL
          "(L2 flushed), each provider's plan cached as across a step's layers (plan_ms: Triton's device plan afresh; "
          "sdpa_plan_ms: the SDPA provider's host plan afresh, its device-to-host copy included); SDPA times include "
          "the key copies that broadcast the rotary key to every head; first_call_ms: a provider's first call on the "
-         "shape (Triton compile, cuDNN graph build)")
+         "shape (Triton compile, cuDNN graph build); sdpa_buckets (--buckets): the SDPA provider on shape buckets "
+         "(its time includes the padded copies and the padding's work; TFLOP/s counts real pairs only), timed after "
+         "its warm-up (summary.warm_up: shapes built and seconds), so its first_call_ms is what the warm-up missed; "
+         "summary.chosen_sdpa names the SDPA variant the provider choice weighed against Triton")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     command = "python3 bench/expanded_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data = run(args)
-    result = make_result(benchmark="expanded_attention", platform="cpu" if args.tiny else args.platform or accelerator_platform(),
+    platform = "cpu" if args.tiny else args.platform or accelerator_platform()
+    result = make_result(benchmark="expanded_attention", platform=platform,
                          backend="triton+sdpa", model="deepseek-v3", T=1, dtype=data["summary"]["dims"]["dtype"],
                          samples=data["samples"], summary=data["summary"], command=command,
                          notes=NOTES)
     print("wrote", write_result(result, args.out))
     if args.write_providers:
-        write_providers(args.write_providers, data["summary"]["expanded_choice"], command)
+        write_providers(args.write_providers, data["summary"]["expanded_choice"], command, data["summary"]["buckets"])
         print("expanded providers ->", args.write_providers, flush=True)
     wrong = [name for name, check in data["summary"]["provider_correctness"].items()
              if not check["correct"] and "error" not in check]

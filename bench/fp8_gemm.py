@@ -1,10 +1,17 @@
 #!/usr/bin/env python
 """FP8 block GEMM (issue 38) at DeepSeek-V3's shapes on one device: SPLASH's Triton kernel
 (1 x 128 token-group activations times 128 x 128 block-scaled weights, :mod:`splash_core.kernels.fp8_block_gemm`)
-beside bf16 ``torch.matmul`` and ``torch._scaled_mm`` with row-wise scales (where torch has it),
+beside bf16 ``torch.matmul``, torch's ``scaled_mm`` with the same block scales (cuBLAS on sm_90,
+:mod:`splash_core.kernels.fp8_scaled_mm`, on whole-block weights, where torch has it) and
+``torch._scaled_mm`` with row-wise scales (another quantization: a rate to compare, not a provider),
 each as TFLOP/s and as a share of the bf16 and FP8 peaks measured in the same run (8192^3).
 
     python bench/fp8_gemm.py --out $OUT [--m 16,64,512,8192] [--shapes q_a,kv_a,...] [--platform h200]
+        [--write-providers backends/hopper/splash_backend_hopper/tuned/providers.json]
+
+``--write-providers`` sets the hopper backend's ``fp8_linear`` entry: the fewest rows from which
+block-scaled ``scaled_mm`` was faster than the Triton kernel on every whole-block shape at every
+measured row count from there up (None: nowhere), other entries kept.
 
 For every shape and M it first checks the kernel's bf16 output against the spec (dequantize, then
 a float32 matmul; :func:`~splash_core.model.fp8_blocks.gemm_mismatch` within ``--tolerance``), then
@@ -21,7 +28,10 @@ set by the caller), timing with a wall clock. Writes ``<out>/<platform>/fp8_gemm
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
+import json
+import platform as host
 import statistics
 import sys
 import time
@@ -36,6 +46,8 @@ from splash_core import results  # noqa: E402
 from splash_core.checkpoint.fp8 import quantize  # noqa: E402
 from splash_core.kernels.fp8_block_gemm import (GemmTile, fp8_block_gemm, grouped_fp8_block_gemm,  # noqa: E402
                                                 portable_tile, quantize_token_groups)
+from splash_core.kernels.fp8_scaled_mm import scaled_mm_linear  # noqa: E402
+from splash_core.kernels.fp8_scaled_mm import ROW_MULTIPLE, available, fits, operands  # noqa: E402
 from splash_core.model.fp8_blocks import (BlockScaledFP8, TokenGroupsFP8, gemm_mismatch, quantize_tokens,  # noqa: E402
                                           reference_gemm, slice_of)
 
@@ -79,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--experts", type=int, default=32, help="experts a rank holds for the grouped kernel "
                    "(DeepSeek-V3's 256 over T = 8); 0: skip it")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton's interpreter)")
+    p.add_argument("--write-providers", metavar="FILE", help="record from how many rows block-scaled scaled_mm "
+                   "serves whole-block weights (the hopper backend's fp8_linear entry)")
     args = p.parse_args(argv)
     args.m = _rows(p, args.m)
     table = SMOKE_SHAPES if args.smoke else SHAPES
@@ -221,7 +235,53 @@ def point(shape: Shape, m: int, device: torch.device, time_ms, args) -> dict:
     row["bf16_tflops"] = flop / statistics.median(row["bf16_ms"]) / 1e9
     del w16s
     row.update(scaled_mm(x, w16, flop, time_ms, copies_for(w.codes.numel(), args.smoke)))
+    row.update(block_scaled_mm(x, w, want, flop, time_ms, args))
     return row
+
+
+def block_scaled_mm(x: torch.Tensor, w: BlockScaledFP8, want: torch.Tensor, flop: int, time_ms, args) -> dict:
+    """Times of torch's ``scaled_mm`` with the same block scales (activations quantized beforehand, rows
+    padded to 16, as the provider runs it), after its output is checked against the spec; or why not."""
+    why = "the slice is not whole 128-blocks" if not fits(w) else available(x.device)
+    if why:
+        return {"scaled_mm_block_unavailable": why}
+    m = x.shape[0]
+    xq = quantize_token_groups(torch.nn.functional.pad(x, (0, 0, 0, -m % ROW_MULTIPLE)))
+    got = scaled_mm_linear(quantize_token_groups)(x, w)
+    wrong = gemm_mismatch(got.float(), want, args.tolerance)
+    if wrong:
+        raise SystemExit(f"fp8_gemm: scaled_mm with block scales disagrees with the spec: {wrong}")
+    ws = [w, *(BlockScaledFP8(w.codes.clone(), w.scales.clone()) for _ in range(
+        copies_for(w.stored_bytes, args.smoke) - 1))]
+    calls = [operands(xq, v) for v in ws]
+    call = torch.nn.functional.scaled_mm if hasattr(torch.nn.functional, "scaled_mm") else None
+    recipe = getattr(torch.nn.functional, "ScalingType", None)
+    samples = time_ms([lambda c=c: call(c[0], c[1], c[2], recipe.BlockWise1x128, c[3], recipe.BlockWise128x128,
+                                        output_dtype=torch.bfloat16) if call else
+                       torch._scaled_mm(*c, out_dtype=torch.bfloat16) for c in calls])
+    return {"scaled_mm_block_ms": samples, "scaled_mm_block_tflops": flop / statistics.median(samples) / 1e9}
+
+
+def scaled_mm_threshold(rows: list[dict]) -> int | None:
+    """The fewest rows from which block-scaled ``scaled_mm`` beat the Triton kernel on every shape it
+    takes at every measured row count from there up (None: nowhere, or nothing measured)."""
+    measured = [r for r in rows if "scaled_mm_block_tflops" in r]
+    start = None
+    for m in sorted({r["m"] for r in measured}, reverse=True):
+        if any(r["scaled_mm_block_tflops"] <= r["triton_tflops"] for r in measured if r["m"] == m):
+            break
+        start = m
+    return start
+
+
+def write_providers(path: str, rows: list[dict], command: str, machine: str) -> dict:
+    """Set the ``fp8_linear`` entry of the hopper backend's provider table (other entries kept)."""
+    table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    table["fp8_linear"] = {"scaled_mm_from_rows": scaled_mm_threshold(rows),
+                           "points": sum("scaled_mm_block_tflops" in r for r in rows),
+                           "date": datetime.date.today().isoformat(), "machine": machine, "command": command}
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    return table["fp8_linear"]
 
 
 def quantized(x: torch.Tensor, start: int, name: str) -> TokenGroupsFP8:
@@ -293,7 +353,13 @@ def summarize(rows: list[dict], peak: dict) -> dict:
                     "bf16_of_bf16_peak": r["bf16_tflops"] / peak["bf16_tflops"] if peak["bf16_tflops"] else 0.0}
         if "scaled_mm_rowwise_tflops" in r:
             out[key]["triton_over_scaled_mm_rowwise"] = r["triton_tflops"] / r["scaled_mm_rowwise_tflops"]
-    return {"peaks": peak, "points": out}
+        if "scaled_mm_block_tflops" in r:
+            out[key].update(scaled_mm_block_tflops=r["scaled_mm_block_tflops"],
+                            scaled_mm_block_over_bf16=r["scaled_mm_block_tflops"] / r["bf16_tflops"],
+                            scaled_mm_block_of_fp8_peak=(r["scaled_mm_block_tflops"] / peak["fp8_tflops"]
+                                                         if peak["fp8_tflops"] else 0.0))
+    chosen = scaled_mm_threshold(rows)
+    return {"peaks": peak, "points": out, **({"scaled_mm_from_rows": chosen} if chosen else {})}
 
 
 def main(argv=None) -> int:
@@ -316,8 +382,8 @@ def main(argv=None) -> int:
             r = point(shape, m, device, time_ms, args)
             print(f"{shape.name:>20} m={m:<5} triton {r['triton_tflops']:7.1f} (tile {r['triton_tile']}; default "
                   f"{r['default_tflops']:.1f})  bf16 "
-                  f"{r['bf16_tflops']:7.1f}  scaled_mm {r.get('scaled_mm_rowwise_tflops', float('nan')):7.1f} "
-                  f"TFLOP/s", flush=True)
+                  f"{r['bf16_tflops']:7.1f}  scaled_mm row-wise {r.get('scaled_mm_rowwise_tflops', float('nan')):7.1f}"
+                  f"  block {r.get('scaled_mm_block_tflops', float('nan')):7.1f} TFLOP/s", flush=True)
             rows.append(r)
     for shape in [s for s in args.shapes if s.name.startswith(GROUPED_PREFIX)] if args.experts else []:
         for m in args.m:
@@ -331,9 +397,15 @@ def main(argv=None) -> int:
         notes=("y = x W^T, x 1x128 token groups, W 128x128 blocks (weights x0.05 normal, x normal bf16); times in "
                "ms per call (graph replays over copies of the weight past 256 MiB); GEMM times exclude activation "
                "quantization (quant_ms); "
-               "_scaled_mm uses one scale per row of x and W; tile = [block_m, block_n, warps, stages, split_k], "
+               "scaled_mm_block: torch's scaled_mm with the same 1x128 / 128x128 scales (whole-block shapes); "
+               "_scaled_mm row-wise uses one scale per row of x and W; "
+               "tile = [block_m, block_n, warps, stages, split_k], "
                "the first of each point the portable default"))
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    if args.write_providers:
+        entry = write_providers(args.write_providers, rows, " ".join(sys.argv),
+                                f"{host.node()} {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}")
+        print("fp8_linear provider:", entry["scaled_mm_from_rows"], "->", args.write_providers, flush=True)
     return 0
 
 

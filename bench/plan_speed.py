@@ -60,7 +60,7 @@ def main() -> None:
             start = time.perf_counter()
             manifest = plan_switch(src, dst, batch, model, args.T, args.page_size)
             manifest.peak
-            for layer in manifest.kinds().values():
+            for layer in manifest.classes():
                 for state_plan in layer.states.values():
                     state_plan.rank(0)
             samples.append({"case": rank_case, "us": (time.perf_counter() - start) * 1e6})

@@ -34,6 +34,7 @@ import yaml
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 from splash_bench import decode_step as rank_side  # noqa: E402
+from splash_bench import expanded_warm_up  # noqa: E402
 from splash_bench.platform_name import device_memory_fraction  # noqa: E402
 from splash_bench.run_roofline import (ModelCosts, deployment_costs, physical_limit, schedule,  # noqa: E402
                                        schedule_difference)
@@ -95,6 +96,17 @@ def run(pool, args, form: str, warm_up: bool = False, overlap: bool = True):
     return pool.run(serve, job)[0]
 
 
+def warm_up_expanded(pool, args, probe: dict, forms: list[str]) -> dict | None:
+    """:func:`~splash_bench.expanded_warm_up.warm_expanded` on every rank for the workload's longest
+    request (None: no form attends expanded)."""
+    if forms == ["absorbed"]:
+        return None
+    longest = max(r.prompt_tokens + r.max_new_tokens for r in load("workload", args.workload).requests())
+    warmed = pool.run(expanded_warm_up.warm_expanded, probe, args.prefill_chunk, longest)[0]
+    print(f"expanded provider warm-up: {warmed}", flush=True)
+    return warmed
+
+
 def sample(form: str, summary, overlap: bool) -> dict:
     prefill = [ms for ms, rows, reqs in zip(summary.step_ms, summary.step_rows, summary.step_requests) if rows > reqs]
     decode = [ms for ms, rows, reqs in zip(summary.step_ms, summary.step_rows, summary.step_requests) if rows == reqs]
@@ -129,6 +141,7 @@ def main(argv=None) -> int:
     forms = [f for f in args.forms.split(",") if f]
     probe = deployment(args, forms[0])
     with RankPool(args.T, backend=probe.get("backend", "auto"), timeout_s=900) as pool:
+        warmed = warm_up_expanded(pool, args, probe, forms)
         for form in forms:  # untimed, a few requests of the rollout's lengths: compiles each form's kernels
             run(pool, args, form, warm_up=True)
         runs = []
@@ -151,14 +164,15 @@ def main(argv=None) -> int:
     base = samples[0]["tokens_per_s"]
     summary = {"tokens_per_s": {s["form"]: s["tokens_per_s"] for s in samples},
                "over_first": {s["form"]: s["tokens_per_s"] / base if base else 0.0 for s in samples},
-               "rates": rates, "ffn_weights": args.ffn_weights,
+               "rates": rates, "ffn_weights": args.ffn_weights, "expanded_warm_up": warmed,
                "physical_limit": {s["form"]: {k: s[k] for k in ("physical_limit_s", "measured_s", "ratio")}
                                   for s in samples}}
     data = results.make_result(
         benchmark="prefill_forms", platform=platform, backend=served.backend, model=dep.model.name, T=args.T,
         dtype=dep.compute_dtype, samples=samples, summary=summary,
         notes=(f"workload {args.workload}, policy {args.policy}, {dep.layers or dep.model.num_layers} layers, "
-               f"seeded weights; each form first served 4 requests untimed (kernel compilation); "
+               f"seeded weights; each form first served 4 requests untimed (kernel compilation), after the expanded "
+               f"provider's warm-up where it has one (summary.expanded_warm_up: every shape bucket's graph); "
                f"a prefill step is one with more rows than requests; feed-forward weights {args.ffn_weights}; "
                f"physical limit (issue 39): prefill steps' matmul FLOPs (every row through the layers' 2-D weights, "
                f"routed experts at top-k of them, the LM head per request, attention by the form each request "

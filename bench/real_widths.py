@@ -241,8 +241,11 @@ def deployment(args, folder: Path, common_bytes: int) -> Path:
     hw, backend, dtype = ("cpu", "reference", "fp32") if args.tiny else ("h200", "auto", "bf16")
     # the h200 profile on another GPU: plan no more memory than this one has
     fraction = 0.95 if args.tiny else device_memory_fraction(0.95, load("hardware", hw).memory_bytes / GIB)
+    # the reserve is the prefill scratch: an 8K-row chunk through torch's SDPA at 128 heads copies its
+    # operands beside the 1 GiB pass of expanded keys (about 3 GiB in all)
+    reserve = 1.0 if args.tiny else 3.0
     path.write_text(f"kind: deployment\nname: real-widths-T1\nbackend: {backend}\nhardware: {hw}\nT: 1\n"
-                    f"model: {{path: {folder}}}\nmemory_fraction: {fraction}\nreserve_gib: 1.0\n"
+                    f"model: {{path: {folder}}}\nmemory_fraction: {fraction}\nreserve_gib: {reserve}\n"
                     f"common_gib: {common_bytes / GIB:.2f}\npage_size: 64\ncompute_dtype: {dtype}\n"
                     f"ffn_weights: {args.ffn_weights}\n"
                     f"notes: written by bench/real_widths.py\n")

@@ -327,11 +327,13 @@ class _HostGraph:
     """A 'captured graph' on the host: replay runs the function again into the outputs."""
 
     def __init__(self, fn):
-        self.fn, self.outputs, self.capture_s, self.nbytes = fn, tuple(t.clone() for t in fn()), 0.0, 0
+        self.fn, self.capture_s, self.nbytes = fn, 0.0, 0
+        self.outputs = tuple(None if t is None else t.clone() for t in fn())
 
     def replay(self):
         for out, new in zip(self.outputs, self.fn()):
-            out.copy_(new)
+            if out is not None:
+                out.copy_(new)
 
 
 class _HostGraphOps:

@@ -26,34 +26,31 @@ def replaying():
 
 
 def test_one_rule_says_which_decode_steps_are_captured(replaying):
-    assert decode_capturable(kda=False, sparse=False)
-    assert not decode_capturable(kda=False, sparse=True) and not decode_capturable(kda=True, sparse=False)
-    assert decode_capturable(kda=False, sparse=True, sparse_kernels_capture=True)  # a backend may later
-    assert not decode_capturable(kda=True, sparse=True, sparse_kernels_capture=True)
+    assert decode_capturable(kda=False) and not decode_capturable(kda=True)
     v32 = load("model", "deepseek-v3.2")
     x = BatchArrays.of([4096] * 8, np.arange(8) % 8)
     sparse = CostModel(v32, replaying, 8, page_size=64)
     dense = CostModel(v32, replaying, 8, page_size=64, sparse=False)
-    captured = CostModel(v32, replaying, 8, page_size=64, sparse_kernels_capture=True)
-    assert (sparse.decode_capturable, dense.decode_capturable, captured.decode_capturable) == (False, True, True)
-    # eager decode: the eager t0 and host term, no re-capture in a switch, no graph memory
-    assert not sparse.replays and sparse.graph_costs is None and dense.replays and dense.graph_costs is not None
-    assert sparse.evaluate(x).overhead_s == pytest.approx(replaying.step_overhead_us.value * 1e-6)
-    assert dense.evaluate(x).overhead_s == pytest.approx(10e-6)
+    assert sparse.decode_capturable and dense.decode_capturable  # sparse decode replays its own graphs
+    # replayed decode: the replayed t0 and host term, re-capture in a switch, graph memory
+    assert sparse.replays and sparse.graph_costs is not None and dense.replays and dense.graph_costs is not None
+    assert sparse.evaluate(x).overhead_s == pytest.approx(10e-6) == dense.evaluate(x).overhead_s
     hybrid = CostModel(load("model", "tiny-hybrid"), replaying, 2, page_size=16)
     assert not hybrid.decode_capturable and hybrid.graph_costs is None
+    assert hybrid.evaluate(BatchArrays.of([64, 64], [0, 1])).overhead_s == pytest.approx(
+        replaying.step_overhead_us.value * 1e-6)  # eager: the eager t0
 
 
-def test_the_scheduler_says_why_a_sparse_model_recaptures_nothing(replaying):
+def test_the_scheduler_says_why_a_kda_model_recaptures_nothing(replaying):
     import dataclasses
 
     from splash_core.planning.scheduler import Scheduler
 
-    deployment = dataclasses.replace(load("deployment", "h200-x8-deepseek-v3.2"), hardware=replaying)
+    deployment = dataclasses.replace(load("deployment", "dcu-x8-glm-5.3-flash"), hardware=replaying)
     scheduler = Scheduler(deployment)
     x = BatchArrays.of([1000] * 16, np.arange(16) % 8)
-    decision = scheduler.decide(x, Layout.DP)  # short histories: DP -> TP, which moves weights
-    assert decision.switch and scheduler.cost.graph_costs is None
+    decision = next(d for d in (scheduler.decide(x, layout) for layout in Layout) if d.switch)
+    assert scheduler.cost.graph_costs is None
     assert "decode steps run eagerly" in scheduler.explain_switch_cost(decision, scheduler.switch_cost(decision, x), x)
 
 

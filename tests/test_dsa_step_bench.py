@@ -12,7 +12,7 @@ from splash_core import results
 
 def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
     bench = load_bench("dsa_step")
-    args = bench.parse_args(["--smoke", "--out", str(tmp_path)])
+    args = bench.parse_args(["--smoke", "--profile", "--out", str(tmp_path)])
     assert bench.run(args, rank_pools(1)) == 0
     got = results.read_result(tmp_path / "cpu" / "dsa_step.json")
     points = got["summary"]["points"]
@@ -21,6 +21,8 @@ def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
     assert all(p["finite"] and p["roofline_ms"] > 0 for p in points)
     sparse = [s for s in got["samples"] if s["sparse"] and s["context"] == 160]
     assert sparse and all(s["index_flops"] > 0 and s["kv_bytes"] > 0 for s in sparse)
+    profiles = [s["profile"] for s in got["samples"]]  # --profile: each point's kernels by class, longest first
+    assert profiles and all(p["span_us"] > 0 and p["top"] and p["top"][0]["us"] >= p["top"][-1]["us"] for p in profiles)
 
 
 def test_flashmla_is_chosen_only_where_it_wins_every_point_with_the_same_tokens(tmp_path):
@@ -40,3 +42,15 @@ def test_flashmla_is_chosen_only_where_it_wins_every_point_with_the_same_tokens(
     bench.write_providers(str(table), {"bf16": {"provider": "flashmla"}}, "cmd", "host")
     written = json.loads(table.read_text())
     assert written["decode"] == {"64": {"flashmla_from_kv_tokens": 1}} and written["sparse"]["bf16"]["provider"] == "flashmla"
+
+
+def test_flashmla_is_chosen_per_phase_where_it_wins_every_point_of_that_phase():
+    bench = load_bench("dsa_step")
+    rows = [{"cache": "bf16", "phase": ph, "context": c, "provider": pr, "ms": ms, "tokens_match_triton": same}
+            for ph, c, pr, ms, same in (("decode", 1, "triton", 1.0, None), ("decode", 1, "flashmla", 2.0, True),
+                                        ("prefill", 1, "triton", 2.0, None), ("prefill", 1, "flashmla", 1.0, True),
+                                        ("prefill", 2, "triton", 4.0, None), ("prefill", 2, "flashmla", 3.0, True))]
+    choice = bench.sparse_choice(rows)["bf16"]
+    assert choice["provider"] == "triton" and choice["phases"] == {"decode": "triton", "prefill": "flashmla"}
+    rows[-1]["tokens_match_triton"] = False  # a point with other tokens: that phase keeps Triton
+    assert bench.sparse_choice(rows)["bf16"]["phases"]["prefill"] == "triton"

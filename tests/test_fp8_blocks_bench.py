@@ -52,3 +52,18 @@ def test_a_kernel_that_disagrees_stops_the_run(bench, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="disagrees with the spec: error"):
         bench.main(["--smoke", "--out", str(tmp_path)])
     assert not (tmp_path / "cpu" / "fp8_gemm.json").exists()
+
+
+def test_scaled_mm_threshold_and_provider_entry(bench, tmp_path):
+    rows = [{"shape": s, "m": m, "triton_tflops": 100.0, "scaled_mm_block_tflops": t}
+            for s, m, t in (("a", 16, 50.0), ("a", 512, 150.0), ("a", 8192, 300.0), ("b", 512, 90.0),
+                            ("b", 8192, 200.0), ("c", 16, 10.0))]
+    assert bench.scaled_mm_threshold(rows) == 8192  # b loses at 512
+    rows[3]["scaled_mm_block_tflops"] = 120.0
+    assert bench.scaled_mm_threshold(rows) == 512
+    assert bench.scaled_mm_threshold([{"m": 64, "triton_tflops": 1.0}]) is None  # nothing measured
+    path = tmp_path / "providers.json"
+    path.write_text('{"decode": {"128": {"flashmla_from_kv_tokens": null}}}')
+    entry = bench.write_providers(str(path), rows, "cmd", "machine")
+    table = __import__("json").loads(path.read_text())
+    assert entry["scaled_mm_from_rows"] == 512 and table["fp8_linear"] == entry and "decode" in table

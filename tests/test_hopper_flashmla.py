@@ -242,3 +242,8 @@ def test_sparse_provider_comes_from_the_measured_table():
     assert providers.sparse_provider("bf16", {}) == "triton"
     table = {"sparse": {"bf16": {"provider": "flashmla"}, "fp8": {"provider": "triton"}}}
     assert providers.sparse_provider("bf16", table) == "flashmla" and providers.sparse_provider("fp8", table) == "triton"
+    phased = {"sparse": {"bf16": {"provider": "triton", "phases": {"decode": "triton", "prefill": "flashmla"}}}}
+    assert [providers.sparse_provider("bf16", phased, ph) for ph in ("decode", "prefill", None)] == [
+        "triton", "flashmla", "triton"]
+    assert providers.sparse_provider("bf16", table, "prefill") == "flashmla"  # a table without phases: every phase
+    assert providers.sparse_somewhere(phased) and not providers.sparse_somewhere({})

@@ -12,7 +12,7 @@ import torch
 from splash_core.kernels import interpreter
 from splash_core.kernels.config import AttentionTile
 from splash_core.kernels.dsa_attention import sparse_attention
-from splash_core.kernels.dsa_indexer import indexer_scores
+from splash_core.kernels.dsa_indexer import DECODE_INDEXER_TILE, PREFILL_INDEXER_TILE, indexer_scores
 from splash_core.model.dsa_slots import key_positions, top_k_slots
 from splash_core.reference import mla as ref
 from splash_core.reference.dsa import index_scores as ref_scores
@@ -92,6 +92,20 @@ def test_indexer_scores_and_top_k_match_the_formula(entry, dtype):
         _check_selection(slots, values, want, top_k, dtype)
     positions = key_positions(slots, page_index, row_req, 8)
     assert torch.all(positions <= row_pos.long()[:, None]) and torch.equal(positions < 0, slots < 0)
+
+
+@pytest.mark.parametrize("tile", [DECODE_INDEXER_TILE, PREFILL_INDEXER_TILE, AttentionTile(rows=4, heads=8, keys=16)])
+@pytest.mark.parametrize("entry", ["decode", "extend"])
+def test_every_indexer_tile_scores_alike(entry, tile):
+    """One row a program, blocks of rows spanning several requests (a pass per request, the other
+    rows masked) and blocks past the last row give the formula's scores."""
+    case = MAKERS[entry](CPU, torch.float32, heads=2, dims=(32, 16), page=8)
+    _, _, table, page_index, row_req, row_pos, *_ = case
+    q, weights, keys = _indexer_inputs(case, 20, torch.float32)
+    want = ref_scores(q, weights, keys, table, page_index, row_req, row_pos, INDEX_DIM ** -0.5)
+    got = indexer_scores(q, weights, keys, table, page_index, row_req, row_pos, INDEX_DIM ** -0.5, tile=tile)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and torch.isneginf(want).any()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("groups", [1, 4])

@@ -10,6 +10,7 @@ import shutil
 from splash_backend_hopper import plugin, providers
 
 from splash_core.kernels import triton_mla_kernels
+from splash_core.kernels.expanded_buckets import BucketSizes
 from splash_core.kernels.expanded_choice import ExpandedChoice
 from splash_core.kernels.expanded_sdpa import _fused_cudnn
 
@@ -49,9 +50,15 @@ def test_backend_wraps_the_expanded_form_only_where_sdpa_was_chosen(monkeypatch)
     assert isinstance(chosen.expanded, ExpandedChoice) and chosen.name.endswith("+sdpa-expanded")
     names = dict(chosen.expanded.providers)
     assert names["triton"] is kernels.expanded
-    assert names["sdpa"].keywords["attend"] is _fused_cudnn and names["sdpa"].keywords["fallback"] is kernels.expanded
+    assert names["sdpa"].attend is _fused_cudnn and names["sdpa"].fallback is kernels.expanded
+    assert names["sdpa"].buckets is None  # measured without buckets: exact shapes
     assert chosen.expanded.provider(128, 8192) is names["sdpa"]
     assert chosen.expanded.provider(128, 100) is names["triton"]
+    measured = table(**{"128": 8192})
+    measured["expanded"]["buckets"] = {"granularity": 2048, "smallest_rows": 256, "row_step": 1024}
+    monkeypatch.setattr(providers, "load", lambda: measured)
+    sdpa = dict(plugin.with_expanded_choice(kernels).expanded.providers)["sdpa"]
+    assert sdpa.buckets == BucketSizes(2048, 256, 1024) and "shape buckets" in providers.describe_expanded()
 
 
 def test_benchmark_smoke_run_writes_the_expanded_entry_keeping_the_others(tmp_path):
@@ -71,7 +78,29 @@ def test_benchmark_smoke_run_writes_the_expanded_entry_keeping_the_others(tmp_pa
     assert all(s["sdpa_ms"] > 0 and s["flops"] == s["visible_pairs"] * 2 * 40 * s["heads"] for s in samples)
     assert all(("sdpa_per_request_ms" in s) == (s["batch"] > 1) for s in samples)
     after = json.loads(path.read_text())
-    assert {k: v for k, v in after.items() if k != "expanded"} == before
+    assert {k: v for k, v in after.items() if k != "expanded"} == {k: v for k, v in before.items() if k != "expanded"}
     assert after["expanded"]["heads"] == result.data["summary"]["expanded_choice"]
     assert set(after["expanded"]["heads"]) == {str(s["heads"]) for s in samples}
     assert providers.load.__wrapped__(path)["expanded"] == after["expanded"]  # the backend reads it back
+
+
+def test_benchmark_smoke_run_with_buckets_records_them_for_the_backend(tmp_path, monkeypatch):
+    """``--buckets``: the bucketed provider is checked, warmed up (its shapes counted) and timed, the
+    choice weighs it against Triton, and the entry names its buckets, which the backend then builds."""
+    from bench_scripts import load_bench
+
+    from splash_core.results import read_result
+
+    path = tmp_path / "providers.json"
+    shutil.copy(providers.PROVIDERS, path)
+    bench = load_bench("expanded_attention")
+    assert bench.main(["--smoke", "--buckets", "--out", str(tmp_path), "--write-providers", str(path)]) == 0
+    summary = read_result(tmp_path / "cpu" / "expanded_attention.json").data["summary"]
+    assert summary["provider_correctness"]["sdpa_buckets"]["correct"] and summary["chosen_sdpa"] == "sdpa_buckets"
+    assert summary["warm_up"]["shapes"] > 0 and summary["buckets"] == {"granularity": 16, "smallest_rows": 4,
+                                                                        "row_step": 8}
+    written = providers.load.__wrapped__(path)
+    assert written["expanded"]["buckets"] == summary["buckets"]
+    monkeypatch.setattr(providers, "load", lambda: written)
+    sdpa = dict(plugin.with_expanded_choice(triton_mla_kernels()).expanded.providers)["sdpa"]
+    assert sdpa.buckets == BucketSizes(16, 4, 8)

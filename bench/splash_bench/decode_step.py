@@ -174,7 +174,7 @@ def time_point(ctx, model: Model, batch: int, context: int, spec: dict, rates: d
     logits = model.step(step, tokens)  # captures the graph of this bucket (tables widened for this context)
     fresh = graphs.captures[captures:]
     wall = _wall(ctx, lambda: model.step(step, tokens), spec["warmup"], spec["reps"])
-    key = (tuple(layer.layout for layer in model.layers), batch)
+    key = graphs.key(step)
     graph = graphs.graphs.get(key)
     if graph is None:  # the capture failed: the steps ran eagerly, and the reason is kept
         samples.append({**common, "path": "graph", "wall_ms": wall, "captured": False,

@@ -53,9 +53,11 @@ class CountingKernels:
         self.heads, self.scored_rows, self.pairs = heads, 0, 0.0
         self.kernels = dataclasses.replace(kernels, index_scores=self.index_scores, sparse=self.sparse)
 
-    def index_scores(self, q, *args):
-        self.scored_rows += q.shape[0]
-        return self.scorer(q, *args)
+    def index_scores(self, q, weights, keys, block_table, page_index, row_req, *args):
+        # rows whose request holds a page here: a captured step's padding rows hold none and score nothing
+        holds = (block_table >= 0).any(dim=1)
+        self.scored_rows += int(holds[row_req.long()].sum()) if holds.numel() else 0
+        return self.scorer(q, weights, keys, block_table, page_index, row_req, *args)
 
     def sparse(self, q, kv_cache, block_table, row_req, slots, *args):
         self.pairs += int((slots >= 0).sum()) * q.shape[1] / self.heads

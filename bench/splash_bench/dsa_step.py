@@ -21,6 +21,7 @@ from splash_core.layouts import Layout
 from splash_core.model.fp8_cache import quantize
 from splash_core.model.weights import SeededWeights
 from splash_core.planning import ownership
+from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
 from splash_core.runtime.model_config import ModelConfig, RankOps
@@ -28,7 +29,9 @@ from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
 
 from .decode_step import device_rates
+from .kernel_classes import breakdown, top_kernels
 from .kernels import kernels_for
+from .replay_profile import profiled_kernels
 
 CACHE_FORMATS = {"bf16": (None, 0), "fp8": (torch.float8_e4m3fn, 4)}  # kv_dtype (None: compute), scales
 
@@ -57,11 +60,12 @@ def build(ctx, spec: dict, cache: str, sparse: bool, context: int, kernels) -> M
     batch = ownership.Batch.balanced(spec["batch"], context, 1)
     pages = int(ownership.kv_pages_per_rank(Layout.TP, batch, 1, spec["page_size"]).max())
     kv_dtype, scales = CACHE_FORMATS[cache]
+    graphs = GraphConfig() if spec.get("graphs") else None
     config = ModelConfig(profile, Layout.TP, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
                          kv_dtype=kv_dtype, kv_scales=scales, num_layers=spec["layers"], sparse_attention=sparse,
-                         attention_form=spec["prefill_form"])
+                         attention_form=spec["prefill_form"], graphs=graphs)
     ops = RankOps(ctx.rank, 1, ctx.device, ctx.collectives, kernels, fused=ctx.backend.fused_kernels(ctx.device, dtype),
-                  streams=ctx.streams)
+                  streams=ctx.streams, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs else None)
     model = Model(config, ops, SeededWeights(spec["seed"]))
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(spec["seed"])
@@ -121,12 +125,14 @@ def _steps(spec: dict, context: int) -> dict:
 
 
 def _timed_steps(ctx, model: Model, step: StepBatch, tokens, history: int, reps: int) -> tuple[list[float], object]:
-    """Host milliseconds (start to device done) of ``reps`` calls of the step after one warm-up,
-    each on a history of ``history`` tokens laid out afresh (a prefill chunk opens pages: run twice
-    on one history it would find them taken); and the last call's logits."""
+    """Host milliseconds (start to device done) of ``reps`` calls of the step after one warm-up
+    (which captures a decode step's graph where the model has graphs), a prefill chunk each on a
+    history of ``history`` tokens laid out afresh (it opens pages: run twice on one history it
+    would find them taken), a decode step on one (it rewrites its own slot); and the last call's logits."""
     out, logits = [], None
     for rep in range(reps + 1):
-        fill_histories(model, step, history)
+        if rep == 0 or not step.is_decode:
+            fill_histories(model, step, history)
         ctx.streams.synchronize()
         t0 = time.perf_counter()
         logits = model.step(step, tokens)
@@ -152,7 +158,23 @@ def time_model(ctx, model: Model, spec: dict, context: int, variant: dict, rates
                     "layers": len(model.paged_layers), "wall_ms": wall, "finite": bool(torch.isfinite(logits).all()),
                     "logits": logits[-spec["batch"]:].cpu(),
                     **roofline(model, rows, spec["batch"], context, variant["sparse"], rates)})
+        if model.graphs is not None and phase == "decode":
+            out[-1]["replayed"] = model.graphs.key(step) in model.graphs.graphs
+        if spec.get("profile"):
+            out[-1]["profile"] = profile_step(ctx, model, step, tokens, history)
     return out
+
+
+def profile_step(ctx, model: Model, step: StepBatch, tokens, history: int) -> dict:
+    """One more call of the step under the profiler: its kernels by class and the longest-running
+    names (``{"error"}`` where no profile can be taken here)."""
+    fill_histories(model, step, history)
+    ctx.streams.synchronize()
+    try:
+        kernels = profiled_kernels(ctx, lambda: model.step(step, tokens))
+        return {**breakdown(kernels), "top": top_kernels(kernels)}
+    except (ValueError, RuntimeError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _agreement(samples: list[dict], base: str) -> None:

@@ -115,3 +115,14 @@ def with_costs(split: dict, costs: dict, rates: dict) -> dict:
         entry.update(bytes=int(cost.get("bytes", 0)), flops=int(cost.get("flops", 0)), floor_us=floor_us,
                      over_floor=entry["us"] / floor_us if floor_us > 0 else None)
     return out
+
+
+def top_kernels(kernels: list[Kernel], count: int = 10) -> list[dict]:
+    """The ``count`` kernel names that ran longest in all (``{"name", "us", "calls"}``, longest first)."""
+    totals: dict[str, list] = {}
+    for k in kernels:
+        entry = totals.setdefault(k.name, [0.0, 0])
+        entry[0] += k.duration_us
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:count]
+    return [{"name": name, "us": us, "calls": calls} for name, (us, calls) in ranked]

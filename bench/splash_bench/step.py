@@ -24,6 +24,7 @@ from splash_core.runtime.reference_model import ReferenceModel
 from splash_core.runtime.step_timing import release_cached_memory, time_layout, timing_graphs
 
 from .kernels import kernels_for
+from .platform_name import accelerator_platform
 
 GIB = 1 << 30
 
@@ -118,13 +119,15 @@ def add_one_device_options(p) -> None:
 
 def one_device_platform(args, pool) -> tuple[dict, str]:
     """(rank 0's :func:`describe_rank`, the results folder) of a one-device benchmark: ``--platform``,
-    else the backend's hardware profile, else cpu; exits where ``--backend auto`` found no
-    accelerator and the run is no ``--smoke``."""
+    else the accelerator's name (an H100 run is never filed under the backend's h200 profile), else
+    the backend's hardware profile, else cpu; exits where ``--backend auto`` found no accelerator and
+    the run is no ``--smoke``."""
     info = pool.run(describe_rank)[0]
     if args.backend == "auto" and info["device"] == "cpu" and not args.smoke:
         raise SystemExit("backend auto found no accelerator backend; install one (pip install --no-deps -e "
                          "backends/cuda -e backends/hopper) or pass --smoke")
-    return info, args.platform or info["profile"] or "cpu"
+    named = accelerator_platform(default="") if info["device"] != "cpu" else ""
+    return info, args.platform or named or info["profile"] or "cpu"
 
 
 def device_memory(ctx) -> tuple[int, int] | None:

@@ -113,7 +113,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
     capacity = plan_capacity(deployment, concurrency, [r.reserved_tokens for r in requests], job.kv_pages,
                              policy.layouts)
     group = build(ctx, deployment, capacity, policy, max_rows_per_owner=concurrency,
-                  max_context=max(r.reserved_tokens for r in requests))
+                  max_context=max(r.reserved_tokens for r in requests), prefill_rows=job.prefill_chunk)
     lead = ctx.rank == 0
     controller = hooks = None
     if lead:

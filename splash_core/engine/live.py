@@ -65,7 +65,8 @@ def serve_live(ctx, job: LiveJob) -> dict | None:
     deployment = deployment_of(job)
     policy = make_policy(job.policy, deployment, job.precopy_steps if job.switch_mode == "auto" else 0)
     capacity = KVCapacity(job.kv_pages, deployment.page_size, deployment.T, "set by the server")
-    group = build(ctx, deployment, capacity, policy, max_rows_per_owner=job.max_running)
+    group = build(ctx, deployment, capacity, policy, max_rows_per_owner=job.max_running,
+                  prefill_rows=job.prefill_chunk)
     controller = hooks = None
     if ctx.rank == 0:
         controller = Controller([], policy, capacity, concurrency=job.max_running, prefill_chunk=job.prefill_chunk,

@@ -79,11 +79,9 @@ class DeploymentMemory:
 
 def graph_pool_bytes(deployment) -> int:
     """The decode-graph pool one rank holds: the hardware's measured pool where graphs are captured."""
-    hw, model = deployment.hardware, deployment.model
-    kinds = deployment.layer_kinds
-    sparse = deployment.sparse_attention if deployment.sparse_attention is not None else model.indexer is not None
+    hw, kinds = deployment.hardware, deployment.layer_kinds
     captured = (hw.captures_graphs and deployment.graphs.mode != "off" and LayerKind.MLA in kinds
-                and decode_capturable(kda=LayerKind.KDA in kinds, sparse=sparse))
+                and decode_capturable(kda=LayerKind.KDA in kinds))
     return int(hw.graph_pool_mib.value * MIB) if captured and hw.graph_pool_mib is not None else 0
 
 

@@ -43,13 +43,11 @@ from ..runtime.switch import SwitchExecutor, SwitchRefused
 from ..runtime.token_history import TokenHistory
 from .controller import Controller
 from .device_fit import device_memory, device_memory_problem
+from .errors import EngineError
+from .expanded_warm_up import warm_deployment
 from .logprobs import LogprobJobs, scored_rows
 from .plan import Command, StepPlan, exchange
 from .precopies import PreCopies
-
-
-class EngineError(RuntimeError):
-    """The run stopped: names the rank and step."""
 
 
 class Hooks:
@@ -88,12 +86,14 @@ class Group:
 
 
 def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_owner: int | None = None,
-          max_context: int | None = None) -> Group:
+          max_context: int | None = None, prefill_rows: int | None = None) -> Group:
     """Load the deployment's model on this rank with ``capacity.pages`` KV pages per layer, the
     switch executor when the policy may run more than one layout, and, where the model replays
     decode graphs, capture the initial layout's graph of every bucket up to
     ``max_rows_per_owner`` with tables ``max_context`` tokens wide (the load report's
-    ``graphs``), so steady-state decode steps never capture."""
+    ``graphs``), so steady-state decode steps never capture; where the expanded-form provider
+    builds a graph per shape, warm every shape of chunks of ``prefill_rows`` rows up to
+    ``max_context`` (else the pool's tokens) in the policy's layouts (``expanded_warm_up``)."""
     if ctx.world_size != deployment.T:
         raise EngineError(f"rank {ctx.rank}: deployment {deployment.name!r} is for T = {deployment.T}, "
                           f"the group has {ctx.world_size} ranks")
@@ -114,7 +114,11 @@ def build(ctx, deployment: DeploymentProfile, capacity, policy, *, max_rows_per_
     if model.graphs is not None:
         made = model.graphs.capture_all(max_rows_per_owner, max_context)
         load_report["graphs"] = {**model.graphs.summary(), "line": model.graphs.describe(), "start_up": made}
+    if prefill_rows and model.math is not None and hasattr(model.kernels.expanded, "warm_up"):
+        load_report["expanded_warm_up"] = warm_deployment(ctx, deployment, model, policy.layouts, prefill_rows,
+                                                          max_context or capacity.pages * deployment.page_size * ctx.world_size)
     return Group(model, executor, load_report)
+
 
 
 @dataclasses.dataclass

@@ -1,11 +1,14 @@
 """An expanded-form attention that runs, per call, one of several providers of the same contract
 (:mod:`.expanded`), chosen from the call's head count and query rows (a backend's measured
-table decides; :mod:`splash_core.testing` checks every provider it holds against the reference)."""
+table decides; :mod:`splash_core.testing` checks every provider it holds against the reference);
+a host index (:class:`~.expanded_plan.HostIndex`) reaches the providers that take one."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
+
+from .expanded_plan import call_expanded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,5 +28,14 @@ class ExpandedChoice:
                              f"{', '.join(n for n, _ in self.providers)}")
         return found
 
-    def __call__(self, q, *args):
-        return self.provider(q.shape[1], q.shape[0])(q, *args)
+    @property
+    def takes_host_index(self) -> bool:
+        return any(getattr(p, "takes_host_index", False) for _, p in self.providers)
+
+    def __call__(self, q, *args, host=None):
+        return call_expanded(self.provider(q.shape[1], q.shape[0]), host, q, *args)
+
+    def warm_up(self, *args, **kwargs) -> int:
+        """Every provider's ``warm_up`` (those that have one; :meth:`SdpaExpanded.warm_up`'s
+        arguments): the number of shapes run."""
+        return sum(p.warm_up(*args, **kwargs) for _, p in self.providers if hasattr(p, "warm_up"))

@@ -97,3 +97,31 @@ def affine(index: np.ndarray) -> tuple[int, int] | None:
     if starts.size > 1 and (step < 0 or not np.all(np.diff(starts) == step)):
         return None
     return int(starts[0]), step
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostIndex:
+    """The index arguments of an expanded call (``q_req, q_pos, k_start, k_pos``) as host arrays,
+    made by a caller that already has them (the runtime), so a provider that plans on the host
+    copies nothing back from the device; ``memo`` keeps its plans while the caller keeps it (every
+    layer of a step with equal keys)."""
+
+    q_req: np.ndarray
+    q_pos: np.ndarray
+    k_start: np.ndarray
+    k_pos: np.ndarray
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def memo(self, key, build):
+        """``build()`` once per ``key`` for this index."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+
+def call_expanded(kernel, host: HostIndex | None, *args):
+    """``kernel(*args)`` (the contract's arguments), handing it ``host`` where it takes one
+    (``takes_host_index``: the providers that plan on the host)."""
+    if host is not None and getattr(kernel, "takes_host_index", False):
+        return kernel(*args, host=host)
+    return kernel(*args)

@@ -4,15 +4,19 @@ attention kernels, the backend kernel chosen by the caller (:func:`dense_attend`
 The rows and keys become dense calls by :func:`.expanded_plan.plan` (a request's history without
 mask plus its chunk as a square causal block, merged by log-sum-exp; requests of equal sizes
 batched); requests it cannot express go to ``fallback`` (another expanded kernel), rows that see
-no key get 0 and -inf. The plan needs the index tensors on the host: one device-to-host copy per
-new set of index tensors (:class:`DensePlanCache` keeps the last plan while the same tensors come
-back, as the Triton kernel keeps its launch plan), so this provider is for prefill chunks, never
-inside a captured graph.
+no key get 0 and -inf. With shape buckets (:mod:`.expanded_buckets`) the calls take few distinct
+shapes, so a kernel that builds a graph per shape (cuDNN's) builds them once, in
+:meth:`SdpaExpanded.warm_up` before anything is timed (torch keeps cuDNN's graphs per thread: warm
+up in the thread that serves). The plan is made on the host: from a caller's host arrays
+(:class:`~.expanded_plan.HostIndex`, the runtime's: no copy) or else from the index tensors, one
+device-to-host copy per new set (:class:`DensePlanCache` keeps the last plan while the same tensors
+come back, as the Triton kernel keeps its launch plan), so this provider is for prefill chunks,
+never inside a captured graph.
 
 Keys are [B, H, m, d_n + d_r] copies (the rotary key every head shares is broadcast into each,
-as a dense kernel wants one key tensor); queries and values are read in place through strided
-views wherever a group's rows or keys are equally spaced runs (as serving gives them), else
-gathered.
+as a dense kernel wants one key tensor); unbucketed, queries and values are read in place through
+strided views wherever a group's rows or keys are equally spaced runs (as serving gives them),
+else gathered; bucketed, every operand is a contiguous padded copy (strides follow from shapes).
 
 Why the private ``torch.ops.aten._scaled_dot_product_*`` ops and not
 ``torch.nn.functional.scaled_dot_product_attention`` under ``sdpa_kernel``: the merge and the
@@ -24,7 +28,6 @@ natural-log per (batch, head, row); the efficient kernel pads its rows to a mult
 
 from __future__ import annotations
 
-import functools
 import weakref
 from typing import Callable
 
@@ -33,6 +36,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from . import expanded_plan
+from .expanded_buckets import BucketGroup, BucketSizes, bucket, deployment_shapes
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -72,12 +76,45 @@ def dense_attend(backend: SDPBackend) -> Attend:
     return _ATTEND[backend]
 
 
-def sdpa_expanded_attention(backend: SDPBackend, fallback: Callable, group: bool = True):
-    """``fn(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale) -> (out, lse)`` on torch's
-    ``backend``; requests a dense call cannot express go to ``fallback`` (same signature);
-    ``group`` off: one call per request (measured against batching by the benchmark)."""
-    return functools.partial(expanded_sdpa, attend=dense_attend(backend), fallback=fallback, group=group,
-                             plans=DensePlanCache())
+def sdpa_expanded_attention(backend: SDPBackend, fallback: Callable, group: bool = True,
+                            buckets: BucketSizes | None = None) -> "SdpaExpanded":
+    """``fn(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, host=None) -> (out, lse)`` on
+    torch's ``backend``; requests a dense call cannot express go to ``fallback`` (same signature);
+    ``group`` off: one call per request (measured against batching by the benchmark); ``buckets``:
+    calls of bucketed shapes (:mod:`.expanded_buckets`), else each call its exact shape."""
+    return SdpaExpanded(dense_attend(backend), fallback, group, buckets)
+
+
+class SdpaExpanded:
+    """The provider: the contract's call, plus ``host`` (:class:`~.expanded_plan.HostIndex`: the
+    index arrays on the host, planned there with no device copy) and :meth:`warm_up`."""
+
+    takes_host_index = True
+
+    def __init__(self, attend: Attend, fallback: Callable, group: bool, buckets: BucketSizes | None):
+        self.attend, self.fallback, self.group, self.buckets = attend, fallback, group, buckets
+        self.plans = DensePlanCache()
+
+    def __call__(self, q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, host=None):
+        return expanded_sdpa(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, attend=self.attend,
+                             fallback=self.fallback, group=self.group, plans=self.plans, buckets=self.buckets,
+                             host=host)
+
+    def warm_up(self, heads: int, widths: tuple[int, int, int], dtype, device, max_rows: int, max_context: int,
+                max_batch: int = 1) -> int:
+        """Run every bucketed call shape a deployment can produce once (:func:`deployment_shapes`),
+        on zeros of ``heads`` heads and ``widths`` (d_n, d_r, d_v), so a kernel that builds a graph
+        per shape builds them before anything is timed; the number of shapes run (0 unbucketed)."""
+        if self.buckets is None:
+            return 0
+        shapes = deployment_shapes(self.buckets, max_rows, max_context, max_batch)
+        d_n, d_r, d_v = widths
+        for batch, q_len, k_len, causal in shapes:
+            q = torch.zeros(batch, q_len, heads, d_n + d_r, dtype=dtype, device=device).transpose(1, 2)
+            k = torch.zeros(batch, k_len, heads, d_n + d_r, dtype=dtype, device=device).transpose(1, 2)
+            v = torch.zeros(batch, k_len, heads, d_v, dtype=dtype, device=device).transpose(1, 2)
+            self.attend(q, k, v, causal, (d_n + d_r) ** -0.5)
+        return len(shapes)
 
 
 class DensePlanCache:
@@ -87,20 +124,26 @@ class DensePlanCache:
     def __init__(self):
         self._key, self._refs, self._value = None, (), None
 
-    def get(self, q_req, q_pos, k_start, k_pos, group: bool) -> expanded_plan.DensePlan:
+    def get(self, q_req, q_pos, k_start, k_pos, group: bool, buckets: BucketSizes | None = None):
         tensors = (q_req, q_pos, k_start, k_pos)
-        key = (tuple(t._version for t in tensors), group)
+        key = (tuple(t._version for t in tensors), group, buckets)
         if self._key != key or len(self._refs) != 4 or any(r() is not t for r, t in zip(self._refs, tensors)):
-            self._value = host_plan(*tensors, group=group)
+            self._value = host_plan(*tensors, group=group, buckets=buckets)
             self._refs, self._key = tuple(weakref.ref(t) for t in tensors), key
         return self._value
 
 
-def host_plan(q_req, q_pos, k_start, k_pos, group: bool = True) -> expanded_plan.DensePlan:
-    """The dense plan of device index tensors: one device-to-host copy, then :func:`expanded_plan.plan`."""
+def host_plan(q_req, q_pos, k_start, k_pos, group: bool = True, buckets: BucketSizes | None = None):
+    """The plan of device index tensors: one device-to-host copy, then :func:`make_plan`."""
     sizes = [t.numel() for t in (q_req, q_pos, k_start, k_pos)]
     host = torch.cat([t.reshape(-1).to(torch.int64) for t in (q_req, q_pos, k_start, k_pos)]).cpu().numpy()
-    return expanded_plan.plan(*np.split(host, np.cumsum(sizes)[:-1]), group=group)
+    return make_plan(*np.split(host, np.cumsum(sizes)[:-1]), group=group, buckets=buckets)
+
+
+def make_plan(q_req, q_pos, k_start, k_pos, group: bool = True, buckets: BucketSizes | None = None):
+    """:func:`expanded_plan.plan` of host arrays, bucketed by ``buckets`` where given."""
+    dense = expanded_plan.plan(q_req, q_pos, k_start, k_pos, group=group)
+    return dense if buckets is None else bucket(dense, buckets)
 
 
 def _view(t: torch.Tensor, index: np.ndarray) -> torch.Tensor:
@@ -120,12 +163,19 @@ def _keys(k_nope, k_rope, v, index: np.ndarray):
     return torch.cat([nope, rope], dim=-1).transpose(1, 2), _view(v, index).transpose(1, 2)
 
 
-def _merge(first, second):
-    """Two parts' (out, lse) over disjoint keys, every row seeing a key in each."""
-    (o1, l1), (o2, l2) = first, second
-    lse = torch.logaddexp(l1, l2)
-    out = o1.float() * torch.exp(l1 - lse)[..., None] + o2.float() * torch.exp(l2 - lse)[..., None]
-    return out.to(o1.dtype), lse
+def _merge(parts):
+    """Parts' (out, lse) over disjoint keys, every row seeing a key in each, merged in float32."""
+    if len(parts) == 1:
+        return parts[0]
+    lse = torch.logsumexp(torch.stack([part_lse for _, part_lse in parts]), dim=0)
+    out = sum(part_out.float() * torch.exp(part_lse - lse)[..., None] for part_out, part_lse in parts)
+    return out.to(parts[0][0].dtype), lse
+
+
+def _flat(out, lse):
+    """[B, H, n, d_v], [B, H, n] -> [B*n, H, d_v], [B*n, H]."""
+    batch, heads, n, d_v = out.shape
+    return out.transpose(1, 2).reshape(batch * n, heads, d_v), lse.transpose(1, 2).reshape(batch * n, heads)
 
 
 def _attend_group(g: expanded_plan.DenseGroup, q, k_nope, k_rope, v, scale: float, attend: Attend):
@@ -136,27 +186,67 @@ def _attend_group(g: expanded_plan.DenseGroup, q, k_nope, k_rope, v, scale: floa
         parts.append(attend(qg, *_keys(k_nope, k_rope, v, g.history), False, scale))
     if g.chunk.shape[1]:
         parts.append(attend(qg, *_keys(k_nope, k_rope, v, g.chunk), True, scale))
-    out, lse = parts[0] if len(parts) == 1 else _merge(*parts)
-    batch, heads, n, d_v = out.shape
-    return out.transpose(1, 2).reshape(batch * n, heads, d_v), lse.transpose(1, 2).reshape(batch * n, heads)
+    return _flat(*_merge(parts))
+
+
+def _slots(t: torch.Tensor, index: np.ndarray, front: int, length: int) -> torch.Tensor:
+    """A contiguous [b, length, ...] holding ``t[index]`` at slots ``front .. front + m - 1``, zeros elsewhere."""
+    b, m = index.shape
+    full = front == 0 and m == length
+    out = (t.new_empty if full else t.new_zeros)(b, length, *t.shape[1:])
+    out[:, front:front + m] = _view(t, index)
+    return out
+
+
+def _key_slots(k_nope, k_rope, v, index: np.ndarray, length: int):
+    """Keys [b, H, length, d_n + d_r] and values [b, H, length, d_v], ``index``'s first, zeros after."""
+    b, m = index.shape
+    d_n = k_nope.shape[2]
+    full = m == length
+    keys = (k_nope.new_empty if full else k_nope.new_zeros)(b, length, k_nope.shape[1], d_n + k_rope.shape[1])
+    keys[:, :m, :, :d_n] = _view(k_nope, index)
+    keys[:, :m, :, d_n:] = _view(k_rope, index)[:, :, None, :]
+    return keys.transpose(1, 2), _slots(v, index, 0, length).transpose(1, 2)
+
+
+def _attend_bucketed(g: BucketGroup, q, k_nope, k_rope, v, scale: float, attend: Attend):
+    """:func:`_attend_group` by the bucketed calls of :mod:`.expanded_buckets`."""
+    n = g.rows.shape[1]
+    queries, parts = {}, []
+    for call in g.calls:
+        where = (call.front, call.q_len)
+        if where not in queries:  # the history pieces share one padded query buffer
+            queries[where] = _slots(q, g.rows, call.front, call.q_len).transpose(1, 2)
+        out, lse = attend(queries[where], *_key_slots(k_nope, k_rope, v, call.keys, call.k_len), call.causal, scale)
+        parts.append((out[:, :, call.front:call.front + n], lse[:, :, call.front:call.front + n]))
+    return _flat(*_merge(parts))
 
 
 def expanded_sdpa(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, *, attend: Attend,
-                  fallback: Callable, group: bool = True, plans: DensePlanCache | None = None):
-    """Expanded attention (contract: :mod:`.expanded`) by dense ``attend`` calls, ``fallback``
-    for the requests they cannot express; ``plans`` keeps the last plan (None: plan every call)."""
+                  fallback: Callable, group: bool = True, plans: DensePlanCache | None = None,
+                  buckets: BucketSizes | None = None, host: expanded_plan.HostIndex | None = None):
+    """Expanded attention (contract: :mod:`.expanded`) by dense ``attend`` calls (of bucketed
+    shapes where ``buckets`` is given), ``fallback`` for the requests they cannot express. The
+    plan: from ``host`` where given (no device copy), else from the index tensors through
+    ``plans`` (None: plan every call)."""
     n, heads = q.shape[:2]
-    p = (plans.get(q_req, q_pos, k_start, k_pos, group) if plans is not None
-         else host_plan(q_req, q_pos, k_start, k_pos, group))
+    if host is not None:
+        p = host.memo(("sdpa", group, buckets), lambda: make_plan(host.q_req, host.q_pos, host.k_start, host.k_pos,
+                                                                  group=group, buckets=buckets))
+    elif plans is not None:
+        p = plans.get(q_req, q_pos, k_start, k_pos, group, buckets)
+    else:
+        p = host_plan(q_req, q_pos, k_start, k_pos, group, buckets)
+    run = _attend_bucketed if buckets is not None else _attend_group
     everything = len(p.groups) == 1 and p.groups[0].rows.size == n and np.array_equal(p.groups[0].rows.ravel(),
                                                                                          np.arange(n))
     if everything:  # one call, rows already in order: its result is the answer
-        return _attend_group(p.groups[0], q, k_nope, k_rope, v, scale, attend)
+        return run(p.groups[0], q, k_nope, k_rope, v, scale, attend)
     out = q.new_empty(n, heads, v.shape[2])
     lse = torch.empty(n, heads, dtype=torch.float32, device=q.device)
     for g in p.groups:
         rows = torch.as_tensor(g.rows.ravel(), device=q.device)
-        o, s = _attend_group(g, q, k_nope, k_rope, v, scale, attend)
+        o, s = run(g, q, k_nope, k_rope, v, scale, attend)
         out.index_copy_(0, rows, o)
         lse.index_copy_(0, rows, s)
     if p.fallback_rows.size:

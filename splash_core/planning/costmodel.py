@@ -56,7 +56,7 @@ replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhe
 gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
 model is told decode steps replay (``decode_graphs``) and the model's decode can be captured at
 all (:func:`~splash_core.profiles.graphs.decode_capturable`, the rule the runtime obeys: not with
-KDA layers, nor with sparse attention unless the backend's sparse kernels capture); prefill and
+KDA layers; sparse attention captures); prefill and
 mixed steps run eagerly. Where the profile also holds the backend's capture terms, Eq 6's A counts the graphs each
 layout holds and Eq 7 the re-capture a switch that moves weights needs
 (:mod:`~splash_core.planning.graph_costs`).
@@ -78,7 +78,7 @@ from .batch_loads import BatchArrays, RankLoads, rank_loads
 from .cp_exchange import candidate_bytes, merge_bytes, prefill_exchange_bytes
 from .dop_exchange import dop_exchange_bytes, eq4_volume
 from .ffn_costs import ffn_costs, ffn_time
-from .graph_costs import GraphCosts
+from .graph_costs import GraphCosts, decode_bucket
 from .layer_costs import KindCosts, kind_costs
 from .ownership import layer_indices
 from .step_estimates import Estimates, StepTime
@@ -105,11 +105,9 @@ class CostModel:
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
                  layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
                  graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto",
-                 cp_recurrent: str = "owner", sparse_kernels_capture: bool = False):
+                 cp_recurrent: str = "owner"):
         """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.planning.attention_forms`);
-        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``;
-        ``sparse_kernels_capture``: the backend's sparse-attention kernels can be captured in decode graphs
-        (:func:`~splash_core.profiles.graphs.decode_capturable`)."""
+        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``."""
         if cp_recurrent not in CP_RECURRENT:
             raise ValueError(f"cp_recurrent must be one of {', '.join(CP_RECURRENT)} (got {cp_recurrent!r})")
         self.cp_kda_at_positions = cp_recurrent == "positions"
@@ -121,8 +119,7 @@ class CostModel:
         self._set_layer_costs(covered, attention_form)
         self._set_hardware_rates(hardware)
         kda = any(model.layer_kinds[i] is LayerKind.KDA for i in covered)
-        self.decode_capturable = decode_capturable(kda=kda, sparse=self.sparse,
-                                                   sparse_kernels_capture=sparse_kernels_capture)
+        self.decode_capturable = decode_capturable(kda=kda)
         self._set_graph_terms(hardware, len(covered), decode_graphs and self.decode_capturable, graph_buckets)
         self.transfer_law = (None if hardware.switch_transfer is None else  # Eq 13-14's references
                              TransferLaw(hardware.switch_transfer, model, T, page_size, covered))
@@ -167,6 +164,7 @@ class CostModel:
         # captured graphs: re-capture in a switch (Eq 7) and their memory in A (Eq 6), where the
         # profile says the backend captures and decode steps replay (graphs not off)
         self.graph_costs = GraphCosts.of(h, n_layers, graph_buckets, self.T) if decode_graphs else None
+        self.padded_buckets = tuple(graph_buckets) if decode_graphs else ()  # decode steps run padded to these
 
     @classmethod
     def from_deployment(cls, deployment, cp_recurrent: str = "owner") -> "CostModel":
@@ -241,14 +239,17 @@ class CostModel:
         """Bytes each CP rank receives per MLA layer of batch ``x`` in sparse attention's exchange of
         top-k candidates, as Eq 10 charges them (:mod:`~splash_core.planning.cp_exchange`): for the
         rows attended over the keys each rank holds (decode rows; prefill rows where the ring is
-        cheaper than gathering the history, with which a rank selects alone)."""
+        cheaper than gathering the history, with which a rank selects alone). A decode step that
+        replays a graph exchanges its padded rows: T x its bucket."""
         q = x.query_rows
         per_row = candidate_bytes(self.T, 1.0, self.topk, int(x.contexts[q > 0].max(initial=0)))
         mla = next((kc for kc in self.kinds if kc.kind is LayerKind.MLA), None)
         if not per_row or mla is None:
             return 0.0
-        decode_rows = float(len(q) if x.decode else np.count_nonzero(q == 1))
-        rows = float(len(q) if x.decode else q.sum())
+        bucket = decode_bucket(self.padded_buckets, x, self.T) if x.decode else None
+        padded = float(self.T * bucket) if bucket else None
+        decode_rows = padded or float(len(q) if x.decode else np.count_nonzero(q == 1))
+        rows = padded or float(len(q) if x.decode else q.sum())
         return per_row * self._cp_partial_rows(mla, loads if loads is not None else self.loads(x), rows, decode_rows)
 
     # ---- stages of one layer, every layout at once ([layouts] at the busiest rank) -----

@@ -80,10 +80,8 @@ class GraphCosts:
         return self.layers * self.capture_s_per_layer
 
     def bucket(self, x) -> int | None:
-        """The bucket the decode steps of batch ``x`` (a BatchArrays) are padded to: the busiest
-        owner's requests (one row each in decode), None beyond the largest (they run eagerly)."""
-        busiest = int(np.bincount(np.asarray(x.owners, dtype=np.int64), minlength=self.T).max()) if len(x) else 0
-        return next((b for b in self.buckets if b >= busiest), None)
+        """The bucket the decode steps of batch ``x`` (a BatchArrays) are padded to (:func:`decode_bucket`)."""
+        return decode_bucket(self.buckets, x, self.T)
 
     def held_buckets(self, x) -> int:
         """How many buckets' graphs a layout holds for batch ``x``: every bucket up to its own
@@ -150,3 +148,10 @@ def capture_costs_from_samples(samples) -> float:
     if not mine:
         raise ValueError("no graph samples with a capture time in the results")
     return float(statistics.median(s["capture_s"] / s["layers"] for s in mine))
+
+
+def decode_bucket(buckets: Sequence[int], x, T: int) -> int | None:
+    """The bucket of ``buckets`` the decode steps of batch ``x`` (a BatchArrays) are padded to: the
+    busiest owner's requests (one row each in decode), None beyond the largest (they run eagerly)."""
+    busiest = int(np.bincount(np.asarray(x.owners, dtype=np.int64), minlength=T).max()) if len(x) else 0
+    return next((b for b in buckets if b >= busiest), None)

@@ -17,7 +17,8 @@ flops (d_q = d_c + d_r, d_z = d_c). With sparse attention (DeepSeek-V3.2's DSA) 
 to at most ``topk`` keys, but the indexer scores every visible key first (2·H_idx·d_idx flops
 per pair); without it every visible key is attended. A layer that shares the previous layer's
 selection (GLM-5's shared-indexer layers) runs no indexer: the indexer's projections, scores, key
-reads and CP's candidate exchange are charged on the share of layers that select (``index_share``).
+reads and CP's candidate exchange are charged on the share of layers that select (``index_share``),
+and the cached indexer keys on the share that store them (``stored_index_share``, in either mode).
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ class KindCosts:
     head_bytes_row: float  # activations of one row per head (query + attention output)
     topk: int | None  # keys each row attends to at most (None: dense attention)
     index_share: float = 1.0  # of these layers, the fraction that run their own indexer (the rest share its top-k)
+    stored_index_share: float = 1.0  # of these layers, the fraction that store indexer keys (in either mode)
 
     @property
     def stored_bytes_token(self) -> float:
-        """Cache bytes per token per layer (KV + indexer keys): what Eq 1's k sums."""
-        return self.kv_bytes_token + self.index_bytes_token
+        """Cache bytes per token per layer (KV + indexer keys, a mean over the layers where only some
+        store them): what Eq 1's k sums."""
+        return self.kv_bytes_token + self.index_bytes_token * self.stored_index_share
 
     def scratch_bytes(self, rows, head_share) -> np.ndarray:
         """A of Eq 6: activations of ``rows`` rows, each on ``head_share`` of the heads."""
@@ -82,12 +85,13 @@ def kind_costs(model: ModelProfile, kind: LayerKind, layers: int, act_bytes: int
             if sparse:  # its query (from the query latent) and per-head weights score every key
                 index += (m.q_lora_rank or d) * idx.heads * idx.head_dim + d * idx.heads
                 index_pair, topk = 2.0 * idx.heads * idx.head_dim * index_share, idx.topk
-        owner += index * (index_share if sparse else 1.0)
+        owner += index * index_share  # dense too: only the layers with an indexer of their own project keys
         d_q, d_z = m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank  # absorbed MLA (Eq 4)
         return KindCosts(kind, layers, m.heads, params * w_bytes, (query + owner) * w_bytes, 2.0 * params,
                          2.0 * query, 2.0 * owner, 2.0 * m.heads * (d_q + d_z), index_pair, 0.0,
                          model.kv_bytes_per_token_layer, model.indexer_bytes_per_token_layer, 0.0,
-                         d_q, d_z, act_bytes * 2 * d, act_bytes * (d_q + d_z), topk, index_share if sparse else 1.0)
+                         d_q, d_z, act_bytes * 2 * d, act_bytes * (d_q + d_z), topk, index_share if sparse else 1.0,
+                         index_share if idx is not None else 1.0)
     k = model.kda
     # the recurrent update touches each [K, V] state element about three times per row (decay,
     # the k·vᵀ write, the q·S read-out): 6 flops; q, k, v go to owners in DOP, outputs come back

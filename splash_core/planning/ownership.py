@@ -261,8 +261,9 @@ def _footprint(layout, contexts, ids, owners, model, T, page_size, layers) -> Fo
             else sum(p.bytes for p in projs)
         w += n * per_rank
     pages = _owner_pages(layout, contexts, ids, owners, T, page_size) if n_mla else np.zeros(T, np.int64)
+    n_indexed = sum(model.stores_indexer_keys(i) for i in sel)  # GLM-5's shared-indexer layers store none
     kv = pages * page_size * model.kv_bytes_per_token_layer * n_mla
-    indexer = pages * page_size * model.indexer_bytes_per_token_layer * n_mla
+    indexer = pages * page_size * model.indexer_bytes_per_token_layer * n_indexed
     rec = np.zeros(T, dtype=np.int64)
     if n_kda and model.kda is not None:
         per_request = model.recurrent_bytes_per_request_layer * n_kda

@@ -103,9 +103,9 @@ def layer_transfer_times(manifest, model) -> np.ndarray:
     else the busiest rank's received bytes over the primitive's bandwidth plus one latency
     per collective (a discard costs nothing)."""
     law = getattr(model, "transfer_law", None)
-    per_kind = {}
-    for kind, layer in manifest.kinds().items():
-        t = 0.0
+    per_class = {}  # layers sharing their state plans (a kind, or its layers storing no indexer keys) take alike
+    for layer in manifest.classes():
+        kind, t = layer.kind, 0.0
         by_class = _class_bytes(layer)
         for key, fetched in by_class.items():
             scaled = None if law is None else law.per_layer_s(kind, manifest.src, manifest.dst, key,
@@ -116,8 +116,8 @@ def layer_transfer_times(manifest, model) -> np.ndarray:
             for state, plan in layer.states.items():
                 if plan.primitive is not Primitive.DISCARD and state_class(state) == key:
                     t += float(plan.fetched_bytes.max()) / model.bw[plan.primitive] + model.latency
-        per_kind[kind] = t
-    return np.array([per_kind[layer.kind] for layer in manifest.layers])
+        per_class[id(layer.states)] = t
+    return np.array([per_class[id(layer.states)] for layer in manifest.layers])
 
 
 def switch_cost(manifest, model, dest, x=None) -> SwitchCost:

@@ -295,11 +295,15 @@ class FP8LinearKernels:
     - ``grouped(x, w, counts) -> y``: rows of ``x`` [P, k] sorted by expert, expert g's ``counts[g]``
       rows through ``w``'s expert g (codes [G, n, k]): ``y`` [P, n] in x's dtype; rows past
       ``counts.sum()`` come back undefined (as :func:`~splash_core.model.experts.grouped_linear`).
+    - ``providers``: ``(name, linear)`` of each kernel ``linear`` may choose per call (by a measured
+      table), each with ``linear``'s contract for the weights it takes (it raises ValueError for the
+      others): what the conformance suite checks one by one; empty where ``linear`` is one kernel.
     """
 
     linear: Callable
     grouped: Callable
     name: str = "reference"
+    providers: tuple[tuple[str, Callable], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

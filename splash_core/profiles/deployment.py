@@ -221,9 +221,9 @@ class DeploymentProfile:
 
     @property
     def kv_page_bytes(self) -> float:
-        """One KV page (latent + rotary + indexer keys) of every MLA layer that runs."""
-        per_token = self.model.kv_bytes_per_token_layer + self.model.indexer_bytes_per_token_layer
-        return float(self.page_size * per_token * self.layer_kinds.count(LayerKind.MLA))
+        """One KV page (latent + rotary, and indexer keys where the layer stores them) of every MLA
+        layer that runs."""
+        return float(self.page_size * self.model.cache_bytes_per_token_over(range(len(self.layer_kinds))))
 
     @property
     def kv_budget_bytes(self) -> float:

@@ -45,10 +45,11 @@ class GraphConfig:
         return next((b for b in self.buckets if b >= rows_per_owner), None)
 
 
-def decode_capturable(*, kda: bool, sparse: bool, sparse_kernels_capture: bool = False) -> bool:
+def decode_capturable(*, kda: bool) -> bool:
     """Whether a model's pure decode steps may run from captured graphs: not where it has KDA
-    layers (``kda``: per-request host loops) or attends sparsely (``sparse``: the host chooses dense
-    or sparse attention step by step, by the longest context), unless the backend's
-    sparse-attention kernels can be captured (``sparse_kernels_capture``; no backend's can yet).
-    The runtime captures only where this holds; the cost model charges replayed steps only there."""
-    return not kda and (not sparse or sparse_kernels_capture)
+    layers (``kda``: per-request host loops). Sparse attention (DSA) captures: a bucket has one graph
+    where no context exceeds k (dense attention, as the eager step) and one where some does (indexer
+    scores, top-k and sparse attention over the tables' fixed width), the host choosing per step by
+    the longest context as the eager step does. The runtime captures only where this holds; the
+    cost model charges replayed steps only there."""
+    return not kda

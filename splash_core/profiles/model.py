@@ -252,11 +252,28 @@ class ModelProfile:
             return 0
         return self.indexer.head_dim * dtypes.nbytes(self.indexer.dtype) + self.indexer.scale_bytes
 
+    def stores_indexer_keys(self, layer: int) -> bool:
+        """Whether layer ``layer`` caches an indexer key per token: an MLA layer running its own
+        indexer (GLM-5's shared-indexer layers reuse an earlier top-k and store none)."""
+        return (self.indexer is not None and self.layer_kinds[layer] is LayerKind.MLA
+                and self.indexer.selects(layer))
+
+    def cache_bytes_per_token_at(self, layer: int) -> int:
+        """Cache bytes per context token of layer ``layer``: latent + rotary key, plus the indexer
+        key where it stores one (0 for a KDA layer)."""
+        if self.layer_kinds[layer] is not LayerKind.MLA:
+            return 0
+        return self.kv_bytes_per_token_layer + self.indexer_bytes_per_token_layer * self.stores_indexer_keys(layer)
+
+    def cache_bytes_per_token_over(self, layers) -> int:
+        """:meth:`cache_bytes_per_token_at` summed over ``layers`` (indices)."""
+        return sum(self.cache_bytes_per_token_at(i) for i in layers)
+
     @property
     def kv_bytes_per_token(self) -> int:
-        """k of Eq 1: cache bytes per context token over all cache-bearing layers."""
-        per_layer = self.kv_bytes_per_token_layer + self.indexer_bytes_per_token_layer
-        return self.count(LayerKind.MLA) * per_layer
+        """k of Eq 1: cache bytes per context token over all cache-bearing layers (the indexer keys
+        only of the layers that store them)."""
+        return self.cache_bytes_per_token_over(range(self.num_layers))
 
     @property
     def recurrent_bytes_per_request_layer(self) -> int:

@@ -31,12 +31,15 @@ def render_fp8_gemm(result: Result, ctx: Context) -> list[str]:
     peaks = summary["peaks"]
     lines = [f"Peaks measured in the same run: bf16 {sig(peaks['bf16_tflops'])}, FP8 {sig(peaks['fp8_tflops'])} "
              "TFLOP/s.", ""]
-    rows = [[name, _tf(p.get("triton_tflops")), _tf(p.get("bf16_tflops")),
+    rows = [[name, _tf(p.get("triton_tflops")), _tf(p.get("scaled_mm_block_tflops")), _tf(p.get("bf16_tflops")),
              f"{p['triton_over_bf16']:.2f}" if "triton_over_bf16" in p else MISSING,
              f"{p['triton_over_scaled_mm_rowwise']:.2f}" if "triton_over_scaled_mm_rowwise" in p else MISSING]
             for name, p in summary["points"].items()]
-    return lines + table(["shape / rows", "Triton FP8 TFLOP/s", "bf16 TFLOP/s", "Triton / bf16",
-                          "Triton / _scaled_mm"], rows, "lrrrr") + [""]
+    chosen = summary.get("scaled_mm_from_rows")
+    return lines + table(["shape / rows", "Triton FP8 TFLOP/s", "block scaled_mm TFLOP/s", "bf16 TFLOP/s",
+                          "Triton / bf16", "Triton / row-wise _scaled_mm"], rows, "lrrrrr") + [
+        "", (f"Block-scaled scaled_mm faster than Triton from {chosen} rows on every whole-block shape." if chosen
+             else "Block-scaled scaled_mm: not faster than Triton at every larger point, or not measured."), ""]
 
 
 def _tf(value) -> str:

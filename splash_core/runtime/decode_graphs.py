@@ -1,4 +1,5 @@
-"""Decode steps replayed from captured graphs: one per (layers' layouts, padded batch bucket).
+"""Decode steps replayed from captured graphs: one per (layers' layouts, padded batch bucket, and
+for a model with DeepSeek Sparse Attention whether some context exceeds its top-k).
 
 Data flow of a decode step that :meth:`DecodeGraphs.run` takes (docs/design.md ยง3 step 6):
 
@@ -7,12 +8,17 @@ Data flow of a decode step that :meth:`DecodeGraphs.run` takes (docs/design.md ย
    device block tables (:class:`~splash_core.runtime.device_tables.DeviceTables`) give new
    requests a row, widen to the batch's longest context where needed, and write the entries
    that changed (a new page: one entry per layer);
-3. the graph of (layouts, bucket) is looked up, and captured first where it is missing or was
+3. the graph of (layouts, bucket, sparse) is looked up, and captured first where it is missing or was
    captured on addresses that changed since: a layer that took other weights (a live switch
    lands new tensors: its ``weights_version``) or tables that were reallocated (``epoch``);
 4. the bucket's :class:`~splash_core.runtime.static_step.DecodeInputs` are refreshed in place and
    the graph replays: embedding, every layer, LM head, and the greedy token of every row;
-5. the caller selects the real rows' logits or tokens (:class:`DecodeOutputs`).
+5. the caller selects the real rows' logits or tokens (:class:`DecodeOutputs`), and reads the
+   step's fault flag (NaN indexer scores) with them.
+
+A sparse graph scores every key slot of the tables' width (unheld slots cost no read and rank
+last), keeps each row's top-k and attends over it, exactly the eager step's selection; a step
+whose contexts all fit in k replays the bucket's dense graph, as the eager step attends densely.
 
 Where the backend has no :class:`~splash_core.platform.interfaces.GraphOps` (the CPU reference), step 4
 runs the same function eagerly: the static-buffer logic is the one tested on gloo at T = 1..4.
@@ -54,11 +60,11 @@ class _Graph:
     per_owner: int
     signature: tuple
     inputs: DecodeInputs
-    run: Any  # () -> (logits [T b, V], tokens [T b]): the step's function
+    run: Any  # () -> (logits [T b, V], tokens [T b], fault flag or None): the step's function
     captured: Any = None  # the backend's CapturedGraph, or None (eager)
     outputs: tuple | None = None
 
-    def replay(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self) -> tuple:
         if self.captured is None:
             self.outputs = self.run()
         else:
@@ -81,6 +87,11 @@ class DecodeOutputs:
         """[R] int64 greedy tokens, chosen on the device inside the graph."""
         return self.graph.outputs[1].index_select(0, self.graph.inputs.places(self.requests))
 
+    def failed(self) -> torch.Tensor | None:
+        """A copy of the step's device flag, true where its indexer scores held NaN (None: no indexer scored)."""
+        flag = self.graph.outputs[2]
+        return None if flag is None else flag.clone()
+
 
 class DecodeGraphs:
     """The captured decode steps of one rank's :class:`~splash_core.runtime.model.Model`."""
@@ -94,9 +105,11 @@ class DecodeGraphs:
         self.tables = DeviceTables([layer.kv for layer in model.paged_layers], model.device,
                                    min_width=config.min_table_pages, rows=min(model.T * config.buckets[-1], 256) + 1)
         self.pool = graph_ops.new_pool() if graph_ops is not None else None
+        # DSA: steps whose longest context exceeds this replay the sparse graphs (None: no indexer)
+        self.topk = max((getattr(layer, "index_topk", 0) for layer in model.paged_layers), default=0) or None
         self.graphs: dict[tuple, _Graph] = {}
         self.captures: list[dict] = []  # every capture: layouts, bucket, width, seconds, bytes, why
-        self.failed: dict[tuple, str] = {}  # (layouts, bucket) whose capture failed -> why: they run eagerly
+        self.failed: dict[tuple, str] = {}  # (layouts, bucket, sparse) whose capture failed -> why: they run eagerly
         self._signature: tuple | None = None
         self._stale: set[tuple] = set()  # keys whose graph was dropped for changed addresses
 
@@ -108,6 +121,19 @@ class DecodeGraphs:
         if not batch.is_decode:
             return None
         return self.config.bucket(int(batch.owner_rows.max()))
+
+    def selects(self, batch: StepBatch) -> bool:
+        """Whether ``batch`` replays its bucket's sparse graph: the model has an indexer and some
+        context exceeds its top-k (the eager step's rule for attending sparsely)."""
+        return self.topk is not None and int(batch.contexts.max()) > self.topk
+
+    def key(self, batch: StepBatch) -> tuple | None:
+        """The graph ``batch`` replays, (layers' layouts, bucket, sparse); None off this path."""
+        per_owner = self.bucket(batch)
+        return None if per_owner is None else (self.layouts(), per_owner, self.selects(batch))
+
+    def layouts(self) -> tuple[Layout, ...]:
+        return tuple(layer.layout for layer in self.model.layers)
 
     def table_width(self, batch: StepBatch) -> int:
         """Entries a table row needs for ``batch``: its longest context's pages, held whole (TP, DP,
@@ -129,7 +155,7 @@ class DecodeGraphs:
         if per_owner is None:
             return None
         rows = self.tables.prepare(batch.ids, self.table_width(batch))
-        graph = self._graph(per_owner)
+        graph = self._graph(per_owner, self.selects(batch))
         if graph is None:
             return None
         graph.inputs.fill(batch, rows, tokens)
@@ -145,9 +171,9 @@ class DecodeGraphs:
         (between DP and CP, or TP and DOP) keeps the graphs of both layouts valid."""
         return (self.tables.epoch, tuple(layer.weights_version for layer in self.model.layers))
 
-    def _graph(self, per_owner: int) -> _Graph | None:
+    def _graph(self, per_owner: int, sparse: bool = False) -> _Graph | None:
         signature = self.signature()
-        key = (tuple(layer.layout for layer in self.model.layers), per_owner)
+        key = (self.layouts(), per_owner, sparse)
         if signature != self._signature:  # drop graphs on old addresses now: their memory goes back
             self._stale |= {k for k, g in self.graphs.items() if g.signature != signature}
             self.graphs = {k: g for k, g in self.graphs.items() if g.signature == signature}
@@ -172,9 +198,11 @@ class DecodeGraphs:
             self.tables.prepare([], self._width(max_context))
         if max_rows_per_owner is not None:
             max_rows_per_owner = self.config.bucket(max_rows_per_owner) or self.config.buckets[-1]
+        sparse = [False] + ([True] if self.topk is not None and (max_context is None or max_context > self.topk) else [])
         for per_owner in self.config.buckets:
             if max_rows_per_owner is None or per_owner <= max_rows_per_owner:
-                self._graph(per_owner)
+                for selects in sparse:
+                    self._graph(per_owner, selects)
         return self.captures[before:]
 
     def describe(self) -> str:
@@ -188,17 +216,18 @@ class DecodeGraphs:
 
     def _capture(self, key: tuple, signature: tuple, why: str) -> _Graph | None:
         m = self.model
-        layouts, per_owner = key
+        layouts, per_owner, sparse = key
         inputs = DecodeInputs(m.T, per_owner, m.device)
         batch = skeleton(m.T, per_owner, m.page_size)
 
         def step():
-            ctx = StaticStepContext(batch, m.rank, m.device, m.collectives, m.kernels, inputs, self.tables)
+            ctx = StaticStepContext(batch, m.rank, m.device, m.collectives, m.kernels, inputs, self.tables, sparse)
             logits = m.forward(ctx, inputs.tokens)
-            return logits, logits.argmax(dim=-1)
+            return logits, logits.argmax(dim=-1), torch.stack(ctx.nan_scores).any() if ctx.nan_scores else None
 
         graph = _Graph(layouts, per_owner, signature, inputs, step)
-        record = {"layouts": sorted({str(l) for l in layouts}), "bucket": per_owner, "rows": m.T * per_owner,
+        record = {"layouts": sorted({str(l) for l in layouts}), "bucket": per_owner, "sparse": sparse,
+                  "rows": m.T * per_owner,
                   "table_width": self.tables.width, "captured": self.ops is not None, "why": why}
         if self.ops is not None:
             try:

@@ -5,8 +5,12 @@ and values, and attended by the backend's ``expanded`` kernel (the contract in
 
 Keys are expanded in passes of at most :data:`PASS_BYTES` of expanded keys and values (a 128K
 history at 128 heads would take 8 GiB at once), each pass's partial results merged by
-log-sum-exp. Which keys a request sees comes from the host's copy of the block table, so
-nothing waits for the device; layers whose pages are equal share one upload.
+log-sum-exp; a pass cuts a request's keys at multiples of :data:`PASS_ALIGN` from its first key
+(where a pass holds that many), so rows that see a pass's keys as history alone see whole shape
+buckets (:mod:`splash_core.kernels.expanded_buckets`). Which keys a request sees comes from the
+host's copy of the block table, so nothing waits for the device; the kernel gets the index arrays
+on the host too (:class:`~splash_core.kernels.expanded_plan.HostIndex`, for a provider that plans
+there); layers whose keys are equal share one upload and one host index per pass.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import dataclasses
 import numpy as np
 import torch
 
+from ..kernels.expanded_plan import HostIndex, call_expanded
 from ..model.fp8_cache import cache_layout, dequantize
 from ..platform.device import to_device
 from .kv_pool import LayerKV
 
 PASS_BYTES = 1 << 30
+PASS_ALIGN = 4096  # keys; a multiple of the shape buckets' granularity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +41,8 @@ class FormRows:
     q_pos: torch.Tensor  # [n_e] int32
     slots: np.ndarray  # [E]: the view's request slots that attend expanded
     last_pos: np.ndarray  # [E]: the last position any of their rows has
+    host_req: np.ndarray  # [n_e]: ``q_req`` on the host
+    host_pos: np.ndarray  # [n_e]: ``q_pos`` on the host
 
     @classmethod
     def split(cls, row_req: np.ndarray, row_pos: np.ndarray, expanded_slots: np.ndarray, device) -> "FormRows | None":
@@ -49,7 +57,7 @@ class FormRows:
         np.maximum.at(last, which, row_pos[exp])
         put = lambda a, dtype=torch.int64: to_device(np.ascontiguousarray(a), device, dtype)  # noqa: E731
         return cls(put(exp), put(ab), put(row_req[ab], torch.int32), put(row_pos[ab], torch.int32),
-                   put(which, torch.int32), put(row_pos[exp], torch.int32), slots, last)
+                   put(which, torch.int32), put(row_pos[exp], torch.int32), slots, last, which, row_pos[exp])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,8 @@ class ExpandedKeys:
     slots: torch.Tensor  # [M] int64 flat cache slots (page * page_size + offset)
     positions: torch.Tensor  # [M] int32
     starts: np.ndarray  # [E + 1]: keys of request e are starts[e]:starts[e + 1]
+    host_positions: np.ndarray  # [M]: ``positions`` on the host
+    passes: dict  # pass width -> (rows, their passes): shared by every layer with these keys
 
 
 def visible_keys(tables: tuple[np.ndarray, np.ndarray], rows: FormRows, page_size: int, device,
@@ -78,9 +88,39 @@ def visible_keys(tables: tuple[np.ndarray, np.ndarray], rows: FormRows, page_siz
     flat = np.concatenate(slots)
     key = flat.tobytes()
     if key not in uploads:
-        uploads[key] = (to_device(flat, device), to_device(np.concatenate(positions), device, torch.int32))
+        host_positions = np.concatenate(positions)
+        uploads[key] = (to_device(flat, device), to_device(host_positions, device, torch.int32), host_positions, {})
+    slots, positions, host_positions, passes = uploads[key]
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return ExpandedKeys(*uploads[key], starts)
+    return ExpandedKeys(slots, positions, starts, host_positions, passes)
+
+
+def pass_bounds(starts: np.ndarray, width: int, align: int = PASS_ALIGN) -> list[tuple[int, int]]:
+    """Key ranges ``[a, b)`` of at most ``width`` keys covering all of them, cut at request
+    boundaries or at multiples of ``align`` from a request's first key (where ``width >= align``)."""
+    total, step = int(starts[-1]), align if width >= align else 1
+    bounds, a = [], 0
+    while a < total:
+        b = min(a + width, total)
+        if b < total:
+            first = int(starts[np.searchsorted(starts, b, side="right") - 1])  # of the request holding key b
+            b = first + (b - first) // step * step  # > a: an aligned cut or a request's start lies in (a, a + width]
+        bounds.append((a, b))
+        a = b
+    return bounds
+
+
+def _passes(keys: ExpandedKeys, rows: FormRows, width: int, device) -> list[tuple[int, int, torch.Tensor, HostIndex]]:
+    """(first key, end, device k_start, host index) of every pass, made once for these keys and rows."""
+    entry = keys.passes.get(width)
+    if entry is None or entry[0] is not rows:
+        made = []
+        for a, b in pass_bounds(keys.starts, width, PASS_ALIGN):
+            starts = (np.clip(keys.starts, a, b) - a).astype(np.int32)
+            host = HostIndex(rows.host_req, rows.host_pos, starts, keys.host_positions[a:b])
+            made.append((a, b, to_device(starts, device, torch.int32), host))
+        entry = keys.passes[width] = (rows, made)
+    return entry[1]
 
 
 def attend_expanded(kernels, q: torch.Tensor, kv: LayerKV, keys: ExpandedKeys, rows: FormRows,
@@ -100,14 +140,12 @@ def attend_expanded(kernels, q: torch.Tensor, kv: LayerKV, keys: ExpandedKeys, r
                 torch.full((n, heads), float("-inf"), dtype=torch.float32, device=q.device))
     scaled = cache_layout(kv.kv, d_c, q.shape[2] - d_n)
     outs, lses = [], []
-    for a in range(0, total, width):
-        b = min(a + width, total)
+    for a, b, starts, host in _passes(keys, rows, width, q.device):
         entries = cache.index_select(0, keys.slots[a:b])
         entries = dequantize(entries, scaled).to(q.dtype) if scaled is not None else entries.to(q.dtype)
         expanded = (entries[:, :d_c] @ kv_b.t()).view(b - a, heads, -1)
-        starts = to_device((np.clip(keys.starts, a, b) - a).astype(np.int32), q.device, torch.int32)
-        out, lse = kernels.expanded(q, expanded[..., :d_n], entries[:, d_c:], expanded[..., d_n:], rows.q_req,
-                                    rows.q_pos, starts, keys.positions[a:b], scale)
+        out, lse = call_expanded(kernels.expanded, host, q, expanded[..., :d_n], entries[:, d_c:], expanded[..., d_n:],
+                                 rows.q_req, rows.q_pos, starts, keys.positions[a:b], scale)
         outs.append(out)
         lses.append(lse)
     if len(outs) == 1:

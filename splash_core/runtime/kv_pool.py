@@ -5,10 +5,10 @@ Each MLA layer owns a :class:`LayerKV`: a cache tensor ``[num_pages, page_size, 
 :class:`~splash_core.platform.interfaces.MLAKernels` reads; in the scaled-fp8 format a uint8 tensor
 ``[num_pages, page_size, token_bytes]``, :mod:`~splash_core.model.kv_format`), an optional indexer-key tensor
 ``[num_pages, page_size, indexer_dim]`` (an fp8 key with scales: uint8, the same scaled layout
-without a rotary part) indexed by the same physical pages (so indexer keys move
-with their page; every MLA layer has them, also GLM-5's shared-indexer layers, which never write
-theirs, because page formats, switch plans and the cost model's bytes per token are one per
-layer kind), and the block tables and free pages of those pages
+without a rotary part) indexed by the same physical pages (so indexer keys move with their page;
+only the layers that store them: GLM-5's shared-indexer layers reuse an earlier layer's top-k and
+get none, as their switch plans move none and the memory plan and the cost model count none), and
+the block tables and free pages of those pages
 (:class:`~splash_core.runtime.block_tables.BlockTables`, which it extends). Layers keep separate
 free pages and tables because during a live switch layer i may already hold the destination
 layout's pages while layer i+1 still holds the source's.
@@ -80,6 +80,10 @@ class PageFormat:
                    indexer_dtype: torch.dtype = torch.float32, indexer_scaled: ScaledFP8 | None = None) -> "PageFormat":
         return cls(page_size, layout.token_bytes, torch.uint8, indexer_width, indexer_dtype, layout, indexer_scaled)
 
+    def without_indexer(self) -> "PageFormat":
+        """This format with no indexer keys (a layer that stores none)."""
+        return dataclasses.replace(self, indexer_width=0, indexer_dtype=torch.float32, indexer_scaled=None)
+
     @property
     def kv_page_bytes(self) -> int:
         return self.page_size * self.kv_width * self.kv_dtype.itemsize
@@ -136,7 +140,9 @@ class LayerKV(BlockTables):
             self.indexer = torch.zeros(idx_shape, dtype=fmt.indexer_dtype, device=device) if fmt.indexer_width else None
         else:
             kv_bytes = (num_pages + 1) * fmt.kv_page_bytes
-            self.offsets = {State.KV: offset, State.INDEXER: offset + _aligned(kv_bytes)}
+            self.offsets = {State.KV: offset}
+            if fmt.indexer_width:
+                self.offsets[State.INDEXER] = offset + _aligned(kv_bytes)
             self.kv = _view(buffer, offset, kv_shape, fmt.kv_dtype)
             self.indexer = (_view(buffer, self.offsets[State.INDEXER], idx_shape, fmt.indexer_dtype)
                             if fmt.indexer_width else None)
@@ -170,13 +176,15 @@ class LayerKV(BlockTables):
         return logical, kv, idx
 
     def unpack(self, kernels, request: int, logical_pages, kv, indexer=None) -> np.ndarray:
-        """Allocate ``logical_pages`` of ``request`` and write packed pages into them."""
+        """Allocate ``logical_pages`` of ``request`` and write packed pages into them (indexer keys
+        exactly where this layer stores them; refused before anything is allocated otherwise)."""
+        if (self.indexer is None) != (indexer is None):
+            raise ValueError(f"layer {self.layer}: this pool stores {'no ' if self.indexer is None else ''}indexer "
+                             f"keys; unpack was given {'none' if indexer is None else 'some'}")
         physical = self.alloc(request, logical_pages)
         index = torch.as_tensor(physical, device=self.device)
         kernels.unpack(_byte_view(self.kv), index, _byte_view(kv.to(self.kv.dtype)))
         if self.indexer is not None:
-            if indexer is None:
-                raise ValueError(f"layer {self.layer}: this pool stores indexer keys; unpack needs them")
             kernels.unpack(_byte_view(self.indexer), index, _byte_view(indexer.to(self.indexer.dtype)))
         return physical
 
@@ -229,23 +237,29 @@ class LayerKV(BlockTables):
 
 
 class KVPool:
-    """The :class:`LayerKV` of every MLA layer on this rank, each with ``pages_per_layer`` pages.
+    """The :class:`LayerKV` of every MLA layer on this rank, each with ``pages_per_layer`` pages of
+    ``fmt``, less the indexer keys in the ``keyless`` layers (GLM-5's shared-indexer layers).
 
     With ``memory`` (a :class:`~splash_core.platform.interfaces.PeerMemory`), every layer's pages live in
     one buffer from it (:attr:`buffer`, laid out alike on every rank of a group with the same
     pool), which a switch shares with the group so ranks pull pages from each other."""
 
-    def __init__(self, layers, pages_per_layer: int, fmt: PageFormat, device, memory=None):
-        self.format = fmt
+    def __init__(self, layers, pages_per_layer: int, fmt: PageFormat, device, memory=None, keyless=()):
+        self.format = fmt  # of a layer storing indexer keys; each layer's own: LayerKV.format
         layers = [int(i) for i in layers]
+        stray = sorted(set(int(i) for i in keyless) - set(layers))
+        if stray:
+            raise ValueError(f"layers {stray} store no indexer keys but have no KV pool (MLA layers: {layers})")
+        formats = {i: fmt.without_indexer() if i in keyless else fmt for i in layers}
         self.memory = memory if layers else None
         self.buffer = None
         if self.memory is None:
-            self.layers = {i: LayerKV(i, pages_per_layer, fmt, device) for i in layers}
+            self.layers = {i: LayerKV(i, pages_per_layer, formats[i], device) for i in layers}
             return
-        per_layer = self.layer_bytes(pages_per_layer, fmt)
-        self.buffer = self.memory.allocate(per_layer * len(layers))
-        self.layers = {i: LayerKV(i, pages_per_layer, fmt, device, self.buffer, k * per_layer)
+        sizes = [self.layer_bytes(pages_per_layer, formats[i]) for i in layers]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.buffer = self.memory.allocate(int(starts[-1]))
+        self.layers = {i: LayerKV(i, pages_per_layer, formats[i], device, self.buffer, int(starts[k]))
                        for k, i in enumerate(layers)}
 
     @staticmethod
@@ -263,7 +277,7 @@ class KVPool:
 
     @staticmethod
     def pages_for_budget(budget_bytes: float, fmt: PageFormat, num_layers: int) -> int:
-        """Pages per layer that ``budget_bytes`` holds over ``num_layers`` layers."""
+        """Pages per layer that ``budget_bytes`` holds over ``num_layers`` layers, all of ``fmt``."""
         return int(budget_bytes // (fmt.page_bytes * max(num_layers, 1)))
 
     def nbytes(self) -> dict[str, int]:

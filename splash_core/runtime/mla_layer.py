@@ -117,19 +117,20 @@ class MLALayer(HeadShardedLayer):
                 raise ValueError(f"layer {self.index} shares the top-k of a full DSA layer, but none ran before it")
             kept = step.selection.rows(step, all_rows)
             if kept is not None:
-                slots = slots_of_positions(kept, view, self.kv.kv.shape[1])
+                slots = slots_of_positions(kept, view, self.kv.kv.shape[1], self.T)
                 return attend_selected(kernels, q, self.kv, view, slots, m.scale, m.d_c)
         elif self.indexer is not None:
-            longest = int(step.batch.contexts.max())
-            if longest <= self.index_topk:
+            if not step.attends_sparsely(self.index_topk):
                 step.selection = KeptKeys(None, all_rows)
             else:
+                longest = step.longest_context()
                 if self.layout is Layout.CP and longest >= POSITION_LIMIT:
                     raise ValueError(f"CP's sparse attention exchanges positions below {POSITION_LIMIT} "
                                      f"(a context of {longest})")
                 # CP holds keys split by position: its top-k is global
                 across = (lambda local: _from_every_rank(step, local)) if self.layout is Layout.CP else None
-                slots, kept = select_slots(kernels, *index, self.kv, view, self.index_topk, across)
+                slots, kept = select_slots(kernels, *index, self.kv, view, self.index_topk, across,
+                                           step.nan_scores)
                 step.selection = KeptKeys(kept, all_rows)
                 return attend_selected(kernels, q, self.kv, view, slots, m.scale, m.d_c)
         return step.attend(q, self.kv, view, m.scale, m.d_c)

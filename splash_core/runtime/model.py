@@ -38,6 +38,7 @@ import torch
 from ..checkpoint.source import weight_source
 from ..layouts import Layout, Placement
 from ..model.dsa import IndexerWeights
+from ..model.dsa_slots import NAN_SCORES
 from ..model.kda import KDAMath, KDAWeights
 from ..model.mla import MLAMath, MLAWeights
 from ..model.weights import WeightSource, even_shard, head_shard, layer_prefix, tensor_shapes
@@ -74,7 +75,8 @@ class Model:
         self.math = (MLAMath(profile, self.fused, config.attention_form,
                              ops.fp8_kernels if config.fp8_attention else None) if config.mla_layers else None)
         self.pool = KVPool(config.mla_layers, config.pages_per_layer, config.page_format(), ops.device,
-                           memory=ops.peer_memory)
+                           memory=ops.peer_memory,
+                           keyless=[i for i in config.mla_layers if not profile.stores_indexer_keys(i)])
         self.recurrent = RecurrentPool(config.kda_layers, config.recurrent_format(), ops.device)
         weights = _Weights(source, tensor_shapes(profile, config.layer_count), ops.device, config.dtype)
         self.embed = weights.get("model.embed_tokens.weight")
@@ -98,7 +100,7 @@ class Model:
         self.scored_rows: np.ndarray | None = None  # rows of the next steps whose logits follow the last rows'
         self.graphs: DecodeGraphs | None = None
         graphs = config.graphs
-        eager = not decode_capturable(kda=bool(config.kda_layers), sparse=config.sparse_attention)  # as costed
+        eager = not decode_capturable(kda=bool(config.kda_layers))  # as costed
         if graphs is not None and config.mla_layers and not eager and graphs.mode != "off" and \
                 (graphs.mode == "static" or ops.graph_ops is not None):
             self.graphs = DecodeGraphs(self, graphs, ops.graph_ops)
@@ -170,8 +172,13 @@ class Model:
         captured graph where the model has decode graphs."""
         replayed = self._begin(batch, tokens, layouts, before_layer)
         if replayed is not None:
-            return replayed.logits()
-        return self._eager(batch, tokens, before_layer)
+            logits, failed = replayed.logits(), replayed.failed()
+        else:
+            logits, nan_scores = self._eager(batch, tokens, before_layer)
+            failed = torch.stack(nan_scores).any() if nan_scores else None
+        if failed is not None and bool(failed):  # one wait a step, only where indexers scored
+            raise ValueError(NAN_SCORES)
+        return logits
 
     def step_tokens(self, batch: StepBatch, tokens: torch.Tensor, pick=None, report=None) -> StepTokens:
         """:meth:`step`, plus each request's next token chosen on the device and copied to pinned
@@ -185,13 +192,15 @@ class Model:
         replayed = self._begin(batch, tokens, None, None)
         if replayed is not None:
             greedy, logits, every = replayed.tokens(), replayed.logits, replayed.logits
+            failed = replayed.failed()
         else:
-            out = self._eager(batch, tokens)
+            out, nan_scores = self._eager(batch, tokens)
             last = out[: len(batch)]
             greedy, logits, every = last.argmax(dim=-1), (lambda: last), (lambda: out)
+            failed = torch.stack(nan_scores).any() if nan_scores else None
         chosen = greedy if pick is None else pick(greedy, logits())
         extra = None if report is None else report(chosen, every())
-        return StepTokens.start(chosen, logits, self.streams, extra)
+        return StepTokens.start(chosen, logits, self.streams, extra, failed, NAN_SCORES)
 
     def _begin(self, batch: StepBatch, tokens: torch.Tensor, layouts, before_layer) -> DecodeOutputs | None:
         """Check the batch and reserve its pages; replay it where it is a decode step the graphs take."""
@@ -204,11 +213,12 @@ class Model:
             return None
         return self.graphs.run(batch, tokens)
 
-    def _eager(self, batch: StepBatch, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:
+    def _eager(self, batch: StepBatch, tokens: torch.Tensor, before_layer=None) -> tuple[torch.Tensor, list]:
+        """(logits, the step's NaN-score flags, unread: :attr:`StepContext.nan_scores`)."""
         step = StepContext(batch, self.rank, self.device, self.collectives, self.kernels)
         if self.scored_rows is not None:  # the rows whose logits are wanted (a cached property, set here)
             step.last_rows = to_device(np.concatenate([batch.last_rows, self.scored_rows]), self.device, torch.int64)
-        return self.forward(step, tokens.to(self.device).long(), before_layer)
+        return self.forward(step, tokens.to(self.device).long(), before_layer), step.nan_scores
 
     def forward(self, step: StepContext, tokens: torch.Tensor, before_layer=None) -> torch.Tensor:
         """Logits [R, V] float32 of ``step``'s rows of tokens ``tokens`` [N] (device int64): of each

@@ -17,8 +17,10 @@ candidates' bytes are small anyway. Positions travel as float32, exact below
 :data:`POSITION_LIMIT` (the caller checks its contexts on the host).
 
 Where no request's context exceeds k every visible key is selected: the layer attends densely
-(the dense kernels) and nothing is scored or exchanged. Score rows are materialized (4 bytes a row
-and slot), so long prefill chunks are scored :data:`SCORE_BYTES` at a time.
+(the dense kernels) and nothing is scored or exchanged. Score rows are materialized (with their
+ranking keys, :data:`~splash_core.model.dsa_slots.BYTES_PER_SLOT` a row and slot), so long prefill
+chunks are scored and ranked :data:`SCORE_BYTES` at a time. NaN scores fail the step when its tokens
+reach the host (:attr:`StepContext.nan_scores`), so no layer waits for the device to check them.
 
 Shared-indexer layers (GLM-5) have no indexer: they attend over the keys the previous full layer
 selected. The full layer leaves its selection as :class:`KeptKeys`, each row's kept keys by
@@ -35,14 +37,14 @@ from typing import Callable
 
 import torch
 
-from ..model.dsa_slots import key_positions, top_k_slots
+from ..model.dsa_slots import BYTES_PER_SLOT, key_positions, top_k_slots
 from ..platform.interfaces import MLAKernels
 from ..reference import dsa as reference_dsa
 from . import exchange
 from .kv_pool import LayerKV
 from .step_context import AttentionView, StepContext
 
-SCORE_BYTES = 256 * 2 ** 20  # score rows materialized at once (a block of query rows)
+SCORE_BYTES = 1 << 30  # score rows and their ranking keys materialized at once (a block of query rows)
 POSITION_LIMIT = 2 ** 24  # CP's exchange carries positions as float32: exact below this
 
 __all__ = ["POSITION_LIMIT", "SCORE_BYTES", "KeptKeys", "attend_selected", "select_slots", "slots_of_positions"]
@@ -66,25 +68,27 @@ class KeptKeys:
 
 
 def select_slots(kernels: MLAKernels, index_q: torch.Tensor, index_w: torch.Tensor, kv: LayerKV, view: AttentionView,
-                 topk: int, across: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple:
+                 topk: int, across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 nan_flags: list | None = None) -> tuple:
     """(slots [n, k] int32, -1 pads: the keys held here each row attends to; positions [n, k'] int64,
     -1 pads: every key of the row's selection, on whichever rank) for each row's top-``topk``
     keys under the indexer (queries ``index_q`` [n, H, D], weights ``index_w`` [n, H]).
     ``across`` (CP): all-gathers a [n, 2 topk] float32 tensor into [T, n, 2 topk]; every rank
-    must call with it, rows or not, keys or not."""
+    must call with it, rows or not, keys or not. ``nan_flags``: where NaN scores are reported
+    (:func:`~splash_core.model.dsa_slots.top_k_slots`; None: refused at once)."""
     if kv.indexer is None:
         raise ValueError(f"layer {kv.layer}: sparse attention needs the pool to store indexer keys")
     scorer = kernels.index_scores or reference_dsa.index_scores
     n, scale = index_q.shape[0], index_q.shape[-1] ** -0.5
     width = view.block_table.shape[1] * kv.indexer.shape[1]
-    block = max(1, SCORE_BYTES // max(1, 4 * width))
+    block = max(1, SCORE_BYTES // max(1, BYTES_PER_SLOT * width))
     slots, values = [], []
     for start in range(0, n, block):
         rows = slice(start, min(n, start + block))
         scores = (scorer(index_q[rows], index_w[rows], kv.indexer, view.block_table, view.page_index,
                          view.row_req[rows], view.row_pos[rows], scale) if width else
                   index_q.new_empty(rows.stop - rows.start, 0, dtype=torch.float32))
-        s, v = top_k_slots(scores, topk)
+        s, v = top_k_slots(scores, topk, nan_flags)
         slots.append(s)
         values.append(v)
     slots = torch.cat(slots) if slots else torch.empty(0, 0, dtype=torch.int32, device=index_q.device)
@@ -129,12 +133,14 @@ def attend_selected(kernels: MLAKernels, q: torch.Tensor, kv: LayerKV, view: Att
     return sparse(q, kv.kv, view.block_table, view.row_req, slots, scale, v_dim)
 
 
-def slots_of_positions(positions: torch.Tensor, view: AttentionView, page_size: int) -> torch.Tensor:
+def slots_of_positions(positions: torch.Tensor, view: AttentionView, page_size: int, T: int) -> torch.Tensor:
     """Key slots [n, k] int32 of this rank's table for key ``positions`` [n, k] (-1: none) of each
     row's request; -1 where the position's page is not held here (CP's other ranks' keys): how a
-    shared-indexer layer attends over the selection a full layer left, in any layout."""
+    shared-indexer layer attends over the selection a full layer left, in any layout. Sized by the
+    table's width (a rank holds at most every page of a row, CP every T-th: logical pages stay below
+    width x ``T``), so nothing is read back to the host and a captured step can run it."""
     table, index = view.block_table.long(), view.page_index.long()
-    pages = int(index.max()) + 1 if index.numel() else 0
+    pages = table.shape[1] * T
     if positions.numel() == 0 or pages == 0:
         return torch.full(positions.shape, -1, dtype=torch.int32, device=positions.device)
     slot_of_page = torch.full((table.shape[0], pages + 1), -1, dtype=torch.long, device=table.device)

@@ -92,15 +92,23 @@ class StaticStepContext(StepContext):
     host_reads = False  # replayed from a captured graph
 
     def __init__(self, batch: StepBatch, rank: int, device, collectives, kernels, inputs: DecodeInputs,
-                 tables: DeviceTables):
+                 tables: DeviceTables, sparse: bool = False):
+        """``sparse``: DSA layers select their top-k (the graph of steps where some context exceeds k)."""
         super().__init__(batch, rank, device, collectives, kernels)
-        self.inputs, self.tables = inputs, tables
+        self.inputs, self.tables, self.sparse = inputs, tables, sparse
         self._int32 = {}
         self._write: dict[Ownership, torch.Tensor] = {}
 
     @property
     def positions(self) -> torch.Tensor:
         return self.inputs.positions
+
+    def attends_sparsely(self, topk: int) -> bool:
+        return self.sparse
+
+    def longest_context(self) -> int:
+        """The most tokens a table row holds (every T-th page where CP splits them)."""
+        return self.tables.width * self.batch.page_size * self.T
 
     def _narrow(self, which: int) -> torch.Tensor:
         """Row ``which`` of the inputs as the int32 the kernels take (converted once a step)."""

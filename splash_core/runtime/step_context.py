@@ -70,6 +70,18 @@ class StepContext:
         # the last DSA layer's top-k, reused by the shared-indexer layers after it (GLM-5); opaque:
         # each sparse attention path leaves and reads its own kind of selection
         self.selection: Any = None
+        # device flags, one per scored block, true where indexer scores held NaN: checked once the
+        # step's tokens reach the host (Model.step_tokens) or at the end of Model.step, not per layer
+        self.nan_scores: list[torch.Tensor] = []
+
+    def attends_sparsely(self, topk: int) -> bool:
+        """Whether DSA layers select top-``topk`` keys this step: where some context exceeds it
+        (else every visible key is selected: they attend densely)."""
+        return self.longest_context() > topk
+
+    def longest_context(self) -> int:
+        """The step's longest context in tokens (an upper bound where the step is captured)."""
+        return int(self.batch.contexts.max())
 
     def _tensor(self, array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
         return to_device(array, self.device, dtype)

@@ -72,12 +72,11 @@ def step_path(model: Model, step: StepBatch) -> str:
     """How ``model`` ran ``step``: ``replay`` (a captured graph), ``static`` (the graph path's
     persistent buffers, run eagerly: the backend captures nothing) or ``eager``."""
     graphs = model.graphs
-    bucket = None if graphs is None else graphs.bucket(step)
-    if bucket is None:
+    key = None if graphs is None else graphs.key(step)
+    if key is None:
         return "eager"
     if graphs.ops is None:
         return "static"
-    key = (tuple(layer.layout for layer in model.layers), bucket)
     return "replay" if key in graphs.graphs else "eager"  # a failed capture runs eagerly
 
 

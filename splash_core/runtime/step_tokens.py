@@ -7,7 +7,8 @@ copy: the host may prepare the next step meanwhile and reads the tokens when it 
 waiting only for that event (issue 22 §3). The device tokens themselves can feed the next step
 (:meth:`Model.step_tokens <splash_core.runtime.model.Model.step_tokens>` takes device tokens)
 without a round trip. Rank 0's logprobs of the step (:meth:`StepTokens.start`'s ``extra``) travel
-the same way, behind the same event.
+the same way, behind the same event, and so does a device flag of a fault found during the step
+(NaN indexer scores): :meth:`StepTokens.host` raises its message instead of returning tokens.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ class StepTokens:
     event: Any  # recorded behind the copy (StreamOps.new_event)
     _logits: Callable[[], torch.Tensor]
     extra: torch.Tensor | None = None  # host memory the ``extra`` copy lands in
+    failed: torch.Tensor | None = None  # host memory the fault flag's copy lands in
+    fault: str = ""  # what a set flag means
 
     @classmethod
     def start(cls, tokens: torch.Tensor, logits: Callable[[], torch.Tensor], streams,
-              extra: torch.Tensor | None = None) -> "StepTokens":
-        """Copy ``tokens`` (device), and ``extra`` where given, to the host asynchronously and
-        record the event behind them."""
+              extra: torch.Tensor | None = None, failed: torch.Tensor | None = None, fault: str = "") -> "StepTokens":
+        """Copy ``tokens`` (device), and ``extra`` and the bool flag ``failed`` (``fault``: its
+        message) where given, to the host asynchronously and record the event behind them."""
         event = streams.new_event()
-        out = cls(tokens, _to_host(tokens), event, logits, None if extra is None else _to_host(extra))
+        host = lambda t: None if t is None else _to_host(t)  # noqa: E731
+        out = cls(tokens, _to_host(tokens), event, logits, host(extra), host(failed), fault)
         event.record()
         return out
 
@@ -45,8 +49,11 @@ class StepTokens:
         return bool(self.event.query())
 
     def host(self) -> np.ndarray:
-        """The tokens on the host, waiting for this step's event only."""
+        """The tokens on the host, waiting for this step's event only; ValueError (the fault's
+        message) where the step's fault flag is set."""
         self.event.synchronize()
+        if self.failed is not None and bool(self.failed):
+            raise ValueError(self.fault)
         return self.pinned.numpy()
 
     def extra_host(self) -> np.ndarray | None:

@@ -57,3 +57,17 @@ def test_grouped_matches_the_spec_per_expert(fp8_kernels, conformance_device, co
             problem = gemm_mismatch(got[start: start + n].float(), want, _tolerance(conformance_dtype))
             assert problem == "", f"{fp8_kernels.name} grouped, expert {e}: {problem}"
         start += n
+
+
+@pytest.mark.parametrize("rows", [7, 64])
+def test_every_linear_provider_matches_the_spec_on_whole_blocks(fp8_kernels, conformance_device, conformance_dtype,
+                                                                rows):
+    codes, scales, g = _weights((256, 640), 1, conformance_device, seed=2)  # 5 column blocks, rows not x16
+    w = BlockScaledFP8(codes[0], scales[0])
+    x = (torch.randn(rows, 640, generator=g) * 3).to(conformance_device, conformance_dtype)
+    want = reference_gemm(quantize_tokens(x), w)
+    for name, linear in fp8_kernels.providers or ((fp8_kernels.name, fp8_kernels.linear),):
+        got = linear(x, w)
+        assert got.shape == (rows, 256) and got.dtype == conformance_dtype, name
+        problem = gemm_mismatch(got.float(), want, _tolerance(conformance_dtype))
+        assert problem == "", f"{name} linear: {problem}"

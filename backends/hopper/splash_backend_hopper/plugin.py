@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from splash_backend_cuda import common, detect
 # cuda's implementations of the hooks Hopper does not refine (device, NCCL, streams, peer memory,
-# KDA kernels, FP8 GEMMs), registered as this plugin's too: the fallback along ``specializes`` would find
+# KDA kernels), registered as this plugin's too: the fallback along ``specializes`` would find
 # them in cuda, but not where SPLASH_BACKENDS leaves cuda out, and then the reference's CPU answers
-from splash_backend_cuda.plugin import (splash_device, splash_fp8_linear_kernels, splash_fused_kernels,  # noqa: F401
-                                        splash_graph_ops, splash_kda_kernels, splash_make_collectives,
-                                        splash_peer_memory, splash_process_group_backend, splash_side_group_options,
-                                        splash_stream_ops)
+from splash_backend_cuda.plugin import (splash_device, splash_fused_kernels, splash_graph_ops,  # noqa: F401
+                                        splash_kda_kernels, splash_make_collectives, splash_peer_memory,
+                                        splash_process_group_backend, splash_side_group_options, splash_stream_ops)
 
 from splash_core.platform.hookspecs import hookimpl
 from splash_core.platform.interfaces import BackendInfo
 
-from . import __version__, flashmla, providers, tuned
+from . import __version__, flashmla, fp8_linear, providers, tuned
 
 
 @hookimpl
@@ -27,7 +26,8 @@ def splash_backend_info():
         name="hopper",
         version=__version__,
         summary=("NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile; "
-                 + providers.describe(flashmla.missing_reason()) + "; " + providers.describe_expanded()),
+                 + providers.describe(flashmla.missing_reason()) + "; " + providers.describe_expanded() + "; "
+                 + fp8_linear.describe()),
         device_type="cuda",
         accelerator=True,
         specializes="cuda",
@@ -59,7 +59,7 @@ def splash_mla_kernels(device, dtype):
     if any(t is not None for t in measured):
         kernels = dataclasses.replace(kernels, decode=by_heads(flashmla.decode(kernels.decode), kernels.decode),
                                       name=f"{kernels.name}+flashmla")
-    if any(providers.sparse_provider(kv, table) == "flashmla" for kv in providers.TABLES):
+    if providers.sparse_somewhere(table):
         kernels = dataclasses.replace(kernels, sparse=by_format(flashmla.sparse(kernels.sparse), kernels.sparse),
                                       name=f"{kernels.name}+flashmla-sparse")
     return kernels
@@ -68,26 +68,32 @@ def splash_mla_kernels(device, dtype):
 def with_expanded_choice(kernels):
     """``kernels`` whose expanded form runs torch's cuDNN attention where the measured table chose
     it for the call's heads and rows (Triton for the rest, and for requests a dense call cannot
-    express); unchanged where nothing was measured."""
+    express), in the shape buckets it was measured with; unchanged where nothing was measured."""
     import dataclasses
 
     from torch.nn.attention import SDPBackend
 
+    from splash_core.kernels.expanded_buckets import BucketSizes
     from splash_core.kernels.expanded_choice import ExpandedChoice
     from splash_core.kernels.expanded_sdpa import sdpa_expanded_attention
 
     if not providers.sdpa_somewhere():
         return kernels
-    sdpa = sdpa_expanded_attention(SDPBackend.CUDNN_ATTENTION, fallback=kernels.expanded)
+    buckets = providers.expanded_buckets()
+    sdpa = sdpa_expanded_attention(SDPBackend.CUDNN_ATTENTION, fallback=kernels.expanded,
+                                   buckets=None if buckets is None else BucketSizes(**buckets))
     choice = ExpandedChoice((("triton", kernels.expanded), ("sdpa", sdpa)), providers.expanded_provider)
     return dataclasses.replace(kernels, expanded=choice, name=f"{kernels.name}+sdpa-expanded")
 
 
 def by_format(flashmla_sparse, triton_sparse):
-    """A sparse attention that runs the provider the measured table chose for the cache's format."""
-    def sparse(q, kv_cache, *args):
+    """A sparse attention that runs the provider the measured table chose for the cache's format and
+    the call's phase (decode: at most a row per request of the block table; else prefill)."""
+    def sparse(q, kv_cache, block_table, *args):
         kv = "bf16" if kv_cache.dtype.is_floating_point else "fp8"
-        return (flashmla_sparse if providers.sparse_provider(kv) == "flashmla" else triton_sparse)(q, kv_cache, *args)
+        phase = "decode" if q.shape[0] <= block_table.shape[0] else "prefill"
+        chosen = providers.sparse_provider(kv, phase=phase) == "flashmla"
+        return (flashmla_sparse if chosen else triton_sparse)(q, kv_cache, block_table, *args)
 
     return sparse
 
@@ -116,3 +122,8 @@ def splash_hardware_profile():
 @hookimpl
 def splash_calibrate(collectives, device, options):
     return common.calibrate(collectives, device, options, splash_mla_kernels(device, options.get("dtype")))
+
+
+@hookimpl
+def splash_fp8_linear_kernels(device, dtype):
+    return fp8_linear.kernels(device)

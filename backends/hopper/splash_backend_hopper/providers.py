@@ -10,7 +10,8 @@ measured); with no measurement, or without the FlashMLA wheel, Triton serves eve
 on a scaled-fp8 cache go by their own table (``decode_fp8``, from the benchmark's fp8 points):
 FlashMLA's fp8 decode is another kernel, so the bf16 measurement says nothing about it.
 Expanded-form prefill attention goes by the ``expanded`` entry (``bench/expanded_attention.py``):
-torch's cuDNN attention from a measured number of query rows, else Triton.
+torch's cuDNN attention from a measured number of query rows (in the shape buckets it was measured
+with, ``buckets``), else Triton.
 """
 
 from __future__ import annotations
@@ -56,12 +57,22 @@ def decode_provider(heads: int, kv_tokens: int, table: dict | None = None, kv: s
     return "flashmla" if threshold is not None and kv_tokens >= threshold else "triton"
 
 
-def sparse_provider(kv: str = "bf16", table: dict | None = None) -> str:
-    """``"flashmla"`` or ``"triton"`` for DeepSeek Sparse Attention on a ``kv`` cache: the table's
-    ``sparse`` entry (``bench/dsa_step.py --write-providers``: FlashMLA only where it was faster at
-    every measured point), Triton where nothing was measured."""
+def sparse_provider(kv: str = "bf16", table: dict | None = None, phase: str | None = None) -> str:
+    """``"flashmla"`` or ``"triton"`` for DeepSeek Sparse Attention on a ``kv`` cache in ``phase``
+    (``"decode"``: a row per request, ``"prefill"``; None: every phase): the table's ``sparse``
+    entry (``bench/dsa_step.py --write-providers``: FlashMLA only where it was faster at every
+    measured point of the phase, or of all phases, with Triton's tokens), Triton where nothing was measured."""
     entry = (load() if table is None else table).get("sparse", {}).get(kv, {})
-    return "flashmla" if entry.get("provider") == "flashmla" else "triton"
+    chosen = entry.get("phases", {}).get(phase) if phase is not None and "phases" in entry else entry.get("provider")
+    return "flashmla" if chosen == "flashmla" else "triton"
+
+
+SPARSE_PHASES = ("decode", "prefill")
+
+
+def sparse_somewhere(table: dict | None = None) -> bool:
+    """Whether the table chose FlashMLA's sparse attention for some cache format and phase."""
+    return any(sparse_provider(kv, table, phase) == "flashmla" for kv in TABLES for phase in SPARSE_PHASES)
 
 
 def expanded_provider(heads: int, rows: int, table: dict | None = None) -> str:
@@ -83,6 +94,13 @@ def sdpa_somewhere(table: dict | None = None) -> bool:
     """Whether the table's ``expanded`` entry chose SDPA for some calls."""
     rows = (load() if table is None else table).get("expanded", {}).get("heads", {})
     return any(row.get("sdpa_from_rows") is not None for row in rows.values())
+
+
+def expanded_buckets(table: dict | None = None) -> dict | None:
+    """The shape buckets (:class:`splash_core.kernels.expanded_buckets.BucketSizes` fields) the
+    ``expanded`` entry's SDPA was measured with; None: each call its exact shape."""
+    buckets = (load() if table is None else table).get("expanded", {}).get("buckets")
+    return None if buckets is None else dict(buckets)
 
 
 def expanded_thresholds(points: list[dict]) -> dict[str, dict]:
@@ -135,7 +153,8 @@ def describe(flashmla_missing: str | None) -> str:
     fp8 = load().get("decode_fp8", {})
     fp8_picks = ("; fp8 KV: " + ", ".join(f"{h} heads: " + ("triton" if t is None else f"flashmla from {t // 1024}K")
                                           for h, t in sorted(fp8.items()))) if fp8 else "; fp8 KV: triton (not measured)"
-    sparse = ", ".join(f"{kv} KV: {sparse_provider(kv)}" for kv in TABLES)
+    sparse = ", ".join(f"{kv} KV {phase}: {sparse_provider(kv, phase=phase)}"
+                       for kv in TABLES for phase in SPARSE_PHASES)
     return f"decode by measurement ({picks}; else triton{fp8_picks}); sparse attention: {sparse}"
 
 
@@ -147,4 +166,6 @@ def describe_expanded() -> str:
     picks = ", ".join(f"{h} heads: " + ("triton" if row.get("sdpa_from_rows") is None
                                         else f"sdpa from {row['sdpa_from_rows']} rows")
                       for h, row in sorted(measured.items(), key=lambda kv: int(kv[0])))
-    return f"expanded prefill by measurement ({picks})"
+    buckets = expanded_buckets()
+    return f"expanded prefill by measurement ({picks}; sdpa in " + (f"shape buckets {buckets})" if buckets
+                                                                   else "exact shapes)")

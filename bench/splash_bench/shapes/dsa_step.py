@@ -37,7 +37,7 @@ SHAPES: dict[str, Shape] = {
               "points": {"cache": "text", "phase": "phase?", "context": "positive", "rows": "positive?",
                          "provider": "text", "finite": "flag?", "ms": "nonneg?", "roofline_ms": "nonneg?",
                          "over_roofline": "nonneg?", "max_logit_diff_vs_triton": "nonneg?",
-                         "tokens_match_triton": "flag?", "error": "text?"}},
+                         "tokens_match_triton": "flag?", "replayed": "flag?", "error": "text?"}},
         sample={"cache": "text", "sparse": "flag", "provider": "text", "context": "positive"},
         sources=frozenset({"measured"}),
         check_samples=_points_are_their_samples,

@@ -7,7 +7,7 @@ the explicit key arrays (:class:`RankBlocks`) a rank executes.
 
 from .diff import RankBlocks
 from .fit import Fit, eq5_fit, switch_peak
-from .plan import LayerPlan, Manifest, StatePlan, plan_precopy, plan_switch
+from .plan import LayerPlan, Manifest, StatePlan, layer_states, plan_precopy, plan_switch
 
-__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "eq5_fit", "plan_precopy", "plan_switch",
-           "switch_peak"]
+__all__ = ["Fit", "LayerPlan", "Manifest", "RankBlocks", "StatePlan", "eq5_fit", "layer_states", "plan_precopy",
+           "plan_switch", "switch_peak"]

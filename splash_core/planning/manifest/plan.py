@@ -3,7 +3,8 @@ blocks kept, freed and fetched, the primitive, the send/receive splits and the b
 
 Every layer of one kind has the same plan (the same weights shards, pages and recurrent
 shards, only the layer index differs), so :func:`plan_switch` plans each kind once and its
-:class:`LayerPlan` objects share those :class:`StatePlan` objects.
+:class:`LayerPlan` objects share those :class:`StatePlan` objects; an MLA layer that stores no
+indexer keys (GLM-5's shared-indexer layers) has its kind's plans less the indexer one.
 """
 
 from __future__ import annotations
@@ -124,29 +125,34 @@ class Manifest:
                 return layer
         raise KeyError(f"layer {index} is not in this manifest")
 
-    def kinds(self) -> dict[LayerKind, LayerPlan]:
-        """One layer plan per layer kind (all layers of a kind share it)."""
-        out: dict[LayerKind, LayerPlan] = {}
+    def classes(self) -> tuple[LayerPlan, ...]:
+        """One layer plan per distinct set of state plans, in layer order: one per layer kind, and
+        one more for MLA layers storing no indexer keys (they share their kind's other plans)."""
+        out: dict[int, LayerPlan] = {}
         for layer in self.layers:
-            out.setdefault(layer.kind, layer)
-        return out
+            out.setdefault(id(layer.states), layer)
+        return tuple(out.values())
 
-    def layer_count(self, kind: LayerKind) -> int:
-        return sum(1 for layer in self.layers if layer.kind is kind)
+    def state_plans(self) -> list[tuple[StatePlan, int]]:
+        """Each distinct state plan with the number of planned layers that have it."""
+        out: dict[int, list] = {}
+        for layer in self.layers:
+            for plan in layer.states.values():
+                out.setdefault(id(plan), [plan, 0])[1] += 1
+        return [(plan, n) for plan, n in out.values()]
 
     def fetched_bytes(self, state: State | None = None) -> np.ndarray:
         """Bytes each rank receives over all planned layers (one state, or all)."""
         out = np.zeros(self.T, dtype=np.int64)
-        for kind, layer in self.kinds().items():
-            for s, plan in layer.states.items():
-                if state is None or s is state:
-                    out += self.layer_count(kind) * plan.fetched_bytes
+        for plan, n in self.state_plans():
+            if state is None or plan.state is state:
+                out += n * plan.fetched_bytes
         return out
 
     @property
     def delta_layer(self) -> np.ndarray:
         """Δ_layer_r of Eq 5: the largest one-layer receive + send buffers of each rank."""
-        transit = [layer.transit_bytes for layer in self.kinds().values()]
+        transit = [layer.transit_bytes for layer in self.classes()]
         return np.max(transit, axis=0) if transit else np.zeros(self.T, dtype=np.int64)
 
     @property
@@ -182,17 +188,16 @@ class Manifest:
         return eq5_fit(self.peak, budget_bytes, reserve_bytes)
 
     def summary(self) -> list[dict]:
-        """One row per (layer kind, state): primitive and bytes, per layer and over layers."""
+        """One row per (layer kind, state): primitive and bytes, per layer and over the layers
+        that have the state."""
         rows = []
-        for kind, layer in self.kinds().items():
-            n = self.layer_count(kind)
-            for state, plan in layer.states.items():
-                rows.append({
-                    "kind": kind, "state": state, "primitive": plan.primitive, "layers": n,
-                    "fetched_per_layer": plan.fetched_bytes, "freed_per_layer": plan.freed_bytes,
-                    "kept_per_layer": plan.kept_bytes, "fetched_total": n * plan.fetched_bytes,
-                    "group_total": int(n * plan.fetched_bytes.sum()),
-                })
+        for plan, n in self.state_plans():
+            rows.append({
+                "kind": plan.kind, "state": plan.state, "primitive": plan.primitive, "layers": n,
+                "fetched_per_layer": plan.fetched_bytes, "freed_per_layer": plan.freed_bytes,
+                "kept_per_layer": plan.kept_bytes, "fetched_total": n * plan.fetched_bytes,
+                "group_total": int(n * plan.fetched_bytes.sum()),
+            })
         return rows
 
 
@@ -218,10 +223,19 @@ def plan_switch(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T: 
     kinds = model.layer_kinds
     for kind in sorted({kinds[i] for i in selected}, key=lambda k: k.value):
         per_kind[kind] = _plan_kind(kind, src, dst, ids, owners, contexts, model, T, page_size, copied)
-    plans = tuple(LayerPlan(i, kinds[i], per_kind[kinds[i]]) for i in selected)
-    return Manifest(src, dst, T, page_size, model.name, plans,
+    return Manifest(src, dst, T, page_size, model.name, _layer_plans(model, selected, per_kind),
                     footprint(src, batch, model, T, page_size, layers=selected),
                     footprint(dst, batch, model, T, page_size, layers=selected))
+
+
+def _layer_plans(model: ModelProfile, selected, per_kind) -> tuple[LayerPlan, ...]:
+    """Each selected layer's plan: its kind's state plans, less the indexer plan where an MLA layer
+    stores no indexer keys (those layers share one mapping, as the layers of a kind do)."""
+    keyless = {kind: {s: p for s, p in plans.items() if s is not State.INDEXER} for kind, plans in per_kind.items()}
+    kinds = model.layer_kinds
+    keeps_all = [kinds[i] is not LayerKind.MLA or model.stores_indexer_keys(i) for i in selected]
+    return tuple(LayerPlan(i, kinds[i], (per_kind if whole else keyless)[kinds[i]])
+                 for i, whole in zip(selected, keeps_all))
 
 
 def plan_precopy(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T: int, page_size: int,
@@ -237,6 +251,12 @@ def plan_precopy(src: Layout, dst: Layout, batch: Batch, model: ModelProfile, T:
     held = U.page_masks(src, u, batch.ids, batch.owners, T)
     diff = BlockDiff(u, held, held | U.page_masks(dst, u, batch.ids, batch.owners, T), T)
     return _page_plans(LayerKind.MLA, diff, model, page_size)
+
+
+def layer_states(model: ModelProfile, layer: int, states: Mapping[State, StatePlan]) -> dict[State, StatePlan]:
+    """``states`` (plans of ``layer``'s kind) less the indexer plan where ``layer`` stores no
+    indexer keys (GLM-5's shared-indexer layers)."""
+    return {s: p for s, p in states.items() if s is not State.INDEXER or model.stores_indexer_keys(layer)}
 
 
 def _page_plans(kind, diff: BlockDiff, model, page_size) -> dict[State, StatePlan]:

@@ -88,7 +88,7 @@ def ready_routes(model, movers: list[StateMover], manifests: dict[Layout, Manife
     plan: a layer's transfer then does only that layer's own work)."""
     layers = {layer.index: layer for layer in model.layers}
     for manifest in manifests.values():
-        for lp in manifest.kinds().values():
+        for lp in manifest.classes():
             for state_plan in lp.states.values():
                 state_plan.rank(model.rank)
             for mover in movers:

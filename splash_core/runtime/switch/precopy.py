@@ -51,7 +51,7 @@ import torch
 
 from ...layouts import Layout, State
 from ...planning import ownership
-from ...planning.manifest import StatePlan, plan_precopy
+from ...planning.manifest import StatePlan, layer_states, plan_precopy
 from ..page_keys import PageKeys
 from ..step_batch import StepBatch
 from .errors import TransferError
@@ -263,27 +263,26 @@ class PreCopy:
         pages and the reserve must stay within the Eq 5 budget."""
         m, ex = self.model, self.executor
         rank, T = m.rank, m.T
-        page_bytes = m.pool.format.page_bytes if m.paged_layers else 0
-        need = new_total = transit = 0
+        need = new_total = transit = 0  # bytes: a layer storing no indexer keys has smaller pages
         short_layer = crowded_layer = -1
         for index in layers:
-            kv_plan = plans[self.sources[index]][State.KV]
-            fetched = len(kv_plan.rank(rank).fetched)
+            mine = self._layer_plans(index, plans)
+            fetched = len(mine[State.KV].rank(rank).fetched)
             new = new_pages_here(self.sources[index], batch, rank, T)
             if m.pool[index].free_pages < fetched + new and short_layer < 0:
                 short_layer = index
-            need += fetched
-            transit += int(sum(p.transit_bytes[rank] for p in plans[self.sources[index]].values()))
+            need += fetched * m.pool[index].format.page_bytes
+            transit += int(sum(p.transit_bytes[rank] for p in mine.values()))
         for layer in m.paged_layers:
             new = new_pages_here(layer.layout, batch, rank, T)
-            new_total += new
+            new_total += new * layer.kv.format.page_bytes
             if layer.kv.free_pages < new and crowded_layer < 0:
                 crowded_layer = layer.index
         over = 0
         if ex.budget_bytes is not None:
             held = m.nbytes()
             state = held["weights"] + held["kv"] + held["indexer"] + held["recurrent"]
-            peak = state + (need + new_total) * page_bytes + transit + ex.reserve_bytes
+            peak = state + need + new_total + transit + ex.reserve_bytes
             over = int(peak > ex.budget_bytes) * int(peak)
         table = torch.zeros(3 * T, dtype=torch.int64)
         table[rank], table[T + rank], table[2 * T + rank] = short_layer + 1, over, crowded_layer + 1
@@ -316,7 +315,7 @@ class PreCopy:
         ``land_each``; the first failure, or ""."""
         for index in layers:
             try:
-                moves.append(self._start(index, plans[self.sources[index]]))
+                moves.append(self._start(index, self._layer_plans(index, plans)))
             except TransferError as exc:
                 return str(exc)
             if land_each:
@@ -324,6 +323,11 @@ class PreCopy:
                 if failed:
                     return failed
         return ""
+
+    def _layer_plans(self, index: int, plans: dict[Layout, dict[State, StatePlan]]) -> dict[State, StatePlan]:
+        """Layer ``index``'s plans of the copy from its source layout (no indexer plan where it stores
+        no indexer keys)."""
+        return layer_states(self.model.profile, index, plans[self.sources[index]])
 
     def _start(self, index: int, plans: dict[State, StatePlan]) -> tuple[int, Transfer]:
         io = self.executor.io
