@@ -28,8 +28,6 @@ code on the CPU reference with a tiny model.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import platform as host
 import statistics
 import sys
@@ -39,13 +37,15 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # uninstalled checkout
 
 from splash_bench import dsa_step as rank_side  # noqa: E402
+from splash_bench import provider_table  # noqa: E402
 from splash_bench import step as step_bench  # noqa: E402
 from splash_core import results  # noqa: E402
 from splash_core.runtime.spawn import RankPool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     step_bench.add_one_device_options(p)
     p.add_argument("--model", default="deepseek-v3.2")
     p.add_argument("--dtype", default="bf16")
@@ -100,32 +100,24 @@ def summarize(samples: list[dict]) -> list[dict]:
 
 
 def sparse_choice(points: list[dict]) -> dict:
-    """Per cache format: FlashMLA where it was faster than Triton at every measured point with the
-    same greedy tokens, else Triton (``provider``), and the same rule per phase (``phases``: decode
-    and prefill are different kernels of FlashMLA's)."""
+    """Per cache format and phase (decode and prefill are different kernels of FlashMLA's): FlashMLA
+    where it was faster than Triton at every measured point of the phase with the same greedy tokens,
+    else Triton (``phases``); ``provider``: FlashMLA only where it won every phase."""
     out = {}
     for cache in sorted({p["cache"] for p in points}):
-        mine = {(p["phase"], p["context"]): p for p in points if p["cache"] == cache and p.get("provider") == "triton"}
-        theirs = [p for p in points if p["cache"] == cache and p.get("provider") == "flashmla"]
-        wins = [p for p in theirs if (p["phase"], p["context"]) in mine and p.get("tokens_match_triton")
-                and p["ms"] < mine[(p["phase"], p["context"])]["ms"]]
-
-        def every(phase=None):
-            count = lambda rows: sum(1 for p in rows if phase in (None, p["phase"]))  # noqa: E731
-            measured = sum(1 for ph, _ in mine if phase in (None, ph))
-            return bool(count(theirs)) and count(wins) == count(theirs) == measured
-
-        out[cache] = {"provider": "flashmla" if every() else "triton", "points": len(mine),
-                      "flashmla_faster": len(wins),
-                      "phases": {ph: "flashmla" if every(ph) else "triton" for ph in sorted({ph for ph, _ in mine})}}
+        mine, theirs = ({(p["phase"], p["context"]): p for p in points
+                         if p["cache"] == cache and p.get("provider") == who} for who in ("triton", "flashmla"))
+        wins = {k for k, p in theirs.items() if k in mine and p.get("tokens_match_triton") and p["ms"] < mine[k]["ms"]}
+        phases = {ph: "flashmla" if all(k in wins for k in mine if k[0] == ph) else "triton"
+                  for ph in sorted({ph for ph, _ in mine})}
+        out[cache] = {"provider": "flashmla" if phases and set(phases.values()) == {"flashmla"} else "triton",
+                      "points": len(mine), "flashmla_faster": len(wins), "phases": phases}
     return out
 
 
 def write_providers(path: str, choice: dict, command: str, machine: str) -> None:
     """Set the ``sparse`` entry of the hopper backend's provider table (other entries kept)."""
-    table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    table["sparse"] = {**choice, "date": datetime.date.today().isoformat(), "machine": machine, "command": command}
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    provider_table.set_entries(path, {"sparse": {**choice, **provider_table.provenance(command, machine)}})
 
 
 def _profile_line(s: dict) -> str:

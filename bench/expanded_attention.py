@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
 import sys
 import time
@@ -52,6 +50,7 @@ import torch  # noqa: E402
 from splash_backend_hopper.providers import expanded_thresholds  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 
+from splash_bench import provider_table  # noqa: E402
 from splash_bench.platform_name import accelerator_platform  # noqa: E402
 from splash_core.kernels import ExpandedTile, triton_expanded_attention  # noqa: E402
 from splash_core.kernels.expanded_buckets import BucketSizes  # noqa: E402
@@ -292,10 +291,8 @@ def run(args) -> dict:
 def write_providers(path: str, choice: dict, command: str, buckets: dict | None = None) -> None:
     """Set the ``expanded`` entry of the hopper backend's provider table (other entries kept), with
     the shape buckets the chosen SDPA provider was measured with (None: exact shapes)."""
-    table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    table["expanded"] = {"heads": choice, "date": datetime.date.today().isoformat(), "machine": machine_description(),
-                         "command": command, **({"buckets": buckets} if buckets else {})}
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    provider_table.set_entries(path, {"expanded": {"heads": choice, **provider_table.provenance(command, machine_description()),
+                                                   **({"buckets": buckets} if buckets else {})}})
 
 
 NOTES = ("expanded (MHA-form) MLA prefill attention over kv_b-expanded keys; TFLOP/s = visible (query, key) pairs "

@@ -28,9 +28,7 @@ set by the caller), timing with a wall clock. Writes ``<out>/<platform>/fp8_gemm
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import platform as host
 import statistics
 import sys
@@ -42,12 +40,13 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # uninstalled checkout
 
+from splash_bench import provider_table  # noqa: E402
 from splash_core import results  # noqa: E402
 from splash_core.checkpoint.fp8 import quantize  # noqa: E402
 from splash_core.kernels.fp8_block_gemm import (GemmTile, fp8_block_gemm, grouped_fp8_block_gemm,  # noqa: E402
                                                 portable_tile, quantize_token_groups)
-from splash_core.kernels.fp8_scaled_mm import scaled_mm_linear  # noqa: E402
-from splash_core.kernels.fp8_scaled_mm import ROW_MULTIPLE, available, fits, operands  # noqa: E402
+from splash_core.kernels.fp8_scaled_mm import (ROW_MULTIPLE, available, fits, operands, scaled_mm,  # noqa: E402
+                                               scaled_mm_linear)
 from splash_core.model.fp8_blocks import (BlockScaledFP8, TokenGroupsFP8, gemm_mismatch, quantize_tokens,  # noqa: E402
                                           reference_gemm, slice_of)
 
@@ -234,7 +233,7 @@ def point(shape: Shape, m: int, device: torch.device, time_ms, args) -> dict:
     row["bf16_ms"] = time_ms([lambda w16=w16: x @ w16.T for w16 in w16s])
     row["bf16_tflops"] = flop / statistics.median(row["bf16_ms"]) / 1e9
     del w16s
-    row.update(scaled_mm(x, w16, flop, time_ms, copies_for(w.codes.numel(), args.smoke)))
+    row.update(rowwise_scaled_mm(x, w16, flop, time_ms, copies_for(w.codes.numel(), args.smoke)))
     row.update(block_scaled_mm(x, w, want, flop, time_ms, args))
     return row
 
@@ -253,12 +252,7 @@ def block_scaled_mm(x: torch.Tensor, w: BlockScaledFP8, want: torch.Tensor, flop
         raise SystemExit(f"fp8_gemm: scaled_mm with block scales disagrees with the spec: {wrong}")
     ws = [w, *(BlockScaledFP8(w.codes.clone(), w.scales.clone()) for _ in range(
         copies_for(w.stored_bytes, args.smoke) - 1))]
-    calls = [operands(xq, v) for v in ws]
-    call = torch.nn.functional.scaled_mm if hasattr(torch.nn.functional, "scaled_mm") else None
-    recipe = getattr(torch.nn.functional, "ScalingType", None)
-    samples = time_ms([lambda c=c: call(c[0], c[1], c[2], recipe.BlockWise1x128, c[3], recipe.BlockWise128x128,
-                                        output_dtype=torch.bfloat16) if call else
-                       torch._scaled_mm(*c, out_dtype=torch.bfloat16) for c in calls])
+    samples = time_ms([lambda c=operands(xq, v): scaled_mm(*c, torch.bfloat16) for v in ws])
     return {"scaled_mm_block_ms": samples, "scaled_mm_block_tflops": flop / statistics.median(samples) / 1e9}
 
 
@@ -276,12 +270,9 @@ def scaled_mm_threshold(rows: list[dict]) -> int | None:
 
 def write_providers(path: str, rows: list[dict], command: str, machine: str) -> dict:
     """Set the ``fp8_linear`` entry of the hopper backend's provider table (other entries kept)."""
-    table = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    table["fp8_linear"] = {"scaled_mm_from_rows": scaled_mm_threshold(rows),
-                           "points": sum("scaled_mm_block_tflops" in r for r in rows),
-                           "date": datetime.date.today().isoformat(), "machine": machine, "command": command}
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
-    return table["fp8_linear"]
+    entry = {"scaled_mm_from_rows": scaled_mm_threshold(rows), "points": sum("scaled_mm_block_tflops" in r for r in rows),
+             **provider_table.provenance(command, machine)}
+    return provider_table.set_entries(path, {"fp8_linear": entry})["fp8_linear"]
 
 
 def quantized(x: torch.Tensor, start: int, name: str) -> TokenGroupsFP8:
@@ -330,7 +321,7 @@ def grouped_point(shape: Shape, m: int, experts: int, device: torch.device, time
     return row
 
 
-def scaled_mm(x: torch.Tensor, w16: torch.Tensor, flop: int, time_ms, copies: int) -> dict:
+def rowwise_scaled_mm(x: torch.Tensor, w16: torch.Tensor, flop: int, time_ms, copies: int) -> dict:
     """Times of torch._scaled_mm row-wise on the same shape (``copies`` of the weight), or why it could not run."""
     try:
         a8, a_scale, b8, b_scale = rowwise_operands(x, w16)

@@ -35,8 +35,6 @@ an earlier run's ``peer_kernels.json`` instead of measuring. Writes
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -46,6 +44,7 @@ import gpu_timing as gt  # noqa: E402
 import torch  # noqa: E402
 from splash_backend_hopper.providers import thresholds  # noqa: E402
 
+from splash_bench import provider_table  # noqa: E402
 from splash_core.model.fp8_cache import quantize  # noqa: E402
 from splash_core.model.kv_format import ScaledFP8  # noqa: E402
 from splash_core.reference import mla as ref_mla  # noqa: E402
@@ -243,11 +242,9 @@ def run(args) -> dict:
 
 
 def write_providers(path: str, decode: dict, command: str, machine: str, decode_fp8: dict | None = None) -> None:
-    table = {"source": "measured", "date": datetime.date.today().isoformat(), "machine": machine,
-             "command": command, "decode": decode}
-    if decode_fp8:
-        table["decode_fp8"] = decode_fp8
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    """Set the decode entries of the hopper backend's provider table (the other benchmarks' entries kept)."""
+    provider_table.set_entries(path, {"source": "measured", **provider_table.provenance(command, machine),
+                                      "decode": decode, **({"decode_fp8": decode_fp8} if decode_fp8 else {})})
     print("wrote", path)
 
 

@@ -36,3 +36,13 @@ def precopy_problems(model, precopy, batch, rank: int) -> list[str]:
         if layer.kv.used_pages != expected:
             problems.append(f"layer {layer.index}: {layer.kv.used_pages} pages used, tables list {expected}")
     return problems
+
+
+def releasing(model, live: dict):
+    """``release(rid)`` for a serving loop: the model's pages, and the running pre-copy's (``live["pc"]``) copies."""
+    def release(rid):
+        model.release(rid)
+        if live.get("pc") is not None:
+            live["pc"].release(rid)
+
+    return release

@@ -77,12 +77,12 @@ def test_positions_map_to_the_slots_held_here_and_nowhere_else():
     """A CP rank holding logical pages 1, 3 and 5: positions on them map to its slots, the rest to -1."""
     view, *_ = _paged([1, 3, 5])
     positions = torch.tensor([[4, 7, 12, 21, -1], [0, 5, 8, 13, 20]])
-    slots = slots_of_positions(positions, view, PAGE, 2)
+    slots = slots_of_positions(positions, view, PAGE, 6 * PAGE)  # six logical pages, every other held
     assert slots.tolist() == [[0, 3, 4, 9, -1], [-1, 1, -1, 5, 8]]
     assert torch.equal(key_positions(slots, view.page_index, view.row_req, PAGE),
                        torch.where(slots >= 0, positions, -1))
     empty = AttentionView(view.block_table[:, :0], view.page_index[:, :0], view.row_req, view.row_pos)
-    assert (slots_of_positions(positions, empty, PAGE, 2) == -1).all()
+    assert (slots_of_positions(positions, empty, PAGE, 6 * PAGE) == -1).all()
 
 
 def test_reference_sparse_kernel_skips_holes_and_rows_without_keys():

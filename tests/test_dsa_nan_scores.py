@@ -1,6 +1,6 @@
 """NaN indexer scores fail the step without a wait per layer: ``Model.step`` raises at its end and
 ``Model.step_tokens`` when its tokens reach the host (``StepTokens.host``), naming the cause; with
-sound weights the same run goes through (so the check is what fails). The top-k over ranking keys
+sound weights the same run goes through, in float32 and in bf16 (so the check is what fails). The top-k over ranking keys
 equals a stable descending sort on rows full of ties, -0.0, ±inf and subnormals."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from splash_core.runtime.model import Model
 PROMPTS = ([3, 17, 5, 99, 23, 8, 41, 2, 77, 120, 15, 64, 33, 9, 101, 44, 58, 7, 150, 6, 12],)
 
 
-def _run(ctx, folder, poison: bool, through_tokens: bool) -> str:
+def _run(ctx, folder, poison: bool, through_tokens: bool, dtype=torch.float32) -> str:
     profile = profile_from_checkpoint(folder)
     model = Model.from_context(ctx, profile, CheckpointWeights(folder, profile), Layout.TP, pages_per_layer=32,
-                               page_size=4, dtype=torch.float32, sparse_attention=True)
+                               page_size=4, dtype=dtype, sparse_attention=True)
     if poison:
         model.layers[1].indexer.weights_proj.fill_(float("nan"))
 
@@ -48,10 +48,11 @@ def folder(tmp_path_factory):
     return str(folder)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("through_tokens", [False, True])
-def test_nan_indexer_scores_fail_the_step(rank_pools, folder, through_tokens):
-    assert rank_pools(1).run(_run, folder, False, through_tokens)[0] == ""
-    assert rank_pools(1).run(_run, folder, True, through_tokens)[0] == NAN_SCORES
+def test_nan_indexer_scores_fail_the_step(rank_pools, folder, through_tokens, dtype):
+    assert rank_pools(1).run(_run, folder, False, through_tokens, dtype)[0] == ""  # a sound run at bf16's error too
+    assert rank_pools(1).run(_run, folder, True, through_tokens, dtype)[0] == NAN_SCORES
 
 
 def _stable_sort_top_k(scores, k):

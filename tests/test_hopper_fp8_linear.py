@@ -5,7 +5,7 @@ mid-block slices and experts, and Triton alone where nothing was measured or tor
 from __future__ import annotations
 
 import torch
-from splash_backend_hopper import fp8_linear
+from splash_backend_hopper import fp8_linear, providers
 
 from splash_core.checkpoint import fp8
 from splash_core.model.fp8_blocks import BlockScaledFP8, slice_of
@@ -33,5 +33,5 @@ def test_routing_by_rows_and_blocks(monkeypatch):
 def test_cpu_gets_triton_alone():
     kernels = fp8_linear.kernels("cpu", TABLE)
     assert kernels.name == "triton" and kernels.providers == ()
-    assert fp8_linear.scaled_mm_from_rows(TABLE) == 64 and fp8_linear.scaled_mm_from_rows({}) is None
-    assert "scaled_mm from 64 rows" in fp8_linear.describe(TABLE)
+    assert providers.scaled_mm_from_rows(TABLE) == 64 and providers.scaled_mm_from_rows({}) is None
+    assert "scaled_mm from 64 rows" in providers.describe_fp8_linear(TABLE)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hf_checkpoints as hf
 import pytest
-from precopy_scenarios import precopy_problems
+from precopy_scenarios import precopy_problems, releasing
 from switch_scenarios import PAGE, PULLS, Req, accounting_problems, assert_matches, prompt, serve
 
 from splash_core.checkpoint.source import CheckpointWeights
@@ -62,12 +62,7 @@ def _precopy_runs(ctx, folder: str):
             problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
             return logits
 
-        def release(rid):
-            model.release(rid)
-            if live.get("pc") is not None:
-                live["pc"].release(rid)
-
-        served = serve(step, REQUESTS, T, release)
+        served = serve(step, REQUESTS, T, releasing(model, live))
         out[(src, dst)] = (served, problems, copied, [str(layer.layout) for layer in model.layers])
     return out
 

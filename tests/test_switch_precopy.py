@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from precopy_scenarios import precopy_problems
+from precopy_scenarios import precopy_problems, releasing
 from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, prompt, reference,
                               serve)
 
@@ -74,12 +74,7 @@ def _precopy_runs(ctx, directions, transfer, handoff=HANDOFF):
             problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
             return logits
 
-        def release(rid):
-            model.release(rid)
-            if live.get("pc") is not None:
-                live["pc"].release(rid)
-
-        served = serve(step, _requests(T), T, release)
+        served = serve(step, _requests(T), T, releasing(model, live))
         left = model.nbytes()
         out[(src, dst)] = dict(served=served, problems=problems, info=info, left=(left["kv"], left["indexer"]))
     return out

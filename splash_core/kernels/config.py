@@ -23,6 +23,12 @@ def _power_of_two(value: int) -> bool:
     return value >= 1 and value & (value - 1) == 0
 
 
+def decode_shaped(rows: int, table_rows: int) -> bool:
+    """Whether a call of ``rows`` query rows over a block table of ``table_rows`` requests is a decode
+    step's (at most a row per request), which kernels and providers tile or choose apart from prefill."""
+    return rows <= table_rows
+
+
 def block(dim: int) -> int:
     """The power-of-two tile width (>= 16, as a matrix-multiply operand needs) covering ``dim``."""
     return max(16, 1 << math.ceil(math.log2(max(dim, 1))))

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..model.kv_format import ScaledFP8
 from .attention import _index, _latent_keys
-from .config import AttentionTile, block
+from .config import AttentionTile, block, decode_shaped
 
 DECODE_INDEXER_TILE = AttentionTile(rows=1, heads=64, keys=64, warps=4, stages=2)
 PREFILL_INDEXER_TILE = AttentionTile(rows=16, heads=16, keys=64, warps=8, stages=2)
@@ -44,7 +44,7 @@ PREFILL_INDEXER_TILE = AttentionTile(rows=16, heads=16, keys=64, warps=8, stages
 def indexer_tile(rows: int, table_rows: int) -> AttentionTile:
     """The tile of a call of ``rows`` query rows over a table of ``table_rows`` requests: one row a
     program where there is about one row a request (decode), blocks of a chunk's rows otherwise."""
-    return DECODE_INDEXER_TILE if rows <= table_rows else PREFILL_INDEXER_TILE
+    return DECODE_INDEXER_TILE if decode_shaped(rows, table_rows) else PREFILL_INDEXER_TILE
 
 
 @triton.jit(do_not_specialize=["heads", "table_width", "num_rows", "s_bt", "s_pi", "s_sn"])

@@ -31,7 +31,7 @@ from ..model.fp8_blocks import BLOCK, BlockScaledFP8, TokenGroupsFP8
 ROW_MULTIPLE = 16  # activation rows torch's FP8 matmul takes
 SCALE_COLUMNS_MULTIPLE = 4  # the 128 x 128 scales' column-block count is padded to this
 
-__all__ = ["available", "emulate", "fits", "operands", "scaled_mm_linear"]
+__all__ = ["available", "emulate", "fits", "operands", "scaled_mm", "scaled_mm_linear"]
 
 _WEIGHT_SCALES: dict[int, torch.Tensor] = {}  # id of a weight's scales -> their layout here, while they live
 
@@ -65,7 +65,8 @@ def operands(x: TokenGroupsFP8, w: BlockScaledFP8) -> tuple[torch.Tensor, torch.
     return x.codes, w.codes.t(), x.scales.t().contiguous().t(), weight_scales(w)
 
 
-def _call(a, b, scale_a, scale_b, out_dtype):
+def scaled_mm(a, b, scale_a, scale_b, out_dtype):
+    """torch's block-scaled FP8 matmul of :func:`operands`' arguments (``out_dtype`` results)."""
     functional = getattr(torch.nn.functional, "scaled_mm", None)
     if functional is not None:
         recipe = torch.nn.functional.ScalingType
@@ -74,7 +75,7 @@ def _call(a, b, scale_a, scale_b, out_dtype):
     return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)  # the recipe read from the scale shapes
 
 
-def scaled_mm_linear(quantize: Callable[..., TokenGroupsFP8], call: Callable = _call) -> Callable:
+def scaled_mm_linear(quantize: Callable[..., TokenGroupsFP8], call: Callable = scaled_mm) -> Callable:
     """``linear(x, w)`` (:class:`~splash_core.platform.interfaces.FP8LinearKernels`' contract) for a
     weight that :func:`fits`: ``x`` [m, k] quantized by ``quantize(x, start, group)`` (rows padded to
     a multiple of :data:`ROW_MULTIPLE`), multiplied by ``call`` (torch's; :func:`emulate` in tests)."""
@@ -116,7 +117,7 @@ def available(device) -> str:
         w = BlockScaledFP8(torch.zeros(BLOCK, BLOCK, device=device).to(torch.float8_e4m3fn),
                            torch.ones(1, 1, device=device))
         x = TokenGroupsFP8(a, torch.ones(ROW_MULTIPLE, 1, device=device))
-        _call(*operands(x, w), torch.bfloat16)
+        scaled_mm(*operands(x, w), torch.bfloat16)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return ""

@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..layouts import LAYOUTS, Layout, Placement
+from ..profiles.graphs import bucket_of
 
 MIB = float(1 << 20)
 
@@ -154,4 +155,4 @@ def decode_bucket(buckets: Sequence[int], x, T: int) -> int | None:
     """The bucket of ``buckets`` the decode steps of batch ``x`` (a BatchArrays) are padded to: the
     busiest owner's requests (one row each in decode), None beyond the largest (they run eagerly)."""
     busiest = int(np.bincount(np.asarray(x.owners, dtype=np.int64), minlength=T).max()) if len(x) else 0
-    return next((b for b in buckets if b >= busiest), None)
+    return bucket_of(buckets, busiest)

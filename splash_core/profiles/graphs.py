@@ -42,7 +42,12 @@ class GraphConfig:
 
     def bucket(self, rows_per_owner: int) -> int | None:
         """The bucket a step of ``rows_per_owner`` rows on its busiest owner is padded to (None: too big)."""
-        return next((b for b in self.buckets if b >= rows_per_owner), None)
+        return bucket_of(self.buckets, rows_per_owner)
+
+
+def bucket_of(buckets, rows_per_owner: int) -> int | None:
+    """The smallest of ``buckets`` holding ``rows_per_owner`` rows (None: none does)."""
+    return next((b for b in buckets if b >= rows_per_owner), None)
 
 
 def decode_capturable(*, kda: bool) -> bool:

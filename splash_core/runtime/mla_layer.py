@@ -117,7 +117,7 @@ class MLALayer(HeadShardedLayer):
                 raise ValueError(f"layer {self.index} shares the top-k of a full DSA layer, but none ran before it")
             kept = step.selection.rows(step, all_rows)
             if kept is not None:
-                slots = slots_of_positions(kept, view, self.kv.kv.shape[1], self.T)
+                slots = slots_of_positions(kept, view, self.kv.kv.shape[1], step.longest_context())
                 return attend_selected(kernels, q, self.kv, view, slots, m.scale, m.d_c)
         elif self.indexer is not None:
             if not step.attends_sparsely(self.index_topk):

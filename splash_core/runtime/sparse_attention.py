@@ -133,14 +133,14 @@ def attend_selected(kernels: MLAKernels, q: torch.Tensor, kv: LayerKV, view: Att
     return sparse(q, kv.kv, view.block_table, view.row_req, slots, scale, v_dim)
 
 
-def slots_of_positions(positions: torch.Tensor, view: AttentionView, page_size: int, T: int) -> torch.Tensor:
+def slots_of_positions(positions: torch.Tensor, view: AttentionView, page_size: int, longest: int) -> torch.Tensor:
     """Key slots [n, k] int32 of this rank's table for key ``positions`` [n, k] (-1: none) of each
     row's request; -1 where the position's page is not held here (CP's other ranks' keys): how a
-    shared-indexer layer attends over the selection a full layer left, in any layout. Sized by the
-    table's width (a rank holds at most every page of a row, CP every T-th: logical pages stay below
-    width x ``T``), so nothing is read back to the host and a captured step can run it."""
+    shared-indexer layer attends over the selection a full layer left, in any layout. Sized by
+    ``longest`` (tokens: the step's longest context, or a bound of it; a request's logical pages stay
+    below its page count), so nothing is read back to the host and a captured step can run it."""
     table, index = view.block_table.long(), view.page_index.long()
-    pages = table.shape[1] * T
+    pages = -(-longest // page_size) if table.shape[1] else 0
     if positions.numel() == 0 or pages == 0:
         return torch.full(positions.shape, -1, dtype=torch.int32, device=positions.device)
     slot_of_page = torch.full((table.shape[0], pages + 1), -1, dtype=torch.long, device=table.device)

@@ -4,7 +4,7 @@ the number of activation rows ``bench/fp8_gemm.py`` measured it faster at every 
 (``tuned/providers.json``'s ``fp8_linear`` entry, ``scaled_mm_from_rows``). cuBLAS takes whole
 128-blocks only: a TP slice starting inside a block (DeepSeek-V3's fused q_a/kv_a at T = 8) and the
 grouped experts stay on Triton. Without a measured entry, or where this torch cannot multiply block
-scales, Triton serves every call.
+scales, Triton serves every call. Imported where the hook is called (it loads Triton).
 """
 
 from __future__ import annotations
@@ -16,12 +16,6 @@ from splash_core.kernels.fp8_scaled_mm import available, fits, scaled_mm_linear
 from splash_core.platform.interfaces import FP8LinearKernels
 
 from . import providers
-
-
-def scaled_mm_from_rows(table: dict | None = None) -> int | None:
-    """The measured fewest activation rows from which cuBLAS serves (None: never)."""
-    rows = (providers.load() if table is None else table).get("fp8_linear", {}).get("scaled_mm_from_rows")
-    return None if rows is None else int(rows)
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,7 +31,7 @@ def kernels(device, table: dict | None = None) -> FP8LinearKernels:
         return triton
     cublas = scaled_mm_linear(quantize_token_groups)
     every = (("triton", triton.linear), ("scaled_mm", cublas))
-    threshold = scaled_mm_from_rows(table)
+    threshold = providers.scaled_mm_from_rows(table)
     if threshold is None:
         return FP8LinearKernels(triton.linear, triton.grouped, "triton (scaled_mm not measured faster)", every)
 
@@ -47,9 +41,3 @@ def kernels(device, table: dict | None = None) -> FP8LinearKernels:
     return FP8LinearKernels(linear, triton.grouped, f"scaled_mm from {threshold} rows on whole blocks, else triton",
                             every)
 
-
-def describe(table: dict | None = None) -> str:
-    """One line for ``splash backends``."""
-    threshold = scaled_mm_from_rows(table)
-    return ("fp8 GEMMs: triton (scaled_mm not measured faster)" if threshold is None
-            else f"fp8 GEMMs: scaled_mm from {threshold} rows on whole blocks, else triton")

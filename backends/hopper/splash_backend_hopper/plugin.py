@@ -14,10 +14,11 @@ from splash_backend_cuda.plugin import (splash_device, splash_fused_kernels, spl
                                         splash_kda_kernels, splash_make_collectives, splash_peer_memory,
                                         splash_process_group_backend, splash_side_group_options, splash_stream_ops)
 
+from splash_core.kernels.config import decode_shaped
 from splash_core.platform.hookspecs import hookimpl
 from splash_core.platform.interfaces import BackendInfo
 
-from . import __version__, flashmla, fp8_linear, providers, tuned
+from . import __version__, flashmla, providers, tuned
 
 
 @hookimpl
@@ -27,7 +28,7 @@ def splash_backend_info():
         version=__version__,
         summary=("NVIDIA Hopper (sm_90, H100/H200): H200-measured Triton MLA tiles, NCCL, calibrated h200 profile; "
                  + providers.describe(flashmla.missing_reason()) + "; " + providers.describe_expanded() + "; "
-                 + fp8_linear.describe()),
+                 + providers.describe_fp8_linear()),
         device_type="cuda",
         accelerator=True,
         specializes="cuda",
@@ -91,7 +92,7 @@ def by_format(flashmla_sparse, triton_sparse):
     the call's phase (decode: at most a row per request of the block table; else prefill)."""
     def sparse(q, kv_cache, block_table, *args):
         kv = "bf16" if kv_cache.dtype.is_floating_point else "fp8"
-        phase = "decode" if q.shape[0] <= block_table.shape[0] else "prefill"
+        phase = "decode" if decode_shaped(q.shape[0], block_table.shape[0]) else "prefill"
         chosen = providers.sparse_provider(kv, phase=phase) == "flashmla"
         return (flashmla_sparse if chosen else triton_sparse)(q, kv_cache, block_table, *args)
 
@@ -126,4 +127,6 @@ def splash_calibrate(collectives, device, options):
 
 @hookimpl
 def splash_fp8_linear_kernels(device, dtype):
+    from . import fp8_linear
+
     return fp8_linear.kernels(device)

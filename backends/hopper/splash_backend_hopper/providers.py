@@ -169,3 +169,17 @@ def describe_expanded() -> str:
     buckets = expanded_buckets()
     return f"expanded prefill by measurement ({picks}; sdpa in " + (f"shape buckets {buckets})" if buckets
                                                                    else "exact shapes)")
+
+
+def scaled_mm_from_rows(table: dict | None = None) -> int | None:
+    """The ``fp8_linear`` entry (``bench/fp8_gemm.py --write-providers``): the fewest activation rows
+    from which torch's block-scaled ``scaled_mm`` serves whole-block FP8 weights (None: never)."""
+    rows = (load() if table is None else table).get("fp8_linear", {}).get("scaled_mm_from_rows")
+    return None if rows is None else int(rows)
+
+
+def describe_fp8_linear(table: dict | None = None) -> str:
+    """What serves FP8 block-scaled GEMMs, by the measured table."""
+    threshold = scaled_mm_from_rows(table)
+    return ("fp8 GEMMs: triton (scaled_mm not measured faster)" if threshold is None
+            else f"fp8 GEMMs: scaled_mm from {threshold} rows on whole blocks, else triton")
