@@ -36,11 +36,16 @@ from .replay_profile import profiled_kernels
 CACHE_FORMATS = {"bf16": (None, 0), "fp8": (torch.float8_e4m3fn, 4)}  # kv_dtype (None: compute), scales
 
 
-def providers(ctx, dtype: torch.dtype, which: str) -> dict:
+def providers(ctx, dtype: torch.dtype, which: str, asked: list[str] = ()) -> dict:
     """Sparse-attention kernel variants to time: the backend's Triton kernels, and FlashMLA's
-    where the Hopper backend's wrapper imports (name -> MLAKernels)."""
+    where the Hopper backend's wrapper imports (name -> MLAKernels); ``triton-direct`` where
+    ``asked``: the Triton kernel reading a scaled-fp8 cache in prefill too (no bf16 copy)."""
     base = kernels_for(ctx, dtype, which)
     out = {base.name.split(":")[0].split("+")[0]: base}  # "triton" on a GPU backend, "reference" on the CPU
+    if "triton-direct" in asked and "triton" in out:
+        from splash_core.kernels import dsa_attention
+
+        out["triton-direct"] = dataclasses.replace(base, sparse=dsa_attention.sparse_attention)
     try:
         from splash_backend_hopper import flashmla
     except ImportError:
@@ -196,7 +201,7 @@ def measure(ctx, spec: dict) -> dict:
     dtype = dtypes.torch_dtype(spec["dtype"])
     torch.set_float32_matmul_precision("high")
     rates = device_rates(ctx, spec["copy_mib"], spec["matmul_n"], dtype)
-    found = providers(ctx, dtype, spec["kernels"])
+    found = providers(ctx, dtype, spec["kernels"], spec["providers"])
     first = next(iter(found))  # the backend's own: built into every model, and what the others are compared with
     variants = {name: k for name, k in found.items() if name == first or not spec["providers"] or name in spec["providers"]}
     samples, skipped = [], []

@@ -20,7 +20,7 @@ from .kda import fla_kda_kernels, fla_missing_reason
 def triton_mla_kernels(config: MLAKernelConfig = PORTABLE, expanded_tile: ExpandedTile = ExpandedTile()) -> MLAKernels:
     """:class:`~splash_core.platform.interfaces.MLAKernels` running the Triton kernels with ``config`` (the
     expanded form with ``expanded_tile``)."""
-    from . import attention, dsa_attention, dsa_indexer, interpreter, merge, pages
+    from . import attention, dsa_attention, dsa_dequantized, dsa_indexer, interpreter, merge, pages
 
     if interpreter.interpreting():
         interpreter.patch_scalar_index()
@@ -33,7 +33,7 @@ def triton_mla_kernels(config: MLAKernelConfig = PORTABLE, expanded_tile: Expand
         name=f"triton:{config.name}",
         expanded=triton_expanded_attention(expanded_tile),
         index_scores=dsa_indexer.indexer_scores,
-        sparse=dsa_attention.sparse_attention,
+        sparse=dsa_dequantized.prefill_on_dequantized(dsa_attention.sparse_attention),
     )
 
 

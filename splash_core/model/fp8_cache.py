@@ -56,3 +56,19 @@ def cache_layout(cache: torch.Tensor, latent_dim: int, rope_dim: int) -> ScaledF
     if cache.dtype != torch.uint8:
         return None
     return ScaledFP8.of_width(cache.shape[-1], latent_dim, rope_dim)
+
+
+def pages_in(cache: torch.Tensor, block_table: torch.Tensor, layout: ScaledFP8, dtype: torch.dtype) -> tuple:
+    """(pages [R * P, page_size, d_c + d_r] in ``dtype``, table [R, P] int32): a copy of the scaled-fp8
+    pages ``block_table`` [R, P] lists (-1: a hole), their values exact in bf16 or wider (e4m3 codes
+    times power-of-two scales), and the table that lists them in the copy (holes stay -1)."""
+    rows, width = block_table.shape
+    raw = cache[block_table.clamp(min=0).long()]  # [R, P, page_size, token_bytes]
+    d_c = layout.latent_dim
+    out = torch.empty(*raw.shape[:3], d_c + layout.rope_dim, dtype=dtype, device=cache.device)
+    codes = raw[..., :d_c].view(torch.float8_e4m3fn).to(dtype).unflatten(-1, (layout.groups, layout.group_size))
+    scales = raw[..., d_c: layout.rope_offset].contiguous().view(torch.float32).to(dtype)
+    torch.mul(codes, scales[..., None], out=out[..., :d_c].unflatten(-1, (layout.groups, layout.group_size)))
+    out[..., d_c:] = raw[..., layout.rope_offset:].contiguous().view(torch.bfloat16)
+    listed = torch.arange(rows * width, dtype=torch.int32, device=cache.device).view(rows, width)
+    return out.flatten(0, 1), torch.where(block_table >= 0, listed, -1)

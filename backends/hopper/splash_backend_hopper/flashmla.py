@@ -18,7 +18,8 @@ as its "top-k" the flat cache slot (page * 64 + offset) of every key it sees, -1
 is built for 64 and 128 query heads; other head counts go to the fallback.
 
 DeepSeek Sparse Attention (:func:`sparse`): bf16 caches go to FlashMLA's sparse prefill kernel,
-scaled-fp8 caches to the same fp8 sparse decode, each row's indexer-selected slots as its indices.
+scaled-fp8 caches to the same fp8 sparse decode in decode steps and to the sparse prefill kernel on
+a bf16 copy of their pages in prefill, each row's indexer-selected slots as its indices.
 """
 
 from __future__ import annotations
@@ -128,8 +129,12 @@ def serves_sparse(q, kv_cache, v_dim: int) -> bool:
 def sparse(fallback):
     """An ``MLAKernels.sparse`` on FlashMLA: bf16 caches through its sparse prefill kernel (decode
     rows are prefill rows of one token), scaled-fp8 caches of 64-token pages through its fp8
-    sparse decode; any other call goes to ``fallback`` (the Triton kernel)."""
+    sparse decode in decode steps and, in prefill, its sparse prefill kernel on a bf16 copy of the
+    call's pages (:mod:`splash_core.kernels.dsa_dequantized`); any other call goes to ``fallback``
+    (the Triton kernel)."""
     from flash_mla import flash_mla_sparse_fwd, flash_mla_with_kvcache, get_mla_metadata
+
+    from splash_core.kernels.dsa_dequantized import prefill_on_dequantized
 
     def run(q, kv_cache, block_table, row_req, slots, scale, v_dim):
         fp8 = serves_fp8(q, kv_cache, v_dim)
@@ -150,4 +155,4 @@ def sparse(fallback):
         empty = (flat < 0).all(dim=1)[:, None]  # nothing selected: out 0 and lse -inf, as the contract says
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
 
-    return run
+    return prefill_on_dequantized(run)
