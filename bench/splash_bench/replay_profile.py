@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from .kernel_classes import Kernel, breakdown, with_costs
+from .kernel_classes import Kernel, breakdown, top_kernels, with_costs
 
 
 def profiled_kernels(ctx, fn) -> list[Kernel]:
@@ -32,20 +32,22 @@ def profiled_kernels(ctx, fn) -> list[Kernel]:
 
 def profile_replays(ctx, fn, reps: int, replay_ms: float, costs: dict, rates: dict) -> dict:
     """``reps`` profiled calls of ``fn`` (a graph's replay): the split of the one whose kernels span
-    the median time (:func:`~.kernel_classes.breakdown` over that span, with ``costs`` per class),
-    every call's span, and the time the event-timed replay (``replay_ms``) spends outside the span
+    the median time (:func:`~.kernel_classes.breakdown` over that span, with ``costs`` per class, and
+    its 16 longest-running kernel names, ``top``), every call's span, and the time the event-timed replay (``replay_ms``) spends outside the span
     (launch and tail: the replay's time less its kernels' span). A profile that cannot be taken
     here (no kernels recorded, a profiler that fails to start) is ``{"error": why}``: the point's
     timings stand without it."""
     try:
-        splits = [breakdown(profiled_kernels(ctx, fn)) for _ in range(max(1, reps))]
+        calls = [profiled_kernels(ctx, fn) for _ in range(max(1, reps))]
+        splits = [breakdown(kernels) for kernels in calls]
     except (ValueError, RuntimeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     spans = [s["span_us"] for s in splits]
-    median = sorted(splits, key=lambda s: s["span_us"])[len(splits) // 2]
-    out = with_costs(median, costs, rates)
+    middle = sorted(range(len(splits)), key=lambda i: splits[i]["span_us"])[len(splits) // 2]
+    out = with_costs(splits[middle], costs, rates)
+    out["top"] = top_kernels(calls[middle], 16)
     out.update(spans_us=spans, span_us_median=statistics.median(spans), replay_event_us=replay_ms * 1e3,
-               outside_span_us=replay_ms * 1e3 - median["span_us"], device=ctx.device.type != "cpu")
+               outside_span_us=replay_ms * 1e3 - splits[middle]["span_us"], device=ctx.device.type != "cpu")
     return out
 
 
