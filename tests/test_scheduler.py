@@ -198,3 +198,18 @@ def test_ranking_follows_calibrated_host_overheads():
     assert s.decide(x, lightest).layout is lightest  # the fastest stays
     rows = {r["layout"]: r for r in decision.layout_rows()}
     assert rows[best]["host_s"] > rows[lightest]["host_s"] > 0
+
+
+def test_one_rank_never_switches():
+    """At T = 1 every layout holds the same weights and KV and computes the same step: host
+    overheads calibrated on a larger group make one layout look faster, and the scheduler stays
+    (a switch would only cost a new set of decode graphs); at T = 8 the same overheads switch."""
+    host = {TP: 2000.0, CP: 1800.0, DP: 1000.0, DOP: 1700.0}
+    one = Scheduler(with_host(dataclasses.replace(deployment(), T=1), host, 0.0))
+    x = batch([2048] * 64, T=1)
+    est = one.cost.evaluate(x)
+    assert est.total_s[LAYOUTS.index(DP)] < 0.9 * est.total_s[LAYOUTS.index(TP)]  # DP leads by over the margin
+    decision = one.decide(x, TP)
+    assert decision.action == STAY and decision.layout is TP and "one rank" in decision.reason
+    eight = Scheduler(with_host(deployment(), host, 0.0))
+    assert eight.decide(batch([2048] * 64), TP).action == SWITCH

@@ -190,6 +190,12 @@ class Scheduler:
             return make(action=HOLD, layout=current,
                         note=f"{current} no longer fits and no switch into {', '.join(map(str, order))} fits Eq 5")
         best = order[0]
+        if self.cost.T == 1 and best is not current:
+            # one rank holds the same weights and KV in every layout and does the same arithmetic:
+            # the layouts' times differ only by host overheads measured at other group sizes, and a
+            # switch would only cost (a new set of decode graphs)
+            return make(action=STAY, layout=current, note=f"one rank: every layout computes the same step "
+                                                          f"({best} predicted {percent(self._lead(times, ci, best))} faster)")
         if best is current:
             runner = next((l for l in order if l is not current), None)
             tail = f" ({runner} next, {percent(-self._lead(times, ci, runner), signed=True)})" if runner else ""
