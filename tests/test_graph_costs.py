@@ -137,7 +137,7 @@ def test_held_graphs_follow_the_runtime(deployment):
 
 
 def test_simulated_switches_pay_recapture_only_with_capture_terms(deployment):
-    workload = load("workload", "rollout-h200x2")
+    workload = load("workload", "sweep-b16-128k")  # 16 long requests: decode leaves TP for DP
     splash = simulate(deployment, workload, policies=("SPLASH",)).result("SPLASH")
     graphs = CostModel.from_deployment(deployment).graph_costs
     assert splash.switches and any(moves_weights(e.src, e.dst, 2) for e in splash.switches)
@@ -148,7 +148,8 @@ def test_simulated_switches_pay_recapture_only_with_capture_terms(deployment):
     for d in (without_captures(deployment), graphs_off(deployment)):
         bare = simulate(d, workload, policies=("SPLASH",)).result("SPLASH")
         assert all(e.recapture_s == 0.0 for e in bare.switches) and bare.lazy_captures == 0
-        assert bare.total_time_s < splash.total_time_s
+        # the same steps without the captures; with graphs off, decode pays the eager host time instead
+        assert (bare.total_time_s < splash.total_time_s) is (d.graphs.mode != "off")
 
 
 def test_decide_explains_the_recapture_term(deployment, capsys):
@@ -215,6 +216,6 @@ def test_precopy_choice_charges_the_recapture_to_every_way_of_switching(deployme
 
 
 def test_simulate_prints_the_recapture(capsys):
-    assert main(["simulate", "--deployment", "h200-x2-deepseek-v3", "--workload", "rollout-h200x2"]) == 0
+    assert main(["simulate", "--deployment", "h200-x2-deepseek-v3", "--workload", "sweep-b16-128k"]) == 0
     out = capsys.readouterr().out
     assert "ms of it re-capturing decode graphs" in out and "captured on first use after switches" in out
