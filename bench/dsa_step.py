@@ -68,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "where the backend captures (as served), or eagerly")
     p.add_argument("--profile", action="store_true", help="profile one more call of each point: device time by "
                    "kernel class and the longest-running kernels")
+    p.add_argument("--name", default="dsa_step", help="file name (stem) of the result")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU reference: checks this script's logic")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -166,7 +167,7 @@ def run(args, pool) -> int:
                f"{'replayed from captured graphs where the backend captures' if args.graphs == 'on' else 'eager'}); "
                f"roofline = max(bytes / copy bandwidth, FLOPs / matmul rate), both "
                f"measured in this run (copy bandwidth counts bytes read + written)"))
-    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    print("wrote", results.write_result(data, args.out, name=args.name), f"({time.time() - start:.0f} s)", flush=True)
     if args.write_providers:
         write_providers(args.write_providers, choice, " ".join(sys.argv), f"{host.node()} {info['device']}")
         print("sparse providers:", choice, "->", args.write_providers, flush=True)

@@ -207,7 +207,7 @@ def measure(ctx, spec: dict) -> dict:
     samples, skipped = [], []
     for cache in spec["caches"]:
         for context in spec["contexts"]:
-            for sparse in (False, True):
+            for sparse in (False, True) if load("model", spec["model"]).indexer is not None else (False,):
                 if past_deadline(ctx, spec["deadline"]):
                     skipped.append(f"{cache}/{context}/{'sparse' if sparse else 'dense'}")
                     continue
