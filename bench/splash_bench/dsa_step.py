@@ -37,15 +37,21 @@ CACHE_FORMATS = {"bf16": (None, 0), "fp8": (torch.float8_e4m3fn, 4)}  # kv_dtype
 
 
 def providers(ctx, dtype: torch.dtype, which: str, asked: list[str] = ()) -> dict:
-    """Sparse-attention kernel variants to time: the backend's Triton kernels, and FlashMLA's
-    where the Hopper backend's wrapper imports (name -> MLAKernels); ``triton-direct`` where
-    ``asked``: the Triton kernel reading a scaled-fp8 cache in prefill too (no bf16 copy)."""
+    """Sparse-attention kernel variants to time (name -> MLAKernels), each the backend's kernels
+    with another sparse attention: ``triton``, the portable Triton path whatever provider table
+    the backend reads (else FlashMLA, once chosen, would be timed against itself); FlashMLA's where
+    the Hopper backend's wrapper imports; ``triton-direct`` where ``asked``: the Triton kernel
+    reading a scaled-fp8 cache in prefill too (no bf16 copy). On the CPU: the reference alone."""
     base = kernels_for(ctx, dtype, which)
-    out = {base.name.split(":")[0].split("+")[0]: base}  # "triton" on a GPU backend, "reference" on the CPU
-    if "triton-direct" in asked and "triton" in out:
-        from splash_core.kernels import dsa_attention
+    name = base.name.split(":")[0].split("+")[0]  # "triton" on a GPU backend, "reference" on the CPU
+    out = {name: base}
+    if name == "triton":
+        from splash_core.kernels import dsa_attention, dsa_dequantized
 
-        out["triton-direct"] = dataclasses.replace(base, sparse=dsa_attention.sparse_attention)
+        base = out[name] = dataclasses.replace(
+            base, sparse=dsa_dequantized.prefill_on_dequantized(dsa_attention.sparse_attention))
+        if "triton-direct" in asked:
+            out["triton-direct"] = dataclasses.replace(base, sparse=dsa_attention.sparse_attention)
     try:
         from splash_backend_hopper import flashmla
     except ImportError:

@@ -62,7 +62,9 @@ def portable_tile(rows: int, n: int, k: int) -> GemmTile:
     return GemmTile(block_m, block_n, warps, stages, split)
 
 
-@triton.jit
+# The row count changes every step: specialized (on divisibility by 16) it would compile another
+# kernel the first time a step's rows fall the other way, a second's stall in the middle of serving.
+@triton.jit(do_not_specialize=["M", "s_ys"])
 def _fp8_block_gemm_kernel(X, XS, W, WS, Y, Offsets, M, N, K, KB, SPLITS, R0, C0, s_xm, s_xsm, s_we, s_wn, s_wse,
                            s_wsn, s_ym, s_ys, ROW_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUPED: tl.constexpr):
