@@ -106,3 +106,28 @@ def test_passes_over_the_keys_give_the_same_result(rank_pools, reference):
     for layouts in [(TP,) * 3, (CP,) * 3]:
         for gen, calls, _ in rank_pools(2).run(_serve, layouts, "expanded", 3 * 12 * 32 * 4):
             _same(gen, reference, f"{layouts} in 3-key passes")
+
+
+def test_form_rows_take_consecutive_rows_as_views():
+    """A prefill chunk's rows are consecutive: taken as a view and written back as a slice; rows
+    that are not (two expanded requests around a decode row) by index, with the same result."""
+    import torch
+
+    row_req = np.array([0, 1, 1, 1, 2, 3, 3])
+    row_pos = np.arange(7)
+    x = torch.arange(7 * 2, dtype=torch.float32).view(7, 2)
+    one = expanded_attention.FormRows.split(row_req, row_pos, np.array([1]), torch.device("cpu"))
+    assert one.expanded_run == slice(1, 4) and one.absorbed_run is None
+    taken = one.take(x, expanded=True)
+    assert taken.data_ptr() == x[1].data_ptr() and torch.equal(taken, x[1:4])
+    apart = expanded_attention.FormRows.split(row_req, row_pos, np.array([1, 3]), torch.device("cpu"))
+    assert apart.expanded_run is None and apart.absorbed_run is None
+    assert torch.equal(apart.take(x, expanded=True), x[[1, 2, 3, 5, 6]])
+    assert torch.equal(apart.take(x, expanded=False), x[[0, 4]])
+    for rows in (one, apart):
+        out = torch.zeros_like(x)
+        rows.put(out, True, rows.take(x, expanded=True))
+        rows.put(out, False, rows.take(x, expanded=False))
+        assert torch.equal(out, x)
+    every = expanded_attention.FormRows.split(row_req, row_pos, np.array([0, 1, 2, 3]), torch.device("cpu"))
+    assert every.expanded_run == slice(0, 7) and every.absorbed.numel() == 0

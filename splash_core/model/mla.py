@@ -249,8 +249,9 @@ class MLAMath:
 
     def head_queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Per-head queries [n, h, d_n + d_r]: q_nope ++ rotated q_rope (the expanded form's)."""
-        q = self._per_head(w, q_in)
-        return torch.cat([q[..., : self.d_n], rotary(q[..., self.d_n:])], dim=-1)
+        q = self._per_head(w, q_in)  # a fresh tensor: its rotary part is rotated in place, no concatenation
+        q[..., self.d_n:] = rotary(q[..., self.d_n:])
+        return q
 
     def absorb(self, w: MLAWeights, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
         """Absorbed queries [n, h, d_c + d_r]: q_nope [n, h, d_n] · W_UK per head ++ the rotated q_rope."""

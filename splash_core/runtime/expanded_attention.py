@@ -43,6 +43,21 @@ class FormRows:
     last_pos: np.ndarray  # [E]: the last position any of their rows has
     host_req: np.ndarray  # [n_e]: ``q_req`` on the host
     host_pos: np.ndarray  # [n_e]: ``q_pos`` on the host
+    expanded_run: slice | None = None  # ``expanded`` as a slice where its rows are consecutive
+    absorbed_run: slice | None = None  # ``absorbed`` likewise
+
+    def take(self, x: torch.Tensor, expanded: bool) -> torch.Tensor:
+        """The expanded (or absorbed) rows of ``x``: a view where they are consecutive."""
+        run, index = (self.expanded_run, self.expanded) if expanded else (self.absorbed_run, self.absorbed)
+        return x[run] if run is not None else x.index_select(0, index)
+
+    def put(self, dst: torch.Tensor, expanded: bool, src: torch.Tensor) -> None:
+        """Write ``src`` into the expanded (or absorbed) rows of ``dst``."""
+        run, index = (self.expanded_run, self.expanded) if expanded else (self.absorbed_run, self.absorbed)
+        if run is not None:
+            dst[run] = src
+        else:
+            dst.index_copy_(0, index, src)
 
     @classmethod
     def split(cls, row_req: np.ndarray, row_pos: np.ndarray, expanded_slots: np.ndarray, device) -> "FormRows | None":
@@ -57,7 +72,15 @@ class FormRows:
         np.maximum.at(last, which, row_pos[exp])
         put = lambda a, dtype=torch.int64: to_device(np.ascontiguousarray(a), device, dtype)  # noqa: E731
         return cls(put(exp), put(ab), put(row_req[ab], torch.int32), put(row_pos[ab], torch.int32),
-                   put(which, torch.int32), put(row_pos[exp], torch.int32), slots, last, which, row_pos[exp])
+                   put(which, torch.int32), put(row_pos[exp], torch.int32), slots, last, which, row_pos[exp],
+                   _run(exp), _run(ab))
+
+
+def _run(rows: np.ndarray) -> slice | None:
+    """``rows`` (ascending) as a slice where they are consecutive (a prefill chunk's request usually is)."""
+    if rows.size and rows[-1] - rows[0] + 1 == rows.size:
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,20 +150,21 @@ class MLALayer(HeadShardedLayer):
         """(values, lse) of per-head queries ``q`` [n, h, d_n + d_r] split by form ``rows``."""
         m, w = self.math, self.weights
         n, heads, _ = q.shape
+        keys = step.expanded_keys(self.kv, self.layout, rows)
+        out, part = attend_expanded(step.kernels, rows.take(q, expanded=True), self.kv, keys, rows,
+                                    w.kv_b_weight, m.d_n, m.scale)
+        if rows.absorbed.numel() == 0:  # every row expanded, in order
+            return out.to(q.dtype), part
         values = q.new_empty(n, heads, m.d_v)
         lse = torch.empty(n, heads, dtype=torch.float32, device=q.device)
-        if rows.absorbed.numel():
-            full = step.attention_view(self.kv, self.layout)
-            view = AttentionView(full.block_table, full.page_index, rows.absorbed_req, rows.absorbed_pos)
-            q_abs = q.index_select(0, rows.absorbed)
-            out, part = step.attend(m.absorb(w, q_abs[..., : m.d_n], q_abs[..., m.d_n:]), self.kv, view, m.scale, m.d_c)
-            values.index_copy_(0, rows.absorbed, m.values(w, out).to(values.dtype))
-            lse.index_copy_(0, rows.absorbed, part)
-        keys = step.expanded_keys(self.kv, self.layout, rows)
-        out, part = attend_expanded(step.kernels, q.index_select(0, rows.expanded), self.kv, keys, rows,
-                                    w.kv_b_weight, m.d_n, m.scale)
-        values.index_copy_(0, rows.expanded, out.to(values.dtype))
-        lse.index_copy_(0, rows.expanded, part)
+        rows.put(values, True, out.to(values.dtype))
+        rows.put(lse, True, part)
+        full = step.attention_view(self.kv, self.layout)
+        view = AttentionView(full.block_table, full.page_index, rows.absorbed_req, rows.absorbed_pos)
+        q_abs = rows.take(q, expanded=False)
+        out, part = step.attend(m.absorb(w, q_abs[..., : m.d_n], q_abs[..., m.d_n:]), self.kv, view, m.scale, m.d_c)
+        rows.put(values, False, m.values(w, out).to(values.dtype))
+        rows.put(lse, False, part)
         return values, lse
 
     def _rotary(self, step: StepContext, own: bool):
