@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from switch_scenarios import PAGE
+from switch_scenarios import PAGE, accounting_problems
 
 from splash_core.runtime.kv_pool import held_pages
 from splash_core.runtime.switch.precopy import shadow_id
@@ -46,3 +46,31 @@ def releasing(model, live: dict):
             live["pc"].release(rid)
 
     return release
+
+
+def precopy_step(model, executor, dst, rank: int, live: dict, problems: list, *, start: int, steps: int,
+                 handoff: int, on_copy, at_handoff=None):
+    """A step function for ``serve``: ``model`` steps in its layouts; from step ``start`` a pre-copy
+    into ``dst`` over ``steps`` steps serves them (``on_copy(report)`` of each, its holdings checked by
+    :func:`precopy_problems`), kept in ``live["pc"]``; step ``handoff`` switches with it
+    (``at_handoff(pc, batch, tokens)`` returns that step's logits; by default the executor's step).
+    Every other step's page accounting is checked too; what is wrong goes to ``problems``."""
+    def step(k, batch, tokens):
+        if k == start:
+            live["pc"] = executor.precopy(dst, batch, steps)
+        pc = live.get("pc")
+        if start <= k < handoff:
+            logits, report = pc.step(batch, tokens)
+            on_copy(report)
+            problems.extend(f"step {k}: {p}" for p in precopy_problems(model, pc, batch, rank))
+            return logits
+        if k == handoff:
+            logits = (at_handoff(pc, batch, tokens) if at_handoff is not None
+                      else executor.step(batch, tokens, dst, "splash", precopy=pc)[0])
+            live["pc"] = None
+        else:
+            logits = model.step(batch, tokens)
+        problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, rank))
+        return logits
+
+    return step

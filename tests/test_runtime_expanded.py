@@ -126,8 +126,8 @@ def test_form_rows_take_consecutive_rows_as_views():
     assert torch.equal(apart.take(x, expanded=False), x[[0, 4]])
     for rows in (one, apart):
         out = torch.zeros_like(x)
-        rows.put(out, True, rows.take(x, expanded=True))
-        rows.put(out, False, rows.take(x, expanded=False))
+        rows.put(out, rows.take(x, expanded=True), expanded=True)
+        rows.put(out, rows.take(x, expanded=False), expanded=False)
         assert torch.equal(out, x)
     every = expanded_attention.FormRows.split(row_req, row_pos, np.array([0, 1, 2, 3]), torch.device("cpu"))
     assert every.expanded_run == slice(0, 7) and every.absorbed.numel() == 0

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hf_checkpoints as hf
 import pytest
-from precopy_scenarios import precopy_problems, releasing
-from switch_scenarios import PAGE, PULLS, Req, accounting_problems, assert_matches, prompt, serve
+from precopy_scenarios import precopy_step, releasing
+from switch_scenarios import PAGE, PULLS, Req, assert_matches, prompt, serve
 
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.layouts import DIRECTIONS
@@ -44,24 +44,8 @@ def _precopy_runs(ctx, folder: str):
                                    page_size=PAGE, sparse_attention=True, transfer=PULLS)
         executor = SwitchExecutor(model, ctx, transfer=PULLS, budget_bytes=float(1 << 40))  # Eq 5 checked, fits
         problems, copied, live = [], [], {}
-
-        def step(k, batch, tokens):
-            if k == START:
-                live["pc"] = executor.precopy(dst, batch, STEPS)
-            pc = live.get("pc")
-            if START <= k < HANDOFF:
-                logits, report = pc.step(batch, tokens)
-                copied.append((list(report.layers), report.paused, report.failed))
-                problems.extend(f"step {k}: {p}" for p in precopy_problems(model, pc, batch, ctx.rank))
-                return logits
-            if k == HANDOFF:
-                logits = executor.step(batch, tokens, dst, "splash", precopy=pc)[0]
-                live["pc"] = None
-            else:
-                logits = model.step(batch, tokens)
-            problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
-            return logits
-
+        step = precopy_step(model, executor, dst, ctx.rank, live, problems, start=START, steps=STEPS, handoff=HANDOFF,
+                            on_copy=lambda r: copied.append((list(r.layers), r.paused, r.failed)))
         served = serve(step, REQUESTS, T, releasing(model, live))
         out[(src, dst)] = (served, problems, copied, [str(layer.layout) for layer in model.layers])
     return out

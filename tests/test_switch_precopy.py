@@ -18,9 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from precopy_scenarios import precopy_problems, releasing
-from switch_scenarios import (MODEL, PAGE, PULLS, SEED, Req, accounting_problems, assert_matches, prompt, reference,
-                              serve)
+from precopy_scenarios import precopy_step, releasing
+from switch_scenarios import MODEL, PAGE, PULLS, SEED, Req, assert_matches, prompt, reference, serve
 
 from splash_core.layouts import DIRECTIONS, Layout, State
 from splash_core.model.weights import SeededWeights
@@ -49,31 +48,20 @@ def _precopy_runs(ctx, directions, transfer, handoff=HANDOFF):
         executor = SwitchExecutor(model, ctx, transfer=transfer)
         problems, info, live = [], {"precopy": []}, {}
 
-        def step(k, batch, tokens):
-            if k == START:
-                live["pc"] = executor.precopy(dst, batch, STEPS)
-            pc = live.get("pc")
-            if START <= k < handoff:
-                logits, report = pc.step(batch, tokens)
-                info["precopy"].append(report.summary())
-                problems.extend(f"step {k}: {p}" for p in precopy_problems(model, pc, batch, ctx.rank))
-                return logits
-            if k == handoff:
-                info["complete"] = pc.complete
-                one_step = executor.plan(dst, batch)
-                tail = executor.plans(dst, batch, copied=pc.copied_pages(batch),
-                                      copied_layers=None if pc.complete else tuple(sorted(pc.holding)))
-                logits, report = executor.step(batch, tokens, dst, "splash", precopy=pc)
-                info.update(report=report.summary(), layouts=[str(layer.layout) for layer in model.layers],
-                            one_step_kv=int(one_step.fetched_bytes(State.KV).sum()),
-                            tail_kv=sum(int(m.fetched_bytes(State.KV).sum()) for m in tail.values()),
-                            deferred=report.deferred_layer, holding=sorted(pc.holding))
-                live["pc"] = None
-            else:
-                logits = model.step(batch, tokens)
-            problems.extend(f"step {k}: {p}" for p in accounting_problems(model, batch, ctx.rank))
+        def switch(pc, batch, tokens):
+            info["complete"] = pc.complete
+            one_step = executor.plan(dst, batch)
+            tail = executor.plans(dst, batch, copied=pc.copied_pages(batch),
+                                  copied_layers=None if pc.complete else tuple(sorted(pc.holding)))
+            logits, report = executor.step(batch, tokens, dst, "splash", precopy=pc)
+            info.update(report=report.summary(), layouts=[str(layer.layout) for layer in model.layers],
+                        one_step_kv=int(one_step.fetched_bytes(State.KV).sum()),
+                        tail_kv=sum(int(m.fetched_bytes(State.KV).sum()) for m in tail.values()),
+                        deferred=report.deferred_layer, holding=sorted(pc.holding))
             return logits
 
+        step = precopy_step(model, executor, dst, ctx.rank, live, problems, start=START, steps=STEPS, handoff=handoff,
+                            on_copy=lambda r: info["precopy"].append(r.summary()), at_handoff=switch)
         served = serve(step, _requests(T), T, releasing(model, live))
         left = model.nbytes()
         out[(src, dst)] = dict(served=served, problems=problems, info=info, left=(left["kv"], left["indexer"]))

@@ -211,9 +211,10 @@ def measure(ctx, spec: dict) -> dict:
     first = next(iter(found))  # the backend's own: built into every model, and what the others are compared with
     variants = {name: k for name, k in found.items() if name == first or not spec["providers"] or name in spec["providers"]}
     samples, skipped = [], []
+    modes = (False, True) if load("model", spec["model"]).indexer is not None else (False,)  # sparse or not
     for cache in spec["caches"]:
         for context in spec["contexts"]:
-            for sparse in (False, True) if load("model", spec["model"]).indexer is not None else (False,):
+            for sparse in modes:
                 if past_deadline(ctx, spec["deadline"]):
                     skipped.append(f"{cache}/{context}/{'sparse' if sparse else 'dense'}")
                     continue

@@ -34,16 +34,19 @@ def quantize(entries: torch.Tensor, layout: ScaledFP8) -> torch.Tensor:
     return torch.cat([codes.view(torch.uint8), scales.contiguous().view(torch.uint8), rope.view(torch.uint8)], dim=1)
 
 
-def dequantize(rows: torch.Tensor, layout: ScaledFP8) -> torch.Tensor:
-    """Scaled-fp8 bytes [..., token_bytes] (uint8) as float32 entries [..., d_c + d_r]."""
-    shape = rows.shape[:-1]
-    flat = rows.reshape(-1, layout.token_bytes)
-    d_c = layout.latent_dim
-    latent = flat[:, :d_c].contiguous().view(torch.float8_e4m3fn).float()
-    scales = flat[:, d_c: layout.rope_offset].contiguous().view(torch.float32)
-    rope = flat[:, layout.rope_offset:].contiguous().view(torch.bfloat16).float()
-    latent = (latent.view(-1, layout.groups, layout.group_size) * scales[..., None]).view(-1, d_c)
-    return torch.cat([latent, rope], dim=1).view(*shape, d_c + layout.rope_dim)
+def dequantize(rows: torch.Tensor, layout: ScaledFP8, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Scaled-fp8 bytes [..., token_bytes] (uint8) as entries [..., d_c + d_r] in ``dtype``: exact in
+    float32 and bf16 (e4m3 codes times power-of-two scales, whose exponents both hold), written once;
+    another dtype gets the float32 values rounded."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return dequantize(rows, layout).to(dtype)
+    d_c, groups = layout.latent_dim, (layout.groups, layout.group_size)
+    out = torch.empty(*rows.shape[:-1], d_c + layout.rope_dim, dtype=dtype, device=rows.device)
+    codes = rows[..., :d_c].view(torch.float8_e4m3fn).to(dtype).unflatten(-1, groups)
+    scales = rows[..., d_c: layout.rope_offset].contiguous().view(torch.float32).to(dtype)
+    torch.mul(codes, scales[..., None], out=out[..., :d_c].unflatten(-1, groups))
+    out[..., d_c:] = rows[..., layout.rope_offset:].contiguous().view(torch.bfloat16)
+    return out
 
 
 def round_trip(entries: torch.Tensor, layout: ScaledFP8) -> torch.Tensor:
@@ -63,12 +66,6 @@ def pages_in(cache: torch.Tensor, block_table: torch.Tensor, layout: ScaledFP8, 
     pages ``block_table`` [R, P] lists (-1: a hole), their values exact in bf16 or wider (e4m3 codes
     times power-of-two scales), and the table that lists them in the copy (holes stay -1)."""
     rows, width = block_table.shape
-    raw = cache[block_table.clamp(min=0).long()]  # [R, P, page_size, token_bytes]
-    d_c = layout.latent_dim
-    out = torch.empty(*raw.shape[:3], d_c + layout.rope_dim, dtype=dtype, device=cache.device)
-    codes = raw[..., :d_c].view(torch.float8_e4m3fn).to(dtype).unflatten(-1, (layout.groups, layout.group_size))
-    scales = raw[..., d_c: layout.rope_offset].contiguous().view(torch.float32).to(dtype)
-    torch.mul(codes, scales[..., None], out=out[..., :d_c].unflatten(-1, (layout.groups, layout.group_size)))
-    out[..., d_c:] = raw[..., layout.rope_offset:].contiguous().view(torch.bfloat16)
+    pages = dequantize(cache[block_table.clamp(min=0).long()], layout, dtype)  # [R, P, page_size, d_c + d_r]
     listed = torch.arange(rows * width, dtype=torch.int32, device=cache.device).view(rows, width)
-    return out.flatten(0, 1), torch.where(block_table >= 0, listed, -1)
+    return pages.flatten(0, 1), torch.where(block_table >= 0, listed, -1)

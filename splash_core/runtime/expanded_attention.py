@@ -46,12 +46,12 @@ class FormRows:
     expanded_run: slice | None = None  # ``expanded`` as a slice where its rows are consecutive
     absorbed_run: slice | None = None  # ``absorbed`` likewise
 
-    def take(self, x: torch.Tensor, expanded: bool) -> torch.Tensor:
+    def take(self, x: torch.Tensor, *, expanded: bool) -> torch.Tensor:
         """The expanded (or absorbed) rows of ``x``: a view where they are consecutive."""
         run, index = (self.expanded_run, self.expanded) if expanded else (self.absorbed_run, self.absorbed)
         return x[run] if run is not None else x.index_select(0, index)
 
-    def put(self, dst: torch.Tensor, expanded: bool, src: torch.Tensor) -> None:
+    def put(self, dst: torch.Tensor, src: torch.Tensor, *, expanded: bool) -> None:
         """Write ``src`` into the expanded (or absorbed) rows of ``dst``."""
         run, index = (self.expanded_run, self.expanded) if expanded else (self.absorbed_run, self.absorbed)
         if run is not None:
@@ -165,7 +165,7 @@ def attend_expanded(kernels, q: torch.Tensor, kv: LayerKV, keys: ExpandedKeys, r
     outs, lses = [], []
     for a, b, starts, host in _passes(keys, rows, width, q.device):
         entries = cache.index_select(0, keys.slots[a:b])
-        entries = dequantize(entries, scaled).to(q.dtype) if scaled is not None else entries.to(q.dtype)
+        entries = dequantize(entries, scaled, q.dtype) if scaled is not None else entries.to(q.dtype)
         expanded = (entries[:, :d_c] @ kv_b.t()).view(b - a, heads, -1)
         out, lse = call_expanded(kernels.expanded, host, q, expanded[..., :d_n], entries[:, d_c:], expanded[..., d_n:],
                                  rows.q_req, rows.q_pos, starts, keys.positions[a:b], scale)

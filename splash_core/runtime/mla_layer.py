@@ -157,14 +157,14 @@ class MLALayer(HeadShardedLayer):
             return out.to(q.dtype), part
         values = q.new_empty(n, heads, m.d_v)
         lse = torch.empty(n, heads, dtype=torch.float32, device=q.device)
-        rows.put(values, True, out.to(values.dtype))
-        rows.put(lse, True, part)
+        rows.put(values, out.to(values.dtype), expanded=True)
+        rows.put(lse, part, expanded=True)
         full = step.attention_view(self.kv, self.layout)
         view = AttentionView(full.block_table, full.page_index, rows.absorbed_req, rows.absorbed_pos)
         q_abs = rows.take(q, expanded=False)
         out, part = step.attend(m.absorb(w, q_abs[..., : m.d_n], q_abs[..., m.d_n:]), self.kv, view, m.scale, m.d_c)
-        rows.put(values, False, m.values(w, out).to(values.dtype))
-        rows.put(lse, False, part)
+        rows.put(values, m.values(w, out).to(values.dtype), expanded=False)
+        rows.put(lse, part, expanded=False)
         return values, lse
 
     def _rotary(self, step: StepContext, own: bool):
