@@ -46,3 +46,13 @@ def no_ranks(monkeypatch):
 
     monkeypatch.setattr("splash_core.engine.launch.RankPool", refuse)
     monkeypatch.setattr("splash_core.engine.launch.from_env", refuse)
+
+
+@pytest.fixture(scope="session")
+def glm5_folder(tmp_path_factory) -> str:
+    """A tiny GLM-5 checkpoint (shared-indexer layers) written by transformers, for the switch tests."""
+    import hf_checkpoints
+
+    path = tmp_path_factory.mktemp("glm5-shared")
+    hf_checkpoints.write_dsa("glm5-shared", path, seed=11)
+    return str(path)

@@ -9,19 +9,10 @@ step. The dense reference differs, so the comparison can fail.
 
 from __future__ import annotations
 
-import hf_checkpoints as hf
-import pytest
 from test_dsa_switches import assert_every_switch_matches, reference_run, switch_runs
 
 from splash_core.checkpoint.source import CheckpointWeights
 from splash_core.profiles.checkpoint_config import profile_from_checkpoint
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("glm5-switches")
-    hf.write_dsa("glm5-shared", path, seed=11)
-    return str(path)
 
 
 def _glm5_runs(ctx, folder: str):
@@ -29,7 +20,7 @@ def _glm5_runs(ctx, folder: str):
     return switch_runs(ctx, profile, lambda: CheckpointWeights(folder, profile), 24, 16)
 
 
-def test_every_direction_and_mode_keeps_the_sparse_tokens(rank_pools, folder):
-    profile = profile_from_checkpoint(folder)
-    want, dense = (reference_run(profile, CheckpointWeights(folder, profile), sparse) for sparse in (True, False))
-    assert_every_switch_matches(rank_pools(2).run(_glm5_runs, folder)[0], want, dense)
+def test_every_direction_and_mode_keeps_the_sparse_tokens(rank_pools, glm5_folder):
+    profile = profile_from_checkpoint(glm5_folder)
+    want, dense = (reference_run(profile, CheckpointWeights(glm5_folder, profile), sparse) for sparse in (True, False))
+    assert_every_switch_matches(rank_pools(2).run(_glm5_runs, glm5_folder)[0], want, dense)

@@ -12,7 +12,6 @@ the accounting (test_shared_indexer_pages plants it).
 
 from __future__ import annotations
 
-import hf_checkpoints as hf
 import pytest
 from precopy_scenarios import precopy_step, releasing
 from switch_scenarios import PAGE, PULLS, Req, assert_matches, prompt, serve
@@ -30,13 +29,6 @@ REQUESTS = [Req(0, 1, prompt(37, 11), 9), Req(1, 0, prompt(20, 12), 4), Req(2, 1
             Req(3, 0, prompt(9, 14), 4, arrives=START + 1)]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("glm5-precopy")
-    hf.write_dsa("glm5-shared", path, seed=11)
-    return str(path)
-
-
 def _precopy_runs(ctx, folder: str):
     profile, T, out = profile_from_checkpoint(folder), ctx.world_size, {}
     for src, dst in DIRECTIONS:
@@ -51,10 +43,10 @@ def _precopy_runs(ctx, folder: str):
     return out
 
 
-def test_precopies_in_every_direction_keep_the_sparse_tokens(rank_pools, folder):
-    profile = profile_from_checkpoint(folder)
-    want, dense = (_reference(profile, folder, sparse) for sparse in (True, False))
-    results = rank_pools(2).run(_precopy_runs, folder)
+def test_precopies_in_every_direction_keep_the_sparse_tokens(rank_pools, glm5_folder):
+    profile = profile_from_checkpoint(glm5_folder)
+    want, dense = (_reference(profile, glm5_folder, sparse) for sparse in (True, False))
+    results = rank_pools(2).run(_precopy_runs, glm5_folder)
     assert len(results[0]) == 12
     for (src, dst), (served, _, copied, layouts) in results[0].items():
         name = f"{src}->{dst}"
