@@ -78,6 +78,29 @@ def test_adapter_gives_flashmla_the_visible_keys_of_every_holding(monkeypatch):
     assert len(fallback_calls) == 2 and len(calls) == 1
 
 
+def test_a_steps_layers_share_one_schedule_and_key_count(monkeypatch):
+    """Every layer of a step passes the same row tensors: FlashMLA's schedule and the key counts
+    are made once (by the first layer); a new step's tensors, or rows rewritten in place, make
+    them again, and every layer's result stays the reference's."""
+    calls, schedules = [], []
+    module = _stand_in(calls)
+    module.get_mla_metadata = lambda: (schedules.append(object()) or schedules[-1], None)
+    monkeypatch.setitem(sys.modules, "flash_mla", module)
+    decode = flashmla.decode(ref_mla.attention)
+    q, cache, table, index, req, pos, scale, v = decode_case("cpu", torch.bfloat16, heads=16, page=PAGE)
+    layers = [(cache, table), (cache.roll(1, 0), table.clone())]  # another layer: its own pages, same holdings
+    for layer_cache, layer_table in layers:
+        out, _ = decode(q, layer_cache, layer_table, index, req, pos, scale, v)
+        torch.testing.assert_close(out.float(), ref_mla.attention(q, layer_cache, layer_table, index, req, pos,
+                                                                  scale, v)[0].float(), atol=2e-2, rtol=2e-2)
+    assert len(schedules) == 1 and len(calls) == 2
+    decode(q, cache, table, index, req, pos.clone(), scale, v)  # the next step's tensors
+    pos[0] += 1  # rewritten in place
+    decode(q, cache, table, index, req, pos, scale, v)
+    assert len(schedules) == 3
+    assert torch.equal(calls[-1], flashmla.visible_keys(table[req.long()], index[req.long()], pos, PAGE))
+
+
 def test_visible_keys_count_only_written_slots():
     table = torch.tensor([[3, 7, -1], [5, -1, -1]], dtype=torch.int32)
     index = torch.tensor([[0, 2, 0], [4, 0, 0]], dtype=torch.int32)  # rank holds pages 0 and 2 (CP-like)

@@ -111,20 +111,6 @@ def test_partials_reach_their_owners_in_any_format(rank_pools):
         assert all(pool.run(_partials, dtype)), dtype
 
 
-def test_row_blocks_are_reused_only_for_the_same_unchanged_tensor():
-    from splash_core.kernels.attention import _ROW_BLOCKS, _row_blocks
-
-    row_req = torch.tensor([0, 0, 0, 1, 2, 2], dtype=torch.int32)
-    first = _ROW_BLOCKS.get(row_req, 3, 2)
-    assert _ROW_BLOCKS.get(row_req, 3, 2) is first
-    assert _ROW_BLOCKS.get(row_req.clone(), 3, 2) is not first  # equal values, another tensor
-    row_req[5] = 1  # in place: the version counter moves
-    again = _ROW_BLOCKS.get(row_req, 3, 2)
-    for got, want in zip(again[:3], _row_blocks(row_req, 3, 2)[:3]):
-        assert torch.equal(got, want)
-    assert _ROW_BLOCKS.get(row_req, 3, 3) is not again  # another block size
-
-
 def test_host_profile_smoke_finds_no_copy_or_sync_in_a_steady_decode(rank_pools, tmp_path):
     """This checkout measured against itself as the baseline tree: the smoke case runs, the
     baseline's ranks really import the tree's package, and a steady decode layer copies nothing

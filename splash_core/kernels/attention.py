@@ -28,8 +28,6 @@ is the same for every format.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import triton
 import triton.language as tl
@@ -37,6 +35,7 @@ import triton.language as tl
 from ..model.kv_format import ScaledFP8
 from .config import AttentionTile, MLAKernelConfig, block
 from .merge import merge_into
+from .tensor_memo import TensorMemo
 
 LOG2E = tl.constexpr(1.4426950408889634)
 _TABLE_CHUNK = 1024  # block-table entries scanned per step when sizing a request
@@ -228,24 +227,8 @@ def _row_blocks(row_req, requests: int, rows_per_block: int):
     return order.to(torch.int32), start.to(torch.int32), length.to(torch.int32), capacity
 
 
-class _RowBlocksCache:
-    """The last :func:`_row_blocks` result, reused while the same ``row_req`` tensor comes back
-    unchanged: every layer of a step passes the same one, and the grouping (a dozen small device
-    operations) depends on nothing else. Identity is checked through a weak reference and
-    torch's in-place version counter, so a freed or rewritten tensor never matches."""
-
-    def __init__(self):
-        self._key, self._ref, self._value = None, None, None
-
-    def get(self, row_req, requests: int, rows_per_block: int):
-        key = (row_req._version, requests, rows_per_block)
-        if self._ref is None or self._ref() is not row_req or self._key != key:
-            self._value = _row_blocks(row_req, requests, rows_per_block)
-            self._ref, self._key = weakref.ref(row_req), key
-        return self._value
-
-
-_ROW_BLOCKS = _RowBlocksCache()
+# every layer of a step passes the same row_req: its grouping (a dozen small device operations) is made once
+_ROW_BLOCKS = TensorMemo()
 
 
 def _index(t, name: str, dims: int):
@@ -312,7 +295,8 @@ def paged_attention(q, kv_cache, block_table, page_index, row_req, row_pos, scal
         order = start = length = row_req  # unused by the kernel when ROW_BLOCKS is off
         row_programs = rows
     else:
-        order, start, length, row_programs = _ROW_BLOCKS.get(row_req, requests, tile.rows)
+        order, start, length, row_programs = _ROW_BLOCKS.get(
+            (row_req,), (requests, tile.rows), lambda: _row_blocks(row_req, requests, tile.rows))
     if splits == 1:
         part, part_lse = out, lse
         strides = (out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1), 0)

@@ -9,8 +9,8 @@ shapes, so a kernel that builds a graph per shape (cuDNN's) builds them once, in
 :meth:`SdpaExpanded.warm_up` before anything is timed (torch keeps cuDNN's graphs per thread: warm
 up in the thread that serves). The plan is made on the host: from a caller's host arrays
 (:class:`~.expanded_plan.HostIndex`, the runtime's: no copy) or else from the index tensors, one
-device-to-host copy per new set (:class:`DensePlanCache` keeps the last plan while the same tensors
-come back, as the Triton kernel keeps its launch plan), so this provider is for prefill chunks,
+device-to-host copy per new set (a :class:`~.tensor_memo.TensorMemo` keeps the last plan while the
+same tensors come back, as the Triton kernel keeps its launch plan), so this provider is for prefill chunks,
 never inside a captured graph.
 
 Keys are [B, H, m, d_n + d_r] copies (the rotary key every head shares is broadcast into each,
@@ -28,7 +28,6 @@ natural-log per (batch, head, row); the efficient kernel pads its rows to a mult
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable
 
 import numpy as np
@@ -37,6 +36,7 @@ from torch.nn.attention import SDPBackend
 
 from . import expanded_plan
 from .expanded_buckets import BucketGroup, BucketSizes, bucket, deployment_shapes
+from .tensor_memo import TensorMemo
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -93,7 +93,7 @@ class SdpaExpanded:
 
     def __init__(self, attend: Attend, fallback: Callable, group: bool, buckets: BucketSizes | None):
         self.attend, self.fallback, self.group, self.buckets = attend, fallback, group, buckets
-        self.plans = DensePlanCache()
+        self.plans = TensorMemo()
 
     def __call__(self, q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, host=None):
         return expanded_sdpa(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, attend=self.attend,
@@ -115,22 +115,6 @@ class SdpaExpanded:
             v = torch.zeros(batch, k_len, heads, d_v, dtype=dtype, device=device).transpose(1, 2)
             self.attend(q, k, v, causal, (d_n + d_r) ** -0.5)
         return len(shapes)
-
-
-class DensePlanCache:
-    """The last dense plan, reused while the same index tensors come back unchanged (identity by
-    weak reference, torch's in-place version counters), so repeated calls skip the host copy."""
-
-    def __init__(self):
-        self._key, self._refs, self._value = None, (), None
-
-    def get(self, q_req, q_pos, k_start, k_pos, group: bool, buckets: BucketSizes | None = None):
-        tensors = (q_req, q_pos, k_start, k_pos)
-        key = (tuple(t._version for t in tensors), group, buckets)
-        if self._key != key or len(self._refs) != 4 or any(r() is not t for r, t in zip(self._refs, tensors)):
-            self._value = host_plan(*tensors, group=group, buckets=buckets)
-            self._refs, self._key = tuple(weakref.ref(t) for t in tensors), key
-        return self._value
 
 
 def host_plan(q_req, q_pos, k_start, k_pos, group: bool = True, buckets: BucketSizes | None = None):
@@ -223,7 +207,7 @@ def _attend_bucketed(g: BucketGroup, q, k_nope, k_rope, v, scale: float, attend:
 
 
 def expanded_sdpa(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, *, attend: Attend,
-                  fallback: Callable, group: bool = True, plans: DensePlanCache | None = None,
+                  fallback: Callable, group: bool = True, plans: TensorMemo | None = None,
                   buckets: BucketSizes | None = None, host: expanded_plan.HostIndex | None = None):
     """Expanded attention (contract: :mod:`.expanded`) by dense ``attend`` calls (of bucketed
     shapes where ``buckets`` is given), ``fallback`` for the requests they cannot express. The
@@ -234,7 +218,8 @@ def expanded_sdpa(q, k_nope, k_rope, v, q_req, q_pos, k_start, k_pos, scale, *, 
         p = host.memo(("sdpa", group, buckets), lambda: make_plan(host.q_req, host.q_pos, host.k_start, host.k_pos,
                                                                   group=group, buckets=buckets))
     elif plans is not None:
-        p = plans.get(q_req, q_pos, k_start, k_pos, group, buckets)
+        p = plans.get((q_req, q_pos, k_start, k_pos), (group, buckets),
+                      lambda: host_plan(q_req, q_pos, k_start, k_pos, group, buckets))
     else:
         p = host_plan(q_req, q_pos, k_start, k_pos, group, buckets)
     run = _attend_bucketed if buckets is not None else _attend_group

@@ -17,6 +17,12 @@ as its "top-k" the flat cache slot (page * 64 + offset) of every key it sees, -1
 (:func:`visible_slots`), so it attends to exactly the keys the dense call would. That kernel
 is built for 64 and 128 query heads; other head counts go to the fallback.
 
+FlashMLA schedules a call's work from its rows' key counts (a small kernel of its own, and the
+counts are a few more): every layer of a step passes the same row tensors, and in one layout every
+layer holds the same positions of each request, so the counts and the schedule are made by the
+first layer of a step and reused by the others (FlashMLA documents reusing a schedule across calls
+of equal shapes and lengths; SGLang makes one per batch).
+
 DeepSeek Sparse Attention (:func:`sparse`): bf16 caches go to FlashMLA's sparse prefill kernel,
 scaled-fp8 caches to the same fp8 sparse decode in decode steps and to the sparse prefill kernel on
 a bf16 copy of their pages in prefill, each row's indexer-selected slots as its indices.
@@ -27,6 +33,8 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+
+from splash_core.kernels.tensor_memo import TensorMemo
 
 PAGE = 64
 KEY_WIDTH, VALUE_WIDTH = 576, 512
@@ -75,17 +83,21 @@ def decode(fallback):
     """An ``MLAKernels.decode`` that runs FlashMLA where :func:`serves` says it can, else ``fallback``."""
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
+    step = TensorMemo()  # (key counts, schedule) of the step's row tensors
+
     def run(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
         if serves_fp8(q, kv_cache, v_dim):
             return fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
         if not serves(q, kv_cache, v_dim):
             return fallback(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
         req = row_req.long()
-        table, index = block_table[req], page_index[req]
-        seqlens = visible_keys(table, index, row_pos, kv_cache.shape[1])
+        table = block_table[req]
+        seqlens, schedule = step.get(
+            (row_req, row_pos), ("dense", q.shape[1], kv_cache.shape[1], block_table.shape[1]),
+            lambda: (visible_keys(table, page_index[req], row_pos, kv_cache.shape[1]), get_mla_metadata()[0]))
         out, lse = flash_mla_with_kvcache(
             q.unsqueeze(1).contiguous(), kv_cache.unsqueeze(2), table.clamp(min=0).contiguous(), seqlens, v_dim,
-            get_mla_metadata()[0], softmax_scale=scale, causal=False, use_legacy=True)
+            schedule, softmax_scale=scale, causal=False, use_legacy=True)
         out, lse = out[:, 0], lse[:, :, 0].float()
         empty = (seqlens == 0)[:, None]  # no visible key: out 0 and lse -inf, as the contract says
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
@@ -93,9 +105,10 @@ def decode(fallback):
     def fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
         req = row_req.long()
         slots = visible_slots(block_table[req], page_index[req], row_pos, kv_cache.shape[1])
+        schedule = step.get((row_req, row_pos), ("fp8", q.shape[1], slots.shape[1]), lambda: get_mla_metadata()[0])
         out, lse = flash_mla_with_kvcache(
             q.unsqueeze(1).contiguous(), kv_cache.view(torch.float8_e4m3fn).unsqueeze(2), None, None, v_dim,
-            get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+            schedule, softmax_scale=scale, causal=False, is_fp8_kvcache=True,
             indices=slots.unsqueeze(1).contiguous(), use_legacy=True, kv_format="V32")
         out, lse = out[:, 0], lse[:, :, 0].float()
         empty = (slots < 0).all(dim=1)[:, None]
@@ -136,15 +149,18 @@ def sparse(fallback):
 
     from splash_core.kernels.dsa_dequantized import prefill_on_dequantized
 
+    step = TensorMemo()  # the fp8 decode's schedule: it depends on the shapes alone
+
     def run(q, kv_cache, block_table, row_req, slots, scale, v_dim):
         fp8 = serves_fp8(q, kv_cache, v_dim)
         if not (fp8 or serves_sparse(q, kv_cache, v_dim)) or q.shape[0] == 0:
             return fallback(q, kv_cache, block_table, row_req, slots, scale, v_dim)
         flat = flat_slots(block_table, row_req, slots, kv_cache.shape[1])
         if fp8:
+            schedule = step.get((row_req,), (q.shape[1], flat.shape[1]), lambda: get_mla_metadata()[0])
             out, lse = flash_mla_with_kvcache(
                 q.unsqueeze(1).contiguous(), kv_cache.view(torch.float8_e4m3fn).unsqueeze(2), None, None, v_dim,
-                get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+                schedule, softmax_scale=scale, causal=False, is_fp8_kvcache=True,
                 indices=flat.unsqueeze(1).contiguous(), use_legacy=True, kv_format="V32")
             out, lse = out[:, 0], lse[:, :, 0].float()
         else:
