@@ -1,5 +1,5 @@
 """The fused small ops in Triton (residual add + RMSNorm, RoPE with the latent-cache write,
-SiLU·mul) against their torch reference, in Triton's interpreter on CPU, fp16 and fp32 (the
+SiLU·mul, the queries' RoPE) against their torch reference, in Triton's interpreter on CPU, fp16 and fp32 (the
 interpreter's bf16 is checked on the GPU instead)."""
 
 from __future__ import annotations
@@ -75,6 +75,27 @@ def test_latent_write_fills_exactly_its_slots(dtype):
     untouched = torch.ones(32, dtype=torch.bool)
     untouched[slots] = False
     assert not caches[0].view(32, -1)[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads", [None, 3, 20])
+def test_rotate_writes_the_references_rotation_into_its_target(dtype, heads):
+    """Per-head rows (more heads than one program takes) or plain rows, out of place into a view
+    of a wider tensor and in place; a planted wrong sign fails the same comparison."""
+    g = _gen(2)
+    rot = Rotary.at(torch.tensor([0, 3, 7, 100, 4095, 12]), 16, 10000.0)
+    shape = (6, 16) if heads is None else (6, heads, 16)
+    wide = torch.randn(*shape[:-1], 40, generator=g).to(dtype)
+    x = wide[..., 24:]  # a strided view, as a query's rotary channels are
+    want = ref.rotate(x, rot.cos, rot.sin, torch.empty(shape, dtype=dtype))
+    target = torch.zeros(*shape[:-1], 48, dtype=dtype)
+    got = fused.rotate(x, rot.cos, rot.sin, target[..., 32:])
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    assert torch.equal(target[..., :32], torch.zeros_like(target[..., :32]))  # nothing written beside it
+    fused.rotate(x, rot.cos, rot.sin, x)
+    torch.testing.assert_close(x, want, **TOL[dtype])
+    wrong = ref.rotate(x, rot.cos, -rot.sin, torch.empty(shape, dtype=dtype))
+    assert not torch.allclose(got, wrong, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -6,7 +6,8 @@ reference (:mod:`splash_core.model.ops`) rounds.
   an add and a norm (two launches, the sum written and read back);
 - RoPE fused with the latent-cache write: KV-A's output goes straight into its cache slot,
   normalised and rotated, where torch slices, norms, rotates, concatenates, casts and copies;
-- SiLU·mul of the row-stacked gate/up projection.
+- SiLU·mul of the row-stacked gate/up projection;
+- the queries' RoPE, written in place or into the absorbed queries' rotary channels.
 
 Scaled-fp8 caches (uint8) get the quantizing write of :mod:`.fp8_cache`; unscaled fp8 caches
 and rows wider than ``MAX_BLOCK`` go to the reference.
@@ -82,6 +83,24 @@ def _silu_mul_kernel(GU, Out, width, s_gu, s_o, BLOCK: tl.constexpr):
     tl.store(Out + row * s_o + cols, (act * u).to(Out.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _rotate_kernel(X, Cos, Sin, Out, heads, s_xn, s_xh, s_on, s_oh, s_c,
+                   D_R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    r = tl.arange(0, BLOCK_R)
+    r_ok = r < D_R
+    ok = (h < heads)[:, None] & r_ok[None, :]
+    x_row = X + row * s_xn + h[:, None] * s_xh
+    # both halves are read before anything is written: in place is safe
+    x = tl.load(x_row + r[None, :], mask=ok, other=0.0).to(tl.float32)
+    swapped = tl.load(x_row + ((r + D_R // 2) % D_R)[None, :], mask=ok, other=0.0).to(tl.float32)
+    cos = tl.load(Cos + row * s_c + r, mask=r_ok, other=0.0)
+    sin = tl.load(Sin + row * s_c + r, mask=r_ok, other=0.0)
+    rotated = (x * cos[None, :] + swapped * sin[None, :]).to(X.dtype.element_ty)  # rounded as the reference
+    tl.store(Out + row * s_on + h[:, None] * s_oh + r[None, :], rotated.to(Out.dtype.element_ty), mask=ok)
+
+
 def _block(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -154,5 +173,24 @@ def silu_mul(gate_up):
     return out
 
 
+def rotate(x, cos, sin, out):
+    """:func:`splash_core.model.ops.rotate` in one kernel (rows [n, d_r] or [n, h, d_r] with a
+    unit channel stride; anything else goes to the reference)."""
+    if x.dim() not in (2, 3) or x.shape != out.shape or x.stride(-1) != 1 or out.stride(-1) != 1 or x.shape[-1] % 2:
+        return reference.rotate(x, cos, sin, out)
+    n, d_r = x.shape[0], x.shape[-1]
+    x3, out3 = (t if t.dim() == 3 else t.unsqueeze(1) for t in (x, out))
+    heads = x3.shape[1]
+    if n and heads:
+        cos, sin = _unit(cos.float()), _unit(sin.float())
+        if sin.stride(0) != cos.stride(0):
+            cos, sin = cos.contiguous(), sin.contiguous()
+        block_h = 16
+        _rotate_kernel[(n, triton.cdiv(heads, block_h))](
+            x3, cos, sin, out3, heads, x3.stride(0), x3.stride(1), out3.stride(0), out3.stride(1), cos.stride(0),
+            D_R=d_r, BLOCK_R=_block(d_r), BLOCK_H=block_h)
+    return out
+
+
 KERNELS = FusedKernels(add_rms_norm=add_rms_norm, latent=latent, latent_write=latent_write, silu_mul=silu_mul,
-                       name="triton")
+                       rotate=rotate, name="triton")

@@ -27,7 +27,7 @@ from ..planning.attention_forms import MLADims
 from ..profiles.deployment import FORMS
 from ..profiles.model import LayerKind, ModelProfile
 from .fp8_blocks import StackedFP8, joined
-from .ops import KERNELS, rms_norm
+from .ops import KERNELS, rms_norm, rotate
 from .rotary import Rotary, rope, softmax_scale
 from .weights import WeightSource, head_shard, layer_prefix, layer_tensor_shapes
 
@@ -245,19 +245,30 @@ class MLAMath:
     def queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Absorbed queries [n, h, d_c + d_r] of ``w``'s heads from the query input of :meth:`project`."""
         q = self._per_head(w, q_in)
-        return self.absorb(w, q[..., : self.d_n], rotary(q[..., self.d_n:]))
+        return self.absorb(w, q[..., : self.d_n], q[..., self.d_n:], rotary)
 
     def head_queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Per-head queries [n, h, d_n + d_r]: q_nope ++ rotated q_rope (the expanded form's)."""
         q = self._per_head(w, q_in)  # a fresh tensor: its rotary part is rotated in place, no concatenation
-        q[..., self.d_n:] = rotary(q[..., self.d_n:])
+        self._rotate(rotary, q[..., self.d_n:], q[..., self.d_n:])
         return q
 
-    def absorb(self, w: MLAWeights, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
-        """Absorbed queries [n, h, d_c + d_r]: q_nope [n, h, d_n] · W_UK per head ++ the rotated q_rope."""
-        # one batched matmul over heads: [h, n, d_n] x [h, d_n, d_c]
-        q_lat = torch.bmm(q_nope.transpose(0, 1), self._heads(w)[:, : self.d_n]).transpose(0, 1)
-        return torch.cat([q_lat, q_rope], dim=-1)
+    def absorb(self, w: MLAWeights, q_nope: torch.Tensor, q_rope: torch.Tensor,
+               rotary: Rotary | None = None) -> torch.Tensor:
+        """Absorbed queries [n, h, d_c + d_r]: q_nope [n, h, d_n] · W_UK per head ++ q_rope, rotated
+        by ``rotary`` where given (written straight into the result: no concatenation)."""
+        n, heads = q_nope.shape[:2]
+        out = q_nope.new_empty(n, heads, self.d_c + q_rope.shape[-1])
+        # one batched matmul over heads, [h, n, d_n] x [h, d_n, d_c], into the latent channels
+        torch.bmm(q_nope.transpose(0, 1), self._heads(w)[:, : self.d_n], out=out[..., : self.d_c].transpose(0, 1))
+        if rotary is None:
+            out[..., self.d_c:] = q_rope
+        else:
+            self._rotate(rotary, q_rope, out[..., self.d_c:])
+        return out
+
+    def _rotate(self, rotary: Rotary, x: torch.Tensor, out: torch.Tensor) -> None:
+        (self.fused.rotate or rotate)(x, rotary.cos, rotary.sin, out)
 
     def _per_head(self, w: MLAWeights, q_in: torch.Tensor) -> torch.Tensor:
         return self._linear(q_in, w.q_b).view(q_in.shape[0], len(w.heads), self.d_n + self.d_r)
@@ -279,7 +290,10 @@ class MLAMath:
     def values(self, w: MLAWeights, latent_out: torch.Tensor) -> torch.Tensor:
         """Attention results in the latent [n, h, d_c] through W_UV: values [n, h, d_v]."""
         w_uv = self._heads(w)[:, self.d_n:]  # [h, d_v, d_c]
-        return torch.bmm(latent_out.to(w_uv.dtype).transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+        n, heads = latent_out.shape[:2]
+        out = w_uv.new_empty(n, heads, self.d_v)  # row-major, so the O projection reads it with no copy
+        torch.bmm(latent_out.to(w_uv.dtype).transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))
+        return out
 
     def project_values(self, w: MLAWeights, values: torch.Tensor) -> torch.Tensor:
         """O output [n, d] of per-head values [n, h, d_v]."""

@@ -62,4 +62,10 @@ def silu_mul(gate_up):
     return F.silu(gate_up[:, :width]) * gate_up[:, width:]
 
 
-KERNELS = FusedKernels(add_rms_norm=add_rms_norm, latent=latent, latent_write=latent_write, silu_mul=silu_mul)
+def rotate(x, cos, sin, out):
+    """``x`` [n, ..., d_r] rotated (:class:`Rotary`), written into ``out`` (``x`` itself: in place)."""
+    return out.copy_(Rotary(cos, sin)(x))
+
+
+KERNELS = FusedKernels(add_rms_norm=add_rms_norm, latent=latent, latent_write=latent_write, silu_mul=silu_mul,
+                       rotate=rotate)

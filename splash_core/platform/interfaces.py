@@ -272,6 +272,10 @@ class FusedKernels:
       (a uint8 cache: quantized into the scaled-fp8 format, as
       :func:`splash_core.model.fp8_cache.quantize` does).
     - ``silu_mul(gate_up) -> [n, w]``: ``silu(gate_up[:, :w]) * gate_up[:, w:]``.
+    - ``rotate(x, cos, sin, out) -> out`` (optional: None, and the torch reference serves): rows
+      ``x`` [n, d_r] or [n, h, d_r] rotated as :class:`~splash_core.model.rotary.Rotary` does,
+      written into ``out`` of x's shape (a view into a larger tensor, or ``x`` itself: in place),
+      in out's dtype: the queries' RoPE with no float32 temporaries and no concatenation after it.
     """
 
     add_rms_norm: Callable
@@ -279,6 +283,7 @@ class FusedKernels:
     latent_write: Callable
     silu_mul: Callable
     name: str = "reference"
+    rotate: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,21 @@ def test_latent_write_quantizes_into_a_scaled_fp8_cache(fused, conformance_devic
     assert got.view(64, -1).sum(1).nonzero().view(-1).tolist() == sorted(slots.tolist())
 
 
+def test_rotate_matches_reference(fused, conformance_device, conformance_dtype):
+    """The queries' RoPE at MLA's widths (128 heads x 64 rotary channels of 192-wide rows), into
+    the rotary channels of a wider tensor and in place (a backend without it uses the reference)."""
+    if fused.rotate is None:
+        pytest.skip(f"{fused.name}: no fused rotate (the reference serves)")
+    kw = dict(device=conformance_device, dtype=conformance_dtype)
+    q = _randn(5, 128, 192, seed=7, **kw)
+    rot = Rotary.at(torch.tensor([0, 5, 17, 4096, 70000], device=conformance_device), 64, 10000.0)
+    want = ref.rotate(q[..., 128:], rot.cos, rot.sin, torch.empty(5, 128, 64, **kw))
+    absorbed = torch.zeros(5, 128, 576, **kw)
+    _close(fused.rotate(q[..., 128:], rot.cos, rot.sin, absorbed[..., 512:]), want, conformance_dtype, "rotate")
+    fused.rotate(q[..., 128:], rot.cos, rot.sin, q[..., 128:])
+    _close(q[..., 128:], want, conformance_dtype, "rotate in place")
+
+
 def test_silu_mul_matches_reference(fused, conformance_device, conformance_dtype):
     gate_up = _randn(6, 2 * 2048, seed=6, device=conformance_device, dtype=conformance_dtype)
     _close(fused.silu_mul(gate_up), ref.silu_mul(gate_up), conformance_dtype, "silu_mul")
