@@ -315,3 +315,21 @@ def test_a_warm_up_out_of_memory_stops_the_start_up_naming_the_reserve():
     ctx = SimpleNamespace(rank=0, world_size=2, device="cpu", streams=SimpleNamespace(synchronize=lambda: None))
     with pytest.raises(EngineError, match="rank 0: warming the expanded-form .* raise the deployment's reserve_gib"):
         warm_deployment(ctx, deployment, model, ["TP"], 8192, 32768)
+
+
+def test_a_fresh_chunk_in_order_is_attended_in_place():
+    """Rows that fill their query bucket in order are read where they lie (no padded copy: the same
+    strides as the copy, so the same cuDNN graph); rows out of order are copied; both are exact."""
+    case = list(make_case([(range(16), range(16))] * 2, seed=3))
+    order = torch.argsort(case[4] * 100 + case[5])  # requests one after another, rows in position order
+    case[0], case[4], case[5] = case[0][order].contiguous(), case[4][order], case[5][order]
+    seen = []
+
+    def attend(q, k, v, causal, scale):
+        seen.append(q.untyped_storage().data_ptr() == case[0].untyped_storage().data_ptr())
+        return math_attend(q, k, v, causal, scale)
+
+    for rows in (case, [case[0].flip(0)] + case[1:4] + [case[4].flip(0), case[5].flip(0)] + case[6:]):
+        got = expanded_sdpa.expanded_sdpa(*rows, attend=attend, fallback=reference, buckets=BucketSizes(16, 4, 4))
+        _assert_matches(got, reference(*rows), torch.float32, "fresh chunk")
+    assert seen == [True, False]

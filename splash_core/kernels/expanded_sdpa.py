@@ -174,9 +174,15 @@ def _attend_group(g: expanded_plan.DenseGroup, q, k_nope, k_rope, v, scale: floa
 
 
 def _slots(t: torch.Tensor, index: np.ndarray, front: int, length: int) -> torch.Tensor:
-    """A contiguous [b, length, ...] holding ``t[index]`` at slots ``front .. front + m - 1``, zeros elsewhere."""
+    """A contiguous [b, length, ...] holding ``t[index]`` at slots ``front .. front + m - 1``, zeros elsewhere:
+    ``t``'s own rows where they fill it and lie in it as a copy would (the same strides, so the same
+    cuDNN graph), else a copy."""
     b, m = index.shape
     full = front == 0 and m == length
+    if full and t.is_contiguous():
+        spaced = expanded_plan.affine(index)
+        if spaced is not None and (b == 1 or spaced[1] == m):
+            return _view(t, index)
     out = (t.new_empty if full else t.new_zeros)(b, length, *t.shape[1:])
     out[:, front:front + m] = _view(t, index)
     return out
