@@ -158,7 +158,7 @@ def splash_mla_kernels(device, dtype):
 @hookspec(firstresult=True)
 def splash_fused_kernels(device, dtype):
     """Fused small ops of a step (residual add + RMSNorm, RoPE with the latent-cache write,
-    SiLU·mul) for this device and compute dtype.
+    SiLU·mul, optionally the queries' RoPE) for this device and compute dtype.
 
     Called once per runtime.
 

@@ -83,23 +83,26 @@ def decode(fallback):
     """An ``MLAKernels.decode`` that runs FlashMLA where :func:`serves` says it can, else ``fallback``."""
     from flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
-    step = TensorMemo()  # (key counts, schedule) of the step's row tensors
+    step = TensorMemo()  # what the step's row tensors decide: row indices, key counts, schedule
+
+    def dense_plan(block_table, page_index, row_req, row_pos, page_size: int):
+        req = row_req.long()
+        seqlens = visible_keys(block_table[req], page_index[req], row_pos, page_size)
+        return req, seqlens, (seqlens == 0)[:, None], get_mla_metadata()[0]
 
     def run(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
         if serves_fp8(q, kv_cache, v_dim):
             return fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
         if not serves(q, kv_cache, v_dim):
             return fallback(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim)
-        req = row_req.long()
-        table = block_table[req]
-        seqlens, schedule = step.get(
+        req, seqlens, empty, schedule = step.get(
             (row_req, row_pos), ("dense", q.shape[1], kv_cache.shape[1], block_table.shape[1]),
-            lambda: (visible_keys(table, page_index[req], row_pos, kv_cache.shape[1]), get_mla_metadata()[0]))
+            lambda: dense_plan(block_table, page_index, row_req, row_pos, kv_cache.shape[1]))
         out, lse = flash_mla_with_kvcache(
-            q.unsqueeze(1).contiguous(), kv_cache.unsqueeze(2), table.clamp(min=0).contiguous(), seqlens, v_dim,
+            q.unsqueeze(1).contiguous(), kv_cache.unsqueeze(2), block_table[req].clamp_(min=0), seqlens, v_dim,
             schedule, softmax_scale=scale, causal=False, use_legacy=True)
         out, lse = out[:, 0], lse[:, :, 0].float()
-        empty = (seqlens == 0)[:, None]  # no visible key: out 0 and lse -inf, as the contract says
+        # no visible key: out 0 and lse -inf, as the contract says
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
 
     def fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
