@@ -4,7 +4,7 @@ Every layer of a step hands a kernel the same index tensors (one view per owners
 kernel derives from them alone (row blocks, launch plans, a tile schedule) is made by the first
 layer and reused by the rest. Identity is checked through weak references and torch's in-place
 version counters: a freed tensor, one rewritten in place, or an equal one that is another object
-never matches. A CUDA-graph capture builds its step's index tensors anew, so it records its own.
+never matches. A captured graph's step builds its index tensors anew, so the capture records its own.
 """
 
 from __future__ import annotations
