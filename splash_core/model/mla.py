@@ -240,7 +240,7 @@ class MLAMath:
             xkv = x if kv_rows is None else x[kv_rows]
             q_in = None if w.q_a is None else x @ w.q_a.t()
             kv, keys = xkv @ w.kv_a.t(), None if w.indexer_wk is None else xkv @ w.indexer_wk.t()
-        return (x if q_in is None else rms_norm(q_in, w.q_a_norm, self.eps)), kv, keys
+        return (x if q_in is None else self.fused.add_rms_norm(q_in, None, w.q_a_norm, self.eps)[0]), kv, keys
 
     def queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Absorbed queries [n, h, d_c + d_r] of ``w``'s heads from the query input of :meth:`project`."""
