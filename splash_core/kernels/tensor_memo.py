@@ -22,8 +22,7 @@ class TensorMemo:
     def get(self, tensors: tuple, key: Any, make: Callable[[], Any]) -> Any:
         """The value made by ``make()`` for these ``tensors`` (unchanged since) and ``key``."""
         full = (tuple(t._version for t in tensors), key)
-        if (self._key != full or len(self._refs) != len(tensors)
-                or any(r() is not t for r, t in zip(self._refs, tensors))):
+        if self._key != full or any(r() is not t for r, t in zip(self._refs, tensors)):
             self._value = make()
             self._refs, self._key = tuple(weakref.ref(t) for t in tensors), full
         return self._value

@@ -222,6 +222,7 @@ class MLAMath:
         self.rotates = profile.mla_rope
         self.scale = softmax_scale(profile)
         self.fused = fused or KERNELS
+        self._rotate_into = self.fused.rotate or rotate  # the reference where the backend fuses none
         self.fp8_kernels = fp8_kernels
 
     @property
@@ -250,7 +251,7 @@ class MLAMath:
     def head_queries(self, w: MLAWeights, q_in: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Per-head queries [n, h, d_n + d_r]: q_nope ++ rotated q_rope (the expanded form's)."""
         q = self._per_head(w, q_in)  # a fresh tensor: its rotary part is rotated in place, no concatenation
-        self._rotate(rotary, q[..., self.d_n:], q[..., self.d_n:])
+        self._rotate_into(q[..., self.d_n:], rotary.cos, rotary.sin, q[..., self.d_n:])
         return q
 
     def absorb(self, w: MLAWeights, q_nope: torch.Tensor, q_rope: torch.Tensor,
@@ -264,11 +265,8 @@ class MLAMath:
         if rotary is None:
             out[..., self.d_c:] = q_rope
         else:
-            self._rotate(rotary, q_rope, out[..., self.d_c:])
+            self._rotate_into(q_rope, rotary.cos, rotary.sin, out[..., self.d_c:])
         return out
-
-    def _rotate(self, rotary: Rotary, x: torch.Tensor, out: torch.Tensor) -> None:
-        (self.fused.rotate or rotate)(x, rotary.cos, rotary.sin, out)
 
     def _per_head(self, w: MLAWeights, q_in: torch.Tensor) -> torch.Tensor:
         return self._linear(q_in, w.q_b).view(q_in.shape[0], len(w.heads), self.d_n + self.d_r)

@@ -106,9 +106,9 @@ def decode(fallback):
         return out.masked_fill(empty[..., None], 0), lse.masked_fill(empty, float("-inf"))
 
     def fp8(q, kv_cache, block_table, page_index, row_req, row_pos, scale, v_dim):
-        req = row_req.long()
+        req, schedule = step.get((row_req, row_pos), ("fp8", q.shape[1], block_table.shape[1]),
+                                 lambda: (row_req.long(), get_mla_metadata()[0]))
         slots = visible_slots(block_table[req], page_index[req], row_pos, kv_cache.shape[1])
-        schedule = step.get((row_req, row_pos), ("fp8", q.shape[1], slots.shape[1]), lambda: get_mla_metadata()[0])
         out, lse = flash_mla_with_kvcache(
             q.unsqueeze(1).contiguous(), kv_cache.view(torch.float8_e4m3fn).unsqueeze(2), None, None, v_dim,
             schedule, softmax_scale=scale, causal=False, is_fp8_kvcache=True,
