@@ -116,23 +116,26 @@ def sample(form: str, summary, overlap: bool) -> dict:
             "prefill_steps": len(prefill), "prefill_s": sum(prefill) / 1e3,
             "prefill_step_p50_ms": statistics.median(prefill) if prefill else 0.0,
             "decode_step_p50_ms": statistics.median(decode) if decode else 0.0,
-            "step_ms": list(summary.step_ms), "step_rows": list(summary.step_rows)}
+            "step_ms": list(summary.step_ms), "step_device_ms": list(summary.step_device_ms),
+            "step_rows": list(summary.step_rows)}
 
 
 def with_limit(got: dict, served, form: str, costs: ModelCosts, requests, rates: dict) -> dict:
     """``got`` (:func:`sample`) with its run's physical limit (:mod:`splash_bench.run_roofline`)."""
     steps = schedule(requests, served.prefill_chunk)
     differs = schedule_difference(steps, served.step_rows, served.step_requests)
-    limit = physical_limit(costs, steps, form, rates, served.step_ms, served.elapsed_s)
+    limit = physical_limit(costs, steps, form, rates, served.step_ms, served.elapsed_s, served.step_device_ms)
     return {**got, **limit, "schedule_matches": not differs, "schedule_difference": differs}
 
 
 def _limit_line(s: dict) -> str:
     prefill, decode = s["parts"]["prefill"], s["parts"]["decode"]
     estimated = "" if s["schedule_matches"] else f" (schedule estimated: {s['schedule_difference']})"
+    device = ("" if prefill["device_s"] is None else
+              f"; device time: prefill {prefill['device_s']:.1f} s, decode {decode['device_s']:.1f} s")
     return (f"{s['form']:>9}: physical limit {s['physical_limit_s']:.1f} s of {s['measured_s']:.1f} s measured "
             f"({s['ratio']:.0%}; prefill {prefill['limit_s']:.1f} of {prefill['measured_s']:.1f} s, decode "
-            f"{decode['limit_s']:.1f} of {decode['measured_s']:.1f} s){estimated}")
+            f"{decode['limit_s']:.1f} of {decode['measured_s']:.1f} s{device}){estimated}")
 
 
 def main(argv=None) -> int:

@@ -164,6 +164,8 @@ def test_overlap_gives_the_same_tokens_as_waiting_for_every_step(rank_pools):
     assert "ahead" not in waited.booked and waited.booked.get("sync", 0) > 0
     assert sum(waited.booked.values()) == waited.steps
     assert sum(ahead.booked.values()) == ahead.steps
+    for run in (ahead, waited):  # every step, however booked, has its device time (here the host's)
+        assert len(run.step_device_ms) == run.steps and all(0 < ms < 60e3 for ms in run.step_device_ms)
 
 
 @pytest.mark.gpu
@@ -199,3 +201,4 @@ def test_on_a_gpu_overlap_gives_the_tokens_of_waiting_and_replays_its_decode_ste
     assert set(ahead.booked) == {"ahead"} and ahead.outputs[1]["token_ids"] != first.outputs[1]["token_ids"]
     assert ahead.booked.get("ahead", 0) > 0 and "ahead" not in waited.booked
     assert ahead.load.get("graphs"), "the start-up captured no decode graphs"
+    assert len(ahead.step_device_ms) == ahead.steps and all(0 < ms < 60e3 for ms in ahead.step_device_ms)

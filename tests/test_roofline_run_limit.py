@@ -43,6 +43,13 @@ def test_limit_parts_add_up_and_bad_input_is_refused():
     assert got["physical_limit_s"] == pytest.approx(parts["prefill"]["limit_s"] + parts["decode"]["limit_s"])
     assert got["ratio"] == pytest.approx(got["physical_limit_s"] / 0.05) and parts["decode"]["bytes"] > 0
     assert parts["prefill"]["limit_s"] == pytest.approx(parts["prefill"]["flops"] / 1e12)
+    assert parts["prefill"]["device_s"] is None and parts["decode"]["device_ratio"] is None  # none measured
+    timed = physical_limit(costs, steps, "auto", RATES, [1.0] * len(steps), 0.05, [2.0] * len(steps))["parts"]
+    for name, part in timed.items():
+        assert part["device_s"] == pytest.approx(2e-3 * part["steps"]) and part["measured_s"] == parts[name]["measured_s"]
+        assert part["device_ratio"] == pytest.approx(part["limit_s"] / part["device_s"])
+    partial = physical_limit(costs, steps, "auto", RATES, [1.0] * len(steps), 0.05, [2.0] + [None] * (len(steps) - 1))
+    assert partial["parts"]["decode"]["device_s"] is None  # a step without device time: no device split at all
     absorbed = physical_limit(costs, steps, "absorbed", RATES, [1.0] * len(steps), 0.05)
     assert absorbed["parts"]["prefill"]["flops"] > parts["prefill"]["flops"]  # fresh prompts: expanded is cheaper
     for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0),
@@ -63,4 +70,6 @@ def test_smoke_run_writes_its_limit_with_fp8_feed_forward_weights(tmp_path):
     assert 0 < s["physical_limit_s"] < s["measured_s"] and s["ratio"] == pytest.approx(s["physical_limit_s"] /
                                                                                          s["measured_s"])
     assert s["parts"]["decode"]["bytes"] > 0 and s["parts"]["prefill"]["flops"] > 0
+    assert len(s["step_device_ms"]) == s["steps"] and all(ms >= 0 for ms in s["step_device_ms"])
+    assert s["parts"]["prefill"]["device_s"] > 0 and s["parts"]["decode"]["device_s"] > 0
     assert result["summary"]["ffn_weights"] == "fp8" and result["summary"]["rates"]["copy_gbps"] > 0

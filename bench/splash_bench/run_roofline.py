@@ -139,15 +139,18 @@ def step_floor(costs: ModelCosts, step: Step, form: str, rates: dict) -> dict:
     return {"flops": flops, "bytes": moved, "floor_s": floor}
 
 
-def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict, step_ms, elapsed_s: float) -> dict:
+def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict, step_ms, elapsed_s: float,
+                   device_ms=()) -> dict:
     """The run's floor (prefill steps FLOP-bound, decode steps the longer of bytes and FLOPs) beside
-    its measured time, in all and per part. ValueError for no steps, rates that are not positive
-    or a run time that is not."""
+    its measured time, in all and per part (per part also the steps' device time where ``device_ms``
+    has it: wall time books a host stall inside a step's launch to the step before). ValueError for
+    no steps, rates that are not positive or a run time that is not."""
     copy, matmul = rates["copy_gbps"] * 1e9, rates["matmul_tflops"] * 1e12
     if not steps or not (copy > 0 and matmul > 0) or not elapsed_s > 0:
         raise ValueError(f"no physical limit of {len(steps)} steps at {rates} over {elapsed_s} s")
-    parts = {p: {"steps": 0, "flops": 0.0, "bytes": 0.0, "limit_s": 0.0, "measured_s": 0.0}
+    parts = {p: {"steps": 0, "flops": 0.0, "bytes": 0.0, "limit_s": 0.0, "measured_s": 0.0, "device_s": None}
              for p in ("prefill", "decode")}
+    timed = len(device_ms) == len(steps) and all(ms is not None for ms in device_ms)
     for k, step in enumerate(steps):
         part, floor = parts["decode" if step.decode else "prefill"], step_floor(costs, step, form, rates)
         part["steps"] += 1
@@ -155,8 +158,11 @@ def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict,
         part["bytes"] += floor["bytes"]
         part["limit_s"] += floor["floor_s"]
         part["measured_s"] += step_ms[k] / 1e3 if k < len(step_ms) else 0.0
+        if timed:
+            part["device_s"] = (part["device_s"] or 0.0) + device_ms[k] / 1e3
     for part in parts.values():
         part["ratio"] = part["limit_s"] / part["measured_s"] if part["measured_s"] > 0 else None
+        part["device_ratio"] = part["limit_s"] / part["device_s"] if part["device_s"] else None
     limit = sum(p["limit_s"] for p in parts.values())
     return {"physical_limit_s": limit, "measured_s": elapsed_s, "ratio": limit / elapsed_s, "parts": parts}
 

@@ -54,6 +54,9 @@ class StepRecord:
     # how it was booked: "ahead" (the next step was planned before its tokens were on the host), else why
     # the host waited for them first: "switch", "precopy" or "sync" (overlap off)
     booked: str = "ahead"
+    # device time of the step on rank 0 (timing events around its work on the compute stream): where the
+    # host stalls inside a launch, wall time books the stall to the step before and this does not
+    device_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +286,8 @@ class Controller:
         self.ahead[plan.step] = tuple(outputs)
         self.running = [r for r in self.running if r.state is not State.FINISHED]
 
-    def confirm(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float) -> list[Request]:
+    def confirm(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float,
+                device_seconds: float | None = None) -> list[Request]:
         """The tokens of a step booked ahead (:meth:`book_ahead`). Returns the requests that
         generated a token; one that emitted a stop id finishes here and the next plan releases it
         (a request a server forgot after it was aborted is skipped)."""
@@ -297,21 +301,24 @@ class Controller:
             if r.finish_reason == "stop" and r in self.running:
                 self.releases.append(r.id)
         self.running = [r for r in self.running if r.state is not State.FINISHED]
-        self._step_record(plan, self.layout, seconds, "ahead")
+        self._step_record(plan, self.layout, seconds, "ahead", device_seconds)
         return produced
 
-    def _step_record(self, plan: StepPlan, ran_in: Layout, seconds: float, booked: str) -> None:
+    def _step_record(self, plan: StepPlan, ran_in: Layout, seconds: float, booked: str,
+                     device_seconds: float | None) -> None:
         self.steps.append(StepRecord(plan.step, ran_in, len(plan.requests), int(sum(q.rows for q in plan.requests)),
-                                     seconds, booked))
+                                     seconds, booked, device_seconds))
 
     def record(self, plan: StepPlan, next_tokens: np.ndarray, seconds: float, ran_in: Layout,
-               refused: str = "", precopying: bool = False, precopies=(), booked: str = "sync") -> list[Request]:
+               refused: str = "", precopying: bool = False, precopies=(), booked: str = "sync",
+               device_seconds: float | None = None) -> list[Request]:
         """Book the step: ``next_tokens`` are the chosen tokens of the batch's requests, in batch
         order; ``ran_in`` the layout the step ended in; ``refused`` why the executor refused the
         plan's switch, if it did; ``precopying``: the step ran beside a pre-copy to the plan's
         layout (the switch is booked at its handoff); ``precopies``: the pre-copy records that
         began or ended in the step; ``booked``: why the host waited for the tokens before planning
-        the next step (:attr:`StepRecord.booked`). Returns the requests that generated a token."""
+        the next step (:attr:`StepRecord.booked`); ``device_seconds`` its device time, where measured.
+        Returns the requests that generated a token."""
         self.precopy_events = tuple(precopies)
         for r in precopies:
             if r.begun == plan.step:
@@ -342,6 +349,6 @@ class Controller:
         self.running = [r for r in self.running if r.state is not State.FINISHED]
         if refused:
             self._end_stranded(plan.layout, refused)
-        self._step_record(plan, ran_in, seconds, booked)
+        self._step_record(plan, ran_in, seconds, booked, device_seconds)
         return produced
 

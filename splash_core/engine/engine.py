@@ -193,9 +193,6 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
         merged = by_step.get(rec.step, {}) if not rec.refused else {}
         switches.append(SwitchSummary(rec.step, str(rec.src), str(rec.dst), rec.reason, rec.refused, **merged,
                                       precopy=rec.precopy.as_dict() if rec.precopy is not None else {}))
-    layout_steps: dict[str, int] = {}
-    for s in controller.steps:
-        layout_steps[str(s.layout)] = layout_steps.get(str(s.layout), 0) + 1
     outputs = tuple({"id": r.id, "prompt_token_ids": [int(t) for t in r.prompt], "token_ids": list(r.generated),
                      "finish_reason": r.finish_reason} for r in requests) if job.prompts else ()
     return RunSummary(
@@ -206,13 +203,20 @@ def _summary(ctx, deployment, served, policy, job, capacity, controller, elapsed
         requests=len(requests), served=len(finished),
         rejected=tuple({"id": r.id, "reason": r.reason} for r in requests if r.state is State.REJECTED),
         prompt_tokens=sum(r.prompt_tokens for r in finished), output_tokens=sum(len(r.generated) for r in finished),
-        elapsed_s=elapsed, steps=len(controller.steps), layout_steps=layout_steps,
-        step_ms=tuple(s.seconds * 1e3 for s in controller.steps), switches=tuple(switches),
-        decisions=dict(controller.decisions), check=check, load=load_report, outputs=outputs,
-        step_rows=tuple(s.rows for s in controller.steps), step_requests=tuple(s.requests for s in controller.steps),
-        booked=dict(collections.Counter(s.booked for s in controller.steps)),
-        latency=latency(finished), precopies=tuple(r.as_dict() for r in controller.precopies),
-        precopy_counts=precopy_counts(controller.precopies))
+        elapsed_s=elapsed, switches=tuple(switches), decisions=dict(controller.decisions), check=check,
+        load=load_report, outputs=outputs, **_step_fields(controller.steps), latency=latency(finished),
+        precopies=tuple(r.as_dict() for r in controller.precopies), precopy_counts=precopy_counts(controller.precopies))
+
+
+def _step_fields(steps) -> dict:
+    """The summary's per-step fields from the controller's step records."""
+    layout_steps: dict[str, int] = {}
+    for s in steps:
+        layout_steps[str(s.layout)] = layout_steps.get(str(s.layout), 0) + 1
+    return dict(steps=len(steps), layout_steps=layout_steps, step_ms=tuple(s.seconds * 1e3 for s in steps),
+                step_rows=tuple(s.rows for s in steps), step_requests=tuple(s.requests for s in steps),
+                booked=dict(collections.Counter(s.booked for s in steps)),
+                step_device_ms=tuple(None if s.device_seconds is None else s.device_seconds * 1e3 for s in steps))
 
 
 def _merge_reports(per_rank: list[list]) -> dict[int, dict]:

@@ -137,6 +137,7 @@ class _Launched:
     wait: str = ""  # why rank 0 must book it before planning the next step ("": it may book it ahead)
     booked: bool = False
     logprobs: LogprobJobs | None = None  # what rank 0 computed of the step for requests that asked
+    timing: tuple = ()  # rank 0: timing events (start, end) around the step's work on the compute stream
 
 
 def run_steps(ctx, group: Group, controller: Controller | None, switch_mode: str, hooks: Hooks | None = None,
@@ -257,6 +258,9 @@ def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mod
     """Issue ``plan``'s step (its fed tokens already in ``history``); on rank 0, say whether it must
     be booked before the next plan."""
     started = time.perf_counter()
+    timing = (model.streams.new_event(timing=True), model.streams.new_event(timing=True)) if controller else ()
+    if timing:
+        timing[0].record()
     current = model.layers[0].layout
     pick = _picker(plan, history)
     jobs = LogprobJobs.of(plan, controller.requests) if controller is not None else None
@@ -280,6 +284,9 @@ def _launch(ctx, model, executor, controller, plan: StepPlan, tokens, switch_mod
                                  switched, refused, copying, precopies=tuple(precopies.events) if precopies else (),
                                  wait="switch" if plan.layout is not current and not copying else "precopy")
     launched.ran_in, launched.logprobs = model.layers[0].layout, jobs
+    if timing:
+        timing[1].record()
+        launched.timing = timing
     return launched
 
 
@@ -297,16 +304,21 @@ def _book(controller: Controller, hooks: Hooks, flight: _Launched, since: float)
     before the next plan; one booked ahead gets its tokens confirmed. Either waits for the
     step's event only (its tokens, greedy or sampled, were chosen on the device). A step's seconds are its
     share of the run's wall time: from when it was issued or the step before was booked,
-    whichever is later, to its booking."""
+    whichever is later, to its booking; its device seconds those between its timing events."""
     next_tokens = flight.tokens.host()
     done = time.perf_counter()
     seconds = done - max(flight.started, since)
+    device_seconds = None
+    if flight.timing:
+        flight.timing[1].synchronize()
+        device_seconds = flight.timing[0].elapsed_time(flight.timing[1]) / 1e3
     flight.booked = True
     if flight.wait:
         produced = controller.record(flight.plan, next_tokens, seconds, flight.ran_in, flight.refused,
-                                     precopying=flight.copying, precopies=flight.precopies, booked=flight.wait)
+                                     precopying=flight.copying, precopies=flight.precopies, booked=flight.wait,
+                                     device_seconds=device_seconds)
     else:
-        produced = controller.confirm(flight.plan, next_tokens, seconds)
+        produced = controller.confirm(flight.plan, next_tokens, seconds, device_seconds)
     if flight.logprobs is not None:
         flight.logprobs.book(flight.tokens.extra_host(), produced, controller.requests)
     hooks.after_step(flight.plan, produced, seconds, flight.report)

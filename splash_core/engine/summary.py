@@ -113,6 +113,8 @@ class RunSummary:
     # steps by how rank 0 booked them: "ahead" (the next step planned while the device ran this one), or
     # why the host waited for the step's tokens first (controller.StepRecord.booked)
     booked: dict = dataclasses.field(default_factory=dict)
+    # device time of every step on rank 0 (StepRecord.device_seconds; None where not measured)
+    step_device_ms: tuple = ()
 
     @property
     def tokens_per_s(self) -> float:
