@@ -117,14 +117,16 @@ def sample(form: str, summary, overlap: bool) -> dict:
             "prefill_step_p50_ms": statistics.median(prefill) if prefill else 0.0,
             "decode_step_p50_ms": statistics.median(decode) if decode else 0.0,
             "step_ms": list(summary.step_ms), "step_device_ms": list(summary.step_device_ms),
-            "step_rows": list(summary.step_rows)}
+            "step_rows": list(summary.step_rows), "step_requests": list(summary.step_requests)}
 
 
 def with_limit(got: dict, served, form: str, costs: ModelCosts, requests, rates: dict) -> dict:
     """``got`` (:func:`sample`) with its run's physical limit (:mod:`splash_bench.run_roofline`)."""
     steps = schedule(requests, served.prefill_chunk)
     differs = schedule_difference(steps, served.step_rows, served.step_requests)
-    limit = physical_limit(costs, steps, form, rates, served.step_ms, served.elapsed_s, served.step_device_ms)
+    ran_decode = [rows == reqs for rows, reqs in zip(served.step_rows, served.step_requests)]
+    limit = physical_limit(costs, steps, form, rates, served.step_ms, served.elapsed_s, served.step_device_ms,
+                           ran_decode)
     return {**got, **limit, "schedule_matches": not differs, "schedule_difference": differs}
 
 

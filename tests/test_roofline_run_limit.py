@@ -50,6 +50,14 @@ def test_limit_parts_add_up_and_bad_input_is_refused():
         assert part["device_ratio"] == pytest.approx(part["limit_s"] / part["device_s"])
     partial = physical_limit(costs, steps, "auto", RATES, [1.0] * len(steps), 0.05, [2.0] + [None] * (len(steps) - 1))
     assert partial["parts"]["decode"]["device_s"] is None  # a step without device time: no device split at all
+    # a run admitted in waves: its own steps (not the replay's) split the measured time; here its
+    # first step decoded and the rest prefilled, a long host stall booked to that decode step
+    ran = [True] + [False] * (len(steps) - 1)
+    waves = physical_limit(costs, steps, "auto", RATES, [9.0] + [1.0] * (len(steps) - 1), 0.05,
+                           [1.0] + [3.0] * (len(steps) - 1), ran)["parts"]
+    assert waves["decode"]["measured_s"] == pytest.approx(9e-3) and waves["decode"]["device_s"] == pytest.approx(1e-3)
+    assert waves["prefill"]["device_s"] == pytest.approx(3e-3 * (len(steps) - 1))
+    assert waves["decode"]["limit_s"] == parts["decode"]["limit_s"]  # the floors stay the replayed schedule's
     absorbed = physical_limit(costs, steps, "absorbed", RATES, [1.0] * len(steps), 0.05)
     assert absorbed["parts"]["prefill"]["flops"] > parts["prefill"]["flops"]  # fresh prompts: expanded is cheaper
     for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0),

@@ -140,23 +140,28 @@ def step_floor(costs: ModelCosts, step: Step, form: str, rates: dict) -> dict:
 
 
 def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict, step_ms, elapsed_s: float,
-                   device_ms=()) -> dict:
+                   device_ms=(), ran_decode=None) -> dict:
     """The run's floor (prefill steps FLOP-bound, decode steps the longer of bytes and FLOPs) beside
-    its measured time, in all and per part (per part also the steps' device time where ``device_ms``
-    has it: wall time books a host stall inside a step's launch to the step before). ValueError for
-    no steps, rates that are not positive or a run time that is not."""
+    its measured time, in all and per part. The measured steps are split by ``ran_decode`` (the run's
+    own steps, decode or not; default: ``steps``'), which differs from the replayed ``steps`` where a
+    KV pool admitted the run in waves; per part also the steps' device time where ``device_ms`` has
+    it (wall time books a host stall inside a step's launch to the step before). ValueError for no
+    steps, rates that are not positive or a run time that is not."""
     copy, matmul = rates["copy_gbps"] * 1e9, rates["matmul_tflops"] * 1e12
     if not steps or not (copy > 0 and matmul > 0) or not elapsed_s > 0:
         raise ValueError(f"no physical limit of {len(steps)} steps at {rates} over {elapsed_s} s")
     parts = {p: {"steps": 0, "flops": 0.0, "bytes": 0.0, "limit_s": 0.0, "measured_s": 0.0, "device_s": None}
              for p in ("prefill", "decode")}
-    timed = len(device_ms) == len(steps) and all(ms is not None for ms in device_ms)
-    for k, step in enumerate(steps):
+    for step in steps:
         part, floor = parts["decode" if step.decode else "prefill"], step_floor(costs, step, form, rates)
         part["steps"] += 1
         part["flops"] += floor["flops"]
         part["bytes"] += floor["bytes"]
         part["limit_s"] += floor["floor_s"]
+    ran = [s.decode for s in steps] if ran_decode is None else list(ran_decode)
+    timed = len(device_ms) == len(ran) and all(ms is not None for ms in device_ms)
+    for k, decode in enumerate(ran):
+        part = parts["decode" if decode else "prefill"]
         part["measured_s"] += step_ms[k] / 1e3 if k < len(step_ms) else 0.0
         if timed:
             part["device_s"] = (part["device_s"] or 0.0) + device_ms[k] / 1e3
