@@ -54,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="deepseek-v3")
     p.add_argument("--layout", default="TP", choices=[str(l) for l in Layout])
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--ffn-weights", choices=("compute", "fp8"), default="compute",
+                   help="the dense MLP's weights: in the compute format, or kept FP8 block-scaled (seeded)")
     p.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     p.add_argument("--contexts", default="8192,32768,131072", help="comma-separated history lengths")
     p.add_argument("--page-size", type=int, default=64)
@@ -155,26 +157,27 @@ def run(args, pool) -> int:
                 page_size=args.page_size, min_table_pages=args.min_table_pages, layers=counts, kernels=args.kernels,
                 seed=args.seed, reps=args.reps, warmup=args.warmup, copy_mib=args.copy_mib, matmul_n=args.matmul_n,
                 unfused=args.unfused, deadline=start + args.budget_s, profile=args.profile,
-                profile_reps=args.profile_reps)
+                profile_reps=args.profile_reps, ffn_weights=args.ffn_weights)
     got = pool.run(rank_side.measure, spec)[0]
     points = summarize(got["samples"]) if got["samples"] else []
     for row in points:
         print(_line(row), flush=True)
         if "profile" in row:
             print("   " + _profile_line(row["profile"]), flush=True)
-    summary = {"rates": got["rates"], "layers": counts, "memory": accounting, "points": points,
+    summary = {"rates": got["rates"], "ffn_weights": args.ffn_weights, "layers": counts, "memory": accounting, "points": points,
                "skipped": got["skipped"]}
     data = results.make_result(
         benchmark="decode_step", platform=platform, backend=info["backend"], model=args.model, T=1, dtype=args.dtype,
         samples=got["samples"], summary=summary,
-        notes=(f"layout {args.layout}; synthetic histories, seeded weights (dense MLP); wall = host time to the "
+        notes=(f"layout {args.layout}; synthetic histories, seeded weights (dense MLP, {args.ffn_weights}); wall = host time to the "
                f"device done; replay = device time of the captured graph alone (events); device_ms = the profiler's "
                f"kernel sum of one eager step; roofline = (weights + KV bytes) / copy bandwidth vs FLOPs / matmul "
                f"rate, both measured in this run (copy bandwidth counts bytes read + written); profile "
                f"(--profile): the kernels of the median of a few profiled replays by class "
                f"(bench/splash_bench/kernel_classes.py; on the CPU its outermost operators), shares of their span, "
                f"idle = span less busy time, outside_span = event replay time less the span"))
-    print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    name = "decode_step" + ("-fp8" if args.ffn_weights == "fp8" else "")
+    print("wrote", results.write_result(data, args.out, name), f"({time.time() - start:.0f} s)", flush=True)
     return 0 if not any(r["decisive_mismatches"] for r in points) else 1  # near ties may flip in bf16
 
 

@@ -66,7 +66,8 @@ SHAPES = {s.name: s for s in (
     Shape("o_proj_tp8", 7168, 2048),  # 128 heads x 128 / 8 input channels
     Shape("q_b_tp8", 3072, 1536),  # 16 heads x 192 rows
     Shape("qkv_a_tp8_mid_block", 264, 7168, (8, 0)),  # fused q_a + kv_a rows 2112 / 8, starting mid-block
-    Shape("expert_gate_up", 4096, 7168), Shape("expert_down", 7168, 2048))}
+    Shape("expert_gate_up", 4096, 7168), Shape("expert_down", 7168, 2048),
+    Shape("mlp_gate", 18432, 7168), Shape("mlp_down", 7168, 18432))}  # a dense layer's MLP at T = 1 (gate, up alike)
 SMOKE_SHAPES = {"smoke": Shape("smoke", 96, 320, (8, 0)), "smoke_mid_cols": Shape("smoke_mid_cols", 64, 200, (0, 40)),
                 "expert_smoke": Shape("expert_smoke", 64, 256)}
 GROUPED_PREFIX = "expert_"  # shapes also timed as a rank's stack of experts

@@ -84,7 +84,7 @@ def checkpoint(args) -> tuple[str, str]:
         work.mkdir(parents=True)
         config = dict(real_widths.TINY if args.tiny else real_widths.V3)
         layers, accounting = real_widths.sizing(rw, config, shutil.disk_usage(work).free)
-        layers = min(args.layers or layers, config["num_hidden_layers"])
+        layers = min(rw.layers or layers, config["num_hidden_layers"])  # --tiny: real_widths.py's 3
         config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config, indent=2))

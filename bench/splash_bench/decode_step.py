@@ -15,6 +15,7 @@ import time
 import torch
 
 from splash_core import dtypes
+from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights
 from splash_core.layouts import Layout
 from splash_core.model import ops as reference_fused
 from splash_core.model.weights import SeededWeights
@@ -69,12 +70,16 @@ def build(ctx, spec: dict, batch: int) -> Model:
     biggest = ownership.Batch.balanced(batch, max(spec["contexts"]), ctx.world_size)
     pages = int(ownership.kv_pages_per_rank(layout, biggest, ctx.world_size, spec["page_size"]).max())
     graph_ops = ctx.backend.graph_ops(ctx.device)
+    fp8 = spec.get("ffn_weights") == "fp8"
     config = ModelConfig(profile, layout, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
                          num_layers=spec["layers"][str(batch)],
-                         graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]))
+                         graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]), fp8_ffn=fp8)
+    # float32 runs dequantize FP8 weights at each use (as the engine does: RankOps.of)
+    fp8_kernels = ctx.backend.fp8_linear_kernels(ctx.device, dtype) if fp8 and dtype != torch.float32 else None
     ops = RankOps(ctx.rank, ctx.world_size, ctx.device, ctx.collectives, kernels_for(ctx, dtype, spec["kernels"]),
-                  fused=ctx.backend.fused_kernels(ctx.device, dtype), graph_ops=graph_ops, streams=ctx.streams)
-    model = Model(config, ops, SeededWeights(spec["seed"]))
+                  fused=ctx.backend.fused_kernels(ctx.device, dtype), graph_ops=graph_ops, streams=ctx.streams,
+                  fp8_kernels=fp8_kernels)
+    model = Model(config, ops, (SeededFP8Weights if fp8 else SeededWeights)(spec["seed"]))
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(spec["seed"])
     for layer in model.paged_layers:
@@ -103,7 +108,9 @@ def roofline(model: Model, batch: int, context: int, rates: dict) -> dict:
     layers = len(model.paged_layers)
     kv_bytes = batch * context * m.kv_width * model.paged_layers[0].kv.kv.element_size() * layers
     attention_flops = 2 * batch * heads * context * (m.kv_width + m.d_c) * layers  # scores, then values
-    projection_flops = 2 * batch * weight_bytes // model.paged_layers[0].kv.kv.element_size()
+    kept_fp8 = held["mlp"] + held["experts"] if model.config.fp8_ffn else 0  # about one byte a parameter
+    params = (weight_bytes - kept_fp8) // model.embed.element_size() + kept_fp8
+    projection_flops = 2 * batch * params
     memory_ms = (weight_bytes + kv_bytes) / (rates["copy_gbps"] * 1e6)
     compute_ms = (attention_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
     head = model.lm_head.numel()  # its GEMM is the profile's lm_head class, the other weights' its gemm class

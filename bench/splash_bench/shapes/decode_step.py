@@ -49,7 +49,7 @@ def _profile_error(profile: dict) -> str | None:
 SHAPES: dict[str, Shape] = {
     "decode_step": Shape(
         doc="a decode step at T = 1, eager against replayed from its captured graph, beside its roofline",
-        summary={"rates": "record", "layers": "counts", "memory": "object", "points": "rows", "skipped": "texts"},
+        summary={"rates": "record", "ffn_weights": "text?", "layers": "counts", "memory": "object", "points": "rows", "skipped": "texts"},
         rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "copy_mib": "positive",
                         "matmul_n": "positive"},
               "points": {"batch": "positive", "context": "positive", "layers": "positive", "eager_ms": "nonneg",
