@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import platform as host
 import statistics
 import sys
@@ -67,13 +68,16 @@ SHAPES = {s.name: s for s in (
     Shape("q_b_tp8", 3072, 1536),  # 16 heads x 192 rows
     Shape("qkv_a_tp8_mid_block", 264, 7168, (8, 0)),  # fused q_a + kv_a rows 2112 / 8, starting mid-block
     Shape("expert_gate_up", 4096, 7168), Shape("expert_down", 7168, 2048),
-    Shape("mlp_gate", 18432, 7168), Shape("mlp_down", 7168, 18432))}  # a dense layer's MLP at T = 1 (gate, up alike)
+    Shape("mlp_gate_up", 36864, 7168), Shape("mlp_down", 7168, 18432))}  # a dense layer's MLP at T = 1
 SMOKE_SHAPES = {"smoke": Shape("smoke", 96, 320, (8, 0)), "smoke_mid_cols": Shape("smoke_mid_cols", 64, 200, (0, 40)),
                 "expert_smoke": Shape("expert_smoke", 64, 256)}
 GROUPED_PREFIX = "expert_"  # shapes also timed as a rank's stack of experts
 TILES = [GemmTile(16, 32, 4, 5), GemmTile(16, 64, 4, 5), GemmTile(32, 128, 4, 4), GemmTile(64, 32, 4, 5),
          GemmTile(64, 64, 4, 5), GemmTile(64, 128, 4, 3), GemmTile(64, 256, 8, 3), GemmTile(128, 128, 8, 3),
          GemmTile(128, 256, 8, 3)]
+# y^T = W x^T for decode-sized batches: the weight's rows fill the MMA's 64-row side
+SWAPPED_TILES = [GemmTile(16, 64, 4, 4, swap=True), GemmTile(16, 128, 4, 4, swap=True), GemmTile(16, 128, 8, 3, swap=True),
+                 GemmTile(32, 128, 4, 4, swap=True), GemmTile(64, 128, 4, 3, swap=True)]
 PEAK = 8192
 ROTATE_BYTES = 256 << 20  # over four times the last-level cache of an H100 or H200
 SAMPLES = 10
@@ -93,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton's interpreter)")
     p.add_argument("--write-providers", metavar="FILE", help="record from how many rows block-scaled scaled_mm "
                    "serves whole-block weights (the hopper backend's fp8_linear entry)")
+    p.add_argument("--write-tiles", metavar="FILE", help="record the fastest Triton tile of each weight shape at "
+                   "each measured row count (the hopper backend's fp8_tiles entry; other shapes kept)")
     args = p.parse_args(argv)
     args.m = _rows(p, args.m)
     table = SMOKE_SHAPES if args.smoke else SHAPES
@@ -124,9 +130,14 @@ def tiles_for(shape: Shape, m: int, smoke: bool) -> list[GemmTile]:
     batch, with the column blocks split for small batches (in the interpreter: two small tiles)."""
     default = portable_tile(m, shape.n, shape.k)
     if smoke:
-        return [default, GemmTile(16, 32, 1, 1, 2)]
+        return [default, GemmTile(16, 32, 1, 1, 2), GemmTile(16, 32, 1, 1, swap=True)]
     splits = (1, 4, 8, 16) if m <= 64 else (1, 2, 4) if m <= 512 else (1,)
-    return [default, *(replace(t, split_k=s) for t in TILES if t.block_m <= max(16, 2 * m) for s in splits)]
+    candidates = TILES + (SWAPPED_TILES if m <= 64 else [])
+    return [default, *(replace(t, split_k=s) for t in candidates if t.block_m <= max(16, 2 * m) for s in splits)]
+
+
+def tile_fields(tile: GemmTile) -> list[int]:
+    return [tile.block_m, tile.block_n, tile.warps, tile.stages, tile.split_k, int(tile.swap)]
 
 
 def timer(device: torch.device, rep_ms: int):
@@ -223,7 +234,7 @@ def point(shape: Shape, m: int, device: torch.device, time_ms, args) -> dict:
         if wrong:
             raise SystemExit(f"fp8_gemm: {shape.name} m={m} tile {tile}: kernel disagrees with the spec: {wrong}")
         samples = time_ms([lambda w=w: fp8_block_gemm(xq, w, out, tile) for w in ws])
-        row["tiles"].append({"tile": [tile.block_m, tile.block_n, tile.warps, tile.stages, tile.split_k],
+        row["tiles"].append({"tile": tile_fields(tile),
                              "ms": samples, "tflops": flop / statistics.median(samples) / 1e9})
     best = max(row["tiles"], key=lambda t: t["tflops"])
     row.update(triton_tflops=best["tflops"], triton_tile=best["tile"], default_tflops=row["tiles"][0]["tflops"])
@@ -276,6 +287,18 @@ def write_providers(path: str, rows: list[dict], command: str, machine: str) -> 
     return provider_table.set_entries(path, {"fp8_linear": entry})["fp8_linear"]
 
 
+def write_tiles(path: str, rows: list[dict], command: str, machine: str) -> dict:
+    """Set the ``fp8_tiles`` entry: each plain (not grouped) row's fastest tile under its weight
+    shape ``"<n>x<k>"`` and row count, the shapes and row counts this run did not measure kept."""
+    old = json.loads(Path(path).read_text()).get("fp8_tiles", {}) if Path(path).is_file() else {}
+    weights = {key: dict(points) for key, points in old.get("weights", {}).items()}
+    for r in rows:
+        if "experts" not in r:
+            weights.setdefault(f"{r['n']}x{r['k']}", {})[str(r["m"])] = r["triton_tile"]
+    entry = {"weights": weights, **provider_table.provenance(command, machine)}
+    return provider_table.set_entries(path, {"fp8_tiles": entry})["fp8_tiles"]
+
+
 def quantized(x: torch.Tensor, start: int, name: str) -> TokenGroupsFP8:
     """``x`` quantized by the Triton kernel, which must equal the torch reference bit for bit."""
     got, want = quantize_token_groups(x, start), quantize_tokens(x, start=start)
@@ -311,7 +334,7 @@ def grouped_point(shape: Shape, m: int, experts: int, device: torch.device, time
         if wrong:
             raise SystemExit(f"fp8_gemm: {row['shape']} m={m} tile {tile}: kernel disagrees with the spec: {wrong}")
         samples = time_ms([lambda: grouped_fp8_block_gemm(xq, w, offsets, out, tile, max_rows=most)])
-        row["tiles"].append({"tile": [tile.block_m, tile.block_n, tile.warps, tile.stages, tile.split_k],
+        row["tiles"].append({"tile": tile_fields(tile),
                              "ms": samples, "tflops": flop / statistics.median(samples) / 1e9})
     best = max(row["tiles"], key=lambda t: t["tflops"])
     row.update(triton_tflops=best["tflops"], triton_tile=best["tile"], default_tflops=row["tiles"][0]["tflops"])
@@ -391,13 +414,16 @@ def main(argv=None) -> int:
                "quantization (quant_ms); "
                "scaled_mm_block: torch's scaled_mm with the same 1x128 / 128x128 scales (whole-block shapes); "
                "_scaled_mm row-wise uses one scale per row of x and W; "
-               "tile = [block_m, block_n, warps, stages, split_k], "
+               "tile = [block_m, block_n, warps, stages, split_k, swap], "
                "the first of each point the portable default"))
     print("wrote", results.write_result(data, args.out), f"({time.time() - start:.0f} s)", flush=True)
+    machine = f"{host.node()} {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}"
     if args.write_providers:
-        entry = write_providers(args.write_providers, rows, " ".join(sys.argv),
-                                f"{host.node()} {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}")
+        entry = write_providers(args.write_providers, rows, " ".join(sys.argv), machine)
         print("fp8_linear provider:", entry["scaled_mm_from_rows"], "->", args.write_providers, flush=True)
+    if args.write_tiles:
+        entry = write_tiles(args.write_tiles, rows, " ".join(sys.argv), machine)
+        print(f"fp8 tiles of {len(entry['weights'])} weight shapes ->", args.write_tiles, flush=True)
     return 0
 
 

@@ -67,3 +67,16 @@ def test_scaled_mm_threshold_and_provider_entry(bench, tmp_path):
     entry = bench.write_providers(str(path), rows, "cmd", "machine")
     table = __import__("json").loads(path.read_text())
     assert entry["scaled_mm_from_rows"] == 512 and table["fp8_linear"] == entry and "decode" in table
+
+
+def test_tiles_entry_keeps_what_this_run_did_not_measure(bench, tmp_path):
+    path = tmp_path / "providers.json"
+    path.write_text('{"fp8_linear": {"scaled_mm_from_rows": 512}, "fp8_tiles": {"weights": {"96x256": {"16": '
+                    '[16, 32, 1, 1, 1, 0], "64": [64, 64, 4, 5, 1, 0]}, "8x8": {"16": [16, 16, 1, 1, 1, 0]}}}}')
+    rows = [{"shape": "a", "m": 16, "n": 96, "k": 256, "triton_tile": [16, 64, 4, 4, 4, 1]},
+            {"shape": "a_x3", "m": 16, "n": 96, "k": 256, "experts": 3, "triton_tile": [16, 32, 1, 1, 1, 0]}]
+    entry = bench.write_tiles(str(path), rows, "cmd", "machine")
+    table = __import__("json").loads(path.read_text())
+    assert table["fp8_linear"] == {"scaled_mm_from_rows": 512} and table["fp8_tiles"] == entry
+    assert entry["weights"] == {"96x256": {"16": [16, 64, 4, 4, 4, 1], "64": [64, 64, 4, 5, 1, 0]},
+                                "8x8": {"16": [16, 16, 1, 1, 1, 0]}}  # the grouped row is not a plain weight's

@@ -57,6 +57,24 @@ def test_split_column_blocks_add_up_to_the_spec(split_k):
     assert gemm_mismatch(got, reference_gemm(xq, w), KERNEL_TOL) == ""
 
 
+SWAPPED = GemmTile(16, 32, 1, 1, swap=True)  # the batch as the MMA's columns
+
+
+@pytest.mark.parametrize("name", SLICES)
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_the_swapped_tile_computes_the_spec(name, split_k):
+    """y^T = W x^T tiles (the weight's rows on the long side of the MMA) give the spec's rows and
+    columns, edges, mid-block starts and split column blocks included; a wrong scale block shows."""
+    _, xq, w = _case(*SLICES[name], 19)
+    want = reference_gemm(xq, w)
+    tile = GemmTile(16, 32, 1, 1, split_k, swap=True)
+    assert gemm_mismatch(fp8_block_gemm(xq, w, torch.float32, tile), want, KERNEL_TOL) == ""
+    wrong = w.scales.clone()
+    wrong[-1, -1] *= 1.5
+    got = fp8_block_gemm(xq, BlockScaledFP8(w.codes, wrong, w.start), torch.float32, tile)
+    assert "above" in gemm_mismatch(got, want, KERNEL_TOL)
+
+
 def test_the_default_tile_and_fp16_output():
     _, xq, w = _case(*SLICES["mid-block starts, partial edges"], 20)
     got = fp8_block_gemm(xq, w, torch.float16)
@@ -101,6 +119,8 @@ def test_the_grouped_kernel_computes_each_experts_rows():
     assert gemm_mismatch(got, want, KERNEL_TOL) == ""
     bounded = grouped_fp8_block_gemm(xq, w, offsets, torch.float32, GemmTile(16, 32, 1, 1, 2), max_rows=12)
     assert gemm_mismatch(bounded, want, KERNEL_TOL) == ""
+    swapped = grouped_fp8_block_gemm(xq, w, offsets, torch.float32, SWAPPED, max_rows=12)
+    assert gemm_mismatch(swapped, want, KERNEL_TOL) == ""
     with pytest.raises(ValueError, match="E \\+ 1 offsets"):
         grouped_fp8_block_gemm(xq, w, offsets[:3])
 

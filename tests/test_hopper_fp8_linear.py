@@ -35,3 +35,33 @@ def test_cpu_gets_triton_alone():
     assert kernels.name == "triton" and kernels.providers == ()
     assert providers.scaled_mm_from_rows(TABLE) == 64 and providers.scaled_mm_from_rows({}) is None
     assert "scaled_mm from 64 rows" in providers.describe_fp8_linear(TABLE)
+
+
+TILED = {"fp8_tiles": {"weights": {"96x256": {"16": [16, 32, 1, 1, 1, 1], "64": [16, 32, 1, 1, 2, 0]}}}}
+
+
+def test_measured_tiles_by_weight_shape_and_rows(monkeypatch):
+    """``fp8_tiles``: a weight [n, k] computes in the tile measured at the fewest measured rows that
+    hold its batch; other shapes and larger batches keep the portable tile; the outputs are the spec's."""
+    tile = fp8_linear.measured_tiles(TILED)
+    assert tile(1, 96, 256).swap and tile(16, 96, 256).swap
+    assert tile(17, 96, 256).split_k == 2 and not tile(64, 96, 256).swap
+    assert tile(65, 96, 256) is None and tile(16, 96, 128) is None and fp8_linear.measured_tiles({}) is None
+    assert "1 weight shapes with measured tiles" in providers.describe_fp8_linear({**TABLE, **TILED})
+    used = []
+    real = fp8_linear.triton_fp8_linear_kernels.__globals__["fp8_block_gemm"]
+
+    def spy(x, w, out_dtype, tile=None):
+        used.append(tile)
+        return real(x, w, out_dtype, tile)
+
+    monkeypatch.setitem(fp8_linear.triton_fp8_linear_kernels.__globals__, "fp8_block_gemm", spy)
+    kernels = fp8_linear.kernels("cpu", TILED)
+    assert kernels.name == "triton (measured tiles)"
+    codes, scales = fp8.quantize(torch.randn(96, 256))
+    w = BlockScaledFP8(codes, scales)
+    x = torch.randn(5, 256)
+    got = kernels.linear(x, w)
+    assert used[-1].swap and torch.allclose(got, fp8_linear.triton_fp8_linear_kernels().linear(x, w), atol=1e-5)
+    kernels.linear(torch.randn(100, 256), w)
+    assert used[-1] is None  # past the measured rows: portable

@@ -91,6 +91,31 @@ def test_a_rank_keeps_its_mid_block_shard_fp8_as_dequantize_at_load_would_hold_i
     assert not torch.equal(kept.gate_up.dequantize(), plain.gate_up)
 
 
+class _OneRank:
+    def all_reduce(self, t):
+        return t
+
+
+@pytest.mark.parametrize("layer", [0, 1])  # the dense MLP, then the routed and shared experts
+def test_gate_and_up_meeting_on_a_block_boundary_become_one_weight_with_the_same_outputs(layer):
+    """Gate and up rows that meet on a block boundary are kept as one FP8 weight (one GEMM, one
+    activation quantization, no concatenation); rows meeting inside a block stay two. Either way
+    the weight and the layer's outputs are those of the model dequantized at load."""
+    profile = loader.load("model", _seeded_moe_model())
+    x = torch.randn(6, profile.hidden_size, generator=torch.Generator().manual_seed(0))
+    parts = {}
+    for block in (16, 128):  # 32-row experts and a 192-row MLP fill their 16-row blocks, not 128-row ones
+        source = SeededFP8Weights(5, block=(block, block))
+        kept = load_feed_forward(source, profile, layer, 0, 1, fp8=True)
+        plain = load_feed_forward(source, profile, layer, 0, 1)
+        assert torch.equal(kept.gate_up.dequantize(), plain.gate_up)
+        assert torch.equal(kept.forward(x, _OneRank()), plain.forward(x, _OneRank()))
+        parts[block] = len(kept.gate_up.parts)
+        if layer == 1:
+            assert len(kept.shared.gate_up.parts) == parts[block]
+    assert parts == {16: 1, 128: 2}
+
+
 def test_a_seeded_deployment_keeping_fp8_serves_and_its_reference_check_passes(rank_pools):
     with pytest.raises(Exception, match="ffn_weights"):
         loader.load("deployment", {**_seeded_moe_deployment("fp8"), "ffn_weights": "fp4"})

@@ -13,6 +13,7 @@ against that expert's weight in one launch; the plain form is its one-expert cas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import triton
@@ -32,13 +33,16 @@ class GemmTile:
     """Tile and launch settings of the kernel (``block_m`` >= 16, ``block_n`` >= 16, powers of two).
     ``split_k`` > 1 shares each tile's column blocks among that many programs, whose float32 partial
     sums are added afterwards: decode-sized batches against narrow weights otherwise start too few
-    programs to stream the weight at the memory's speed."""
+    programs to stream the weight at the memory's speed. ``swap`` computes each tile transposed, the
+    weight's ``block_n`` rows as the matrix instruction's rows and the batch's ``block_m`` as its
+    columns: a Hopper warpgroup MMA has at least 64 rows, which a batch of 16 would mostly pad."""
 
     block_m: int = 64
     block_n: int = 128
     warps: int = 4
     stages: int = 3
     split_k: int = 1
+    swap: bool = False  # y^T = W x^T: the weight's rows on the MMA's long side, the batch on its short one
 
 
 PROGRAMS = 256  # programs a split launch aims for: about two per compute unit of a large device
@@ -67,7 +71,7 @@ def portable_tile(rows: int, n: int, k: int) -> GemmTile:
 @triton.jit(do_not_specialize=["M", "s_ys"])
 def _fp8_block_gemm_kernel(X, XS, W, WS, Y, Offsets, M, N, K, KB, SPLITS, R0, C0, s_xm, s_xsm, s_we, s_wn, s_wse,
                            s_wsn, s_ym, s_ys, ROW_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUPED: tl.constexpr):
+                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUPED: tl.constexpr, SWAP: tl.constexpr):
     expert = tl.program_id(2) // SPLITS
     split = tl.program_id(2) % SPLITS
     per_split = tl.cdiv(KB, SPLITS)
@@ -83,7 +87,7 @@ def _fp8_block_gemm_kernel(X, XS, W, WS, Y, Offsets, M, N, K, KB, SPLITS, R0, C0
         w_rows = W + expert.to(tl.int64) * s_we + n[:, None].to(tl.int64) * s_wn
         w_scales = WS + expert.to(tl.int64) * s_wse + ((R0 + n) // ROW_BLOCK) * s_wsn
         x_rows = X + m[:, None].to(tl.int64) * s_xm
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(split * per_split, tl.minimum(KB, (split + 1) * per_split)):
             k = kb * BLOCK_K - C0 + tl.arange(0, BLOCK_K)  # this column block's channels (partial at the edges)
             if EVEN_K:
@@ -95,9 +99,17 @@ def _fp8_block_gemm_kernel(X, XS, W, WS, Y, Offsets, M, N, K, KB, SPLITS, R0, C0
                 b = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x_scale = tl.load(XS + m * s_xsm + kb, mask=m_ok, other=0.0)
             w_scale = tl.load(w_scales + kb, mask=n_ok, other=0.0)
-            acc += tl.dot(a, tl.trans(b)) * x_scale[:, None] * w_scale[None, :]
-        y = Y + split.to(tl.int64) * s_ys + m[:, None].to(tl.int64) * s_ym + n[None, :]  # this split's sums
-        tl.store(y, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+            if SWAP:
+                acc += tl.dot(b, tl.trans(a)) * w_scale[:, None] * x_scale[None, :]
+            else:
+                acc += tl.dot(a, tl.trans(b)) * x_scale[:, None] * w_scale[None, :]
+        y = Y + split.to(tl.int64) * s_ys  # this split's sums
+        if SWAP:
+            tl.store(y + m[None, :].to(tl.int64) * s_ym + n[:, None], acc.to(Y.dtype.element_ty),
+                     mask=n_ok[:, None] & m_ok[None, :])
+        else:
+            tl.store(y + m[:, None].to(tl.int64) * s_ym + n[None, :], acc.to(Y.dtype.element_ty),
+                     mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -196,18 +208,25 @@ def _launch(x: TokenGroupsFP8, w: BlockScaledFP8, offsets: torch.Tensor | None, 
         w.start[0], w.start[1], x.codes.stride(0), x.scales.stride(0), w.codes.stride(0) if offsets is not None else 0,
         w.codes.stride(-2), w.scales.stride(0) if offsets is not None else 0, w.scales.stride(-2), y.stride(1),
         y.stride(0), ROW_BLOCK=w.block[0], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, EVEN_K=even,
-        GROUPED=offsets is not None, num_warps=tile.warps, num_stages=tile.stages)
+        GROUPED=offsets is not None, SWAP=tile.swap, num_warps=tile.warps, num_stages=tile.stages)
     return y.sum(0, dtype=torch.float32).to(out_dtype) if splits > 1 else y[0]
 
 
-def triton_fp8_linear_kernels() -> FP8LinearKernels:
+def triton_fp8_linear_kernels(tiles: Callable[[int, int, int], GemmTile | None] | None = None) -> FP8LinearKernels:
     """:class:`~splash_core.platform.interfaces.FP8LinearKernels` from these kernels: activations
-    quantized by :func:`quantize_token_groups`, results in the activations' dtype."""
-    return FP8LinearKernels(linear=_linear, grouped=_grouped, name="triton")
+    quantized by :func:`quantize_token_groups`, results in the activations' dtype. ``tiles(rows, n,
+    k)``: a tile measured for that weight and batch (None there: :func:`portable_tile`)."""
+    if tiles is None:
+        return FP8LinearKernels(linear=_linear, grouped=_grouped, name="triton")
+
+    def linear(x: torch.Tensor, w: BlockScaledFP8) -> torch.Tensor:
+        return _linear(x, w, tiles(x.shape[0], *w.codes.shape))
+
+    return FP8LinearKernels(linear=linear, grouped=_grouped, name="triton (measured tiles)")
 
 
-def _linear(x: torch.Tensor, w: BlockScaledFP8) -> torch.Tensor:
-    return fp8_block_gemm(quantize_token_groups(x, w.start[1], w.block[1]), w, x.dtype)
+def _linear(x: torch.Tensor, w: BlockScaledFP8, tile: GemmTile | None = None) -> torch.Tensor:
+    return fp8_block_gemm(quantize_token_groups(x, w.start[1], w.block[1]), w, x.dtype, tile)
 
 
 def _grouped(x: torch.Tensor, w: BlockScaledFP8, counts: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ the GEMM is a sum over blocks of ``(x_codes . w_codes) * x_scale * w_scale``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -142,6 +143,21 @@ class StackedFP8:
         return torch.cat([p.dequantize() for p in self.parts], dim=-2).to(self.dtype)
 
 
+def stacked_rows(parts: tuple[BlockScaledFP8, ...], dtype: torch.dtype) -> StackedFP8:
+    """``parts`` (e.g. a gate and an up projection, or every expert's) stacked along rows as one
+    slice where they meet on block boundaries (each starts a row block and all but the last fill
+    their last one, all from the same column): one GEMM then computes them all, with one
+    quantization of the activations and no concatenation of the outputs. Otherwise kept apart
+    (a shard starting mid-block). Either way :meth:`StackedFP8.dequantize` is the same tensor."""
+    first = parts[0]
+    rows = first.block[0]
+    if len(parts) > 1 and all(p.start == (0, first.start[1]) and p.block == first.block for p in parts) and \
+            all(p.codes.shape[-2] % rows == 0 for p in parts[:-1]):
+        parts = (BlockScaledFP8(torch.cat([p.codes for p in parts], dim=-2), torch.cat([p.scales for p in parts], dim=-2),
+                                first.start, first.block),)
+    return StackedFP8(tuple(parts), dtype)
+
+
 def joined(parts: list[BlockScaledFP8], dim: int, codes: torch.Tensor | None = None) -> BlockScaledFP8:
     """Adjacent 2-D slices ``parts`` of one weight, in order along ``dim`` (0 rows, 1 columns), as one
     slice: their codes concatenated (or ``codes``, that concatenation already made, e.g. by a gather)
@@ -170,18 +186,29 @@ def joined(parts: list[BlockScaledFP8], dim: int, codes: torch.Tensor | None = N
     return BlockScaledFP8(codes, grid, first.start, first.block)
 
 
-def stack_experts(slices: list[BlockScaledFP8], shape: tuple[int, int], device=None) -> BlockScaledFP8:
-    """Whole experts' weights of ``shape`` [n, k] (each a slice from (0, 0), all in one block size)
-    stacked [E, n, k]; none: an empty stack on ``device``."""
-    block = slices[0].block if slices else (BLOCK, BLOCK)
-    if any(s.start != (0, 0) or s.shape != tuple(shape) or s.block != block for s in slices):
-        raise ValueError(f"stacked experts must be whole {list(shape)} weights in one block size")
-    if slices:
-        return BlockScaledFP8(torch.stack([s.codes for s in slices]), torch.stack([s.scales for s in slices]),
-                              block=block)
-    grid = tuple(blocks_touched(0, n, b) for n, b in zip(shape, block))
+def stack_experts(slices: Iterable[BlockScaledFP8], count: int, shape: tuple[int, int], device=None) -> BlockScaledFP8:
+    """``count`` whole experts' weights of ``shape`` [n, k] (each a slice from (0, 0), all in one block
+    size) stacked [E, n, k]; none: an empty stack on ``device``. ``slices`` is read one at a time
+    into the stack, so a generator holds one expert beside it while loading."""
+    codes = scales = block = None
+    i = -1
+    for i, s in enumerate(slices):
+        if codes is None:
+            block = s.block
+            grid = tuple(blocks_touched(0, n, b) for n, b in zip(shape, block))
+            codes = torch.empty(count, *shape, dtype=torch.float8_e4m3fn, device=s.codes.device)
+            scales = torch.empty(count, *grid, dtype=torch.float32, device=s.codes.device)
+        if s.start != (0, 0) or s.shape != tuple(shape) or s.block != block or i >= count:
+            raise ValueError(f"stacked experts must be {count} whole {list(shape)} weights in one block size")
+        codes[i].copy_(s.codes)
+        scales[i].copy_(s.scales)
+    if i + 1 != count:
+        raise ValueError(f"{count} experts to stack, {i + 1} given")
+    if codes is not None:
+        return BlockScaledFP8(codes, scales, block=block)
+    grid = tuple(blocks_touched(0, n, b) for n, b in zip(shape, (BLOCK, BLOCK)))
     return BlockScaledFP8(torch.empty(0, *shape, dtype=torch.float8_e4m3fn, device=device),
-                          torch.empty(0, *grid, device=device), block=block)
+                          torch.empty(0, *grid, device=device))
 
 
 def slice_of(codes: torch.Tensor, scales: torch.Tensor, rows: slice, cols: slice,

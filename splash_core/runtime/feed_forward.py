@@ -21,8 +21,9 @@ and return the block's output for all rows, the same on every rank, after one al
 
 With ``fp8`` (:attr:`~splash_core.runtime.model_config.ModelConfig.fp8_ffn`) both keep the weights of
 an FP8 block-scaled checkpoint as stored (:class:`~splash_core.model.fp8_blocks.StackedFP8`: e4m3
-codes and the 128 x 128 scale blocks of this rank's slices, TP shards starting mid-block), so a rank
-holds about the bytes it read, and dequantize them at each use into the tensor a dequantize-at-load
+codes and the 128 x 128 scale blocks of this rank's slices, TP shards starting mid-block; gate and up
+rows joined into one weight where they meet on a block boundary), so a rank holds about the bytes it
+read, and dequantize them at each use into the tensor a dequantize-at-load
 model holds: the outputs are that model's, bit for bit. Given a backend's
 :class:`~splash_core.platform.interfaces.FP8LinearKernels`, they instead multiply the FP8 weights
 directly (W8A8: activations quantized per token group), within the tolerance-aware check.
@@ -31,11 +32,12 @@ directly (W8A8: activations quantized per token group), within the tolerance-awa
 from __future__ import annotations
 
 from functools import partial
+from itertools import chain
 
 import torch
 
 from ..model.experts import expert_outputs, route
-from ..model.fp8_blocks import StackedFP8, stack_experts
+from ..model.fp8_blocks import StackedFP8, stack_experts, stacked_rows
 from ..model.ops import silu_mul as _silu_mul
 from ..model.weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
 from ..platform.interfaces import FP8LinearKernels
@@ -95,8 +97,8 @@ class DenseMLP:
             def kept(name, **part):
                 return src.get_block_scaled(f"{prefix}.{name}", shapes[f"{prefix}.{name}"], **part, device=device)
 
-            return cls(StackedFP8((kept("gate_proj.weight", rows=rows), kept("up_proj.weight", rows=rows)),
-                                  dtype or torch.float32),
+            return cls(stacked_rows((kept("gate_proj.weight", rows=rows), kept("up_proj.weight", rows=rows)),
+                                    dtype or torch.float32),
                        StackedFP8((kept("down_proj.weight", cols=rows),), dtype or torch.float32), silu_mul,
                        fp8_kernels)
 
@@ -202,16 +204,27 @@ def _dequantized_experts(source: WeightSource, prefix: str, experts: range, widt
 
 def _kept_experts(source: WeightSource, prefix: str, experts: range, width: int, d: int, device,
                   dtype) -> tuple[StackedFP8, StackedFP8]:
-    """(gate_up, down) of ``experts`` kept FP8 as stored, computed with in ``dtype``."""
-    src, shapes = _fp8_source(source), mlp_shapes("", width, d)
+    """(gate_up, down) of ``experts`` kept FP8 as stored, computed with in ``dtype``; each expert's gate
+    and up rows joined where they meet on a block boundary (:func:`stacked_rows`: one grouped GEMM).
+    Experts are read one at a time into their stacks, each tensor once."""
+    src, shapes, dtype = _fp8_source(source), mlp_shapes("", width, d), dtype or torch.float32
 
-    def stacked(proj):
-        shape = shapes[f".{proj}.weight"]
-        return stack_experts([src.get_block_scaled(f"{prefix}.{j}.{proj}.weight", shape, device=device)
-                              for j in experts], shape, device=device)
+    def get(j, proj):
+        return src.get_block_scaled(f"{prefix}.{j}.{proj}.weight", shapes[f".{proj}.weight"], device=device)
 
-    dtype = dtype or torch.float32
-    return StackedFP8((stacked("gate_proj"), stacked("up_proj")), dtype), StackedFP8((stacked("down_proj"),), dtype)
+    def stack(each, shape):
+        return stack_experts(each, len(experts), shape, device=device)
+
+    def pair(j):
+        return stacked_rows((get(j, "gate_proj"), get(j, "up_proj")), dtype).parts
+
+    down = StackedFP8((stack((get(j, "down_proj") for j in experts), shapes[".down_proj.weight"]),), dtype)
+    first, rest = (pair(experts.start) if len(experts) else ()), experts[1:]
+    if len(first) == 1:  # gate and up joined
+        return StackedFP8((stack(chain(first, (pair(j)[0] for j in rest)), (2 * width, d)),), dtype), down
+    gate = stack(chain(first[:1], (get(j, "gate_proj") for j in rest)), shapes[".gate_proj.weight"])
+    up = stack(chain(first[1:], (get(j, "up_proj") for j in rest)), shapes[".up_proj.weight"])
+    return StackedFP8((gate, up), dtype), down
 
 
 def load_feed_forward(source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,

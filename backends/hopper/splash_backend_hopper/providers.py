@@ -178,8 +178,18 @@ def scaled_mm_from_rows(table: dict | None = None) -> int | None:
     return None if rows is None else int(rows)
 
 
+def fp8_tiles(table: dict | None = None) -> dict[tuple[int, int], list[tuple[int, list[int]]]]:
+    """The ``fp8_tiles`` entry (``bench/fp8_gemm.py --write-tiles``): for each weight [n, k], the
+    Triton tile measured fastest at each batch size, as (most rows, tile fields) by rising rows."""
+    measured = (load() if table is None else table).get("fp8_tiles", {}).get("weights", {})
+    return {tuple(int(v) for v in key.split("x")): sorted((int(rows), list(tile)) for rows, tile in points.items())
+            for key, points in measured.items()}
+
+
 def describe_fp8_linear(table: dict | None = None) -> str:
     """What serves FP8 block-scaled GEMMs, by the measured table."""
     threshold = scaled_mm_from_rows(table)
-    return ("fp8 GEMMs: triton (scaled_mm not measured faster)" if threshold is None
-            else f"fp8 GEMMs: scaled_mm from {threshold} rows on whole blocks, else triton")
+    tiles = fp8_tiles(table)
+    triton = f"triton ({len(tiles)} weight shapes with measured tiles)" if tiles else "triton"
+    return (f"fp8 GEMMs: {triton} (scaled_mm not measured faster)" if threshold is None
+            else f"fp8 GEMMs: scaled_mm from {threshold} rows on whole blocks, else {triton}")
