@@ -66,6 +66,8 @@ def test_every_ranks_ffn_part_is_within_the_w8a8_tolerance(folders, T):  # noqa:
         assert gemm_mismatch(got, want, FFN_TOL) == ""
 
 
+# the planted NaN passes through a max in Triton's interpreter, which numpy warns about: expected here
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 def test_the_tolerance_check_fails_on_nan_and_on_a_wrong_scale(folders):  # noqa: F811
     profile = profile_from_checkpoint(folders[1])
     x = torch.randn(9, profile.hidden_size, generator=torch.Generator().manual_seed(0))
