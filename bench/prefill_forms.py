@@ -159,7 +159,8 @@ def main(argv=None) -> int:
             runs.append((form, served, got))
         dep = load("deployment", probe)
         # after the runs, so the runs plan their memory as before; the same process, the same device
-        rates = pool.run(rank_side.device_rates, args.copy_mib, args.matmul_n, dtypes.torch_dtype(dep.compute_dtype))[0]
+        rates = pool.run(rank_side.device_rates, args.copy_mib, args.matmul_n, dtypes.torch_dtype(dep.compute_dtype),
+                         fp8=dep.ffn_weights == "fp8")[0]
     costs = deployment_costs(dep)
     requests = [(r.prompt_tokens, r.max_new_tokens) for r in load("workload", args.workload).requests()]
     samples = [with_limit(got, served, form, costs, requests, rates) for form, served, got in runs]
@@ -181,7 +182,8 @@ def main(argv=None) -> int:
                f"a prefill step is one with more rows than requests; feed-forward weights {args.ffn_weights}; "
                f"physical limit (issue 39): prefill steps' matmul FLOPs (every row through the layers' 2-D weights, "
                f"routed experts at top-k of them, the LM head per request, attention by the form each request "
-               f"attends in with kv_b's work) at the measured matmul rate, decode steps' bytes (every weight but "
+               f"attends in with kv_b's work) at the measured matmul rate (those through FP8-kept weights at the "
+               f"measured FP8 rate, rates.fp8_matmul_tflops, where there is one), decode steps' bytes (every weight but "
                f"the embedding once, FP8 ones at 1 byte + scales, and every request's KV history) or FLOPs, the "
                f"longer, at the measured copy / matmul rate; the steps' contexts from replaying the controller's "
                f"batches, checked against the run's rows and requests per step (schedule_matches); measured_s = "

@@ -365,7 +365,7 @@ def _rooflines(args, dep: Path, runs: list[dict], measured: list) -> dict:
 
     with RankPool(1, backend="reference" if args.tiny else "auto", timeout_s=300) as pool:
         rates = pool.run(device_rates, 8 if args.tiny else 2048, 128 if args.tiny else 8192,
-                         torch.float32 if args.tiny else torch.bfloat16)[0]
+                         torch.float32 if args.tiny else torch.bfloat16, fp8=args.ffn_weights == "fp8")[0]
     deployment = load("deployment", str(dep))
     costs = deployment_costs(deployment)
     for run, (rows, summary) in zip(runs, measured):

@@ -60,7 +60,7 @@ def test_limit_parts_add_up_and_bad_input_is_refused():
     assert waves["decode"]["limit_s"] == parts["decode"]["limit_s"]  # the floors stay the replayed schedule's
     absorbed = physical_limit(costs, steps, "absorbed", RATES, [1.0] * len(steps), 0.05)
     assert absorbed["parts"]["prefill"]["flops"] > parts["prefill"]["flops"]  # fresh prompts: expanded is cheaper
-    for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0),
+    for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0), (steps, {**RATES, "fp8_matmul_tflops": 0.0}, 1.0),
                 (steps, {**RATES, "matmul_tflops": math.nan}, 1.0), (steps, RATES, math.nan), (steps, RATES, 0.0)):
         with pytest.raises(ValueError, match="no physical limit"):
             physical_limit(costs, bad[0], "auto", bad[1], [], bad[2])
@@ -81,3 +81,20 @@ def test_smoke_run_writes_its_limit_with_fp8_feed_forward_weights(tmp_path):
     assert len(s["step_device_ms"]) == s["steps"] and all(ms >= 0 for ms in s["step_device_ms"])
     assert s["parts"]["prefill"]["device_s"] > 0 and s["parts"]["decode"]["device_s"] > 0
     assert result["summary"]["ffn_weights"] == "fp8" and result["summary"]["rates"]["copy_gbps"] > 0
+
+
+def test_gemms_against_fp8_weights_are_held_to_the_fp8_rate():
+    """Where the run measured an FP8 matmul rate, the FLOPs through weights kept FP8 take that rate
+    (the bf16 one would flatter an FP8 run); without one, every FLOP takes the matmul rate."""
+    profile = load("model", "tiny-mla")
+    plain, kept = (ModelCosts.of(profile, 2, 4, 4, ffn_fp8=f) for f in (False, True))
+    assert plain.fp8_row_flops == 0 and 0 < kept.fp8_row_flops < kept.row_flops
+    steps = schedule([(40, 3), (20, 2)], prefill_chunk=32)
+    held = physical_limit(kept, steps, "auto", RATES, [1.0] * len(steps), 0.05)["parts"]["prefill"]
+    fast = physical_limit(kept, steps, "auto", {**RATES, "fp8_matmul_tflops": 2.0}, [1.0] * len(steps),
+                          0.05)["parts"]["prefill"]
+    assert held["limit_s"] == pytest.approx(held["flops"] / 1e12) and held["fp8_flops"] > 0
+    assert fast["limit_s"] == pytest.approx((fast["flops"] - fast["fp8_flops"]) / 1e12 + fast["fp8_flops"] / 2e12)
+    unkept = physical_limit(plain, steps, "auto", {**RATES, "fp8_matmul_tflops": 2.0}, [1.0] * len(steps), 0.05)
+    assert unkept["parts"]["prefill"]["fp8_flops"] == 0 and unkept["parts"]["prefill"]["limit_s"] == pytest.approx(
+        unkept["parts"]["prefill"]["flops"] / 1e12)

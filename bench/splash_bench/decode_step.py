@@ -46,9 +46,11 @@ def _timed(ctx, fn, reps: int) -> list[float]:
     return out
 
 
-def device_rates(ctx, copy_mib: int, matmul_n: int, dtype: torch.dtype, reps: int = 5) -> dict:
+def device_rates(ctx, copy_mib: int, matmul_n: int, dtype: torch.dtype, reps: int = 5, fp8: bool = False) -> dict:
     """The copy bandwidth (bytes read + written per second, device to device) and the dense
-    matrix-multiply rate of ``dtype``, measured here: the roofline's ceilings."""
+    matrix-multiply rate of ``dtype``, measured here: the roofline's ceilings. ``fp8``: also the
+    FP8 matmul rate (``fp8_matmul_tflops``: e4m3 operands, per-tensor scales) where the device has
+    one: the ceiling of GEMMs against weights kept FP8."""
     src = torch.empty(copy_mib * MIB, dtype=torch.uint8, device=ctx.device).random_()
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -57,8 +59,21 @@ def device_rates(ctx, copy_mib: int, matmul_n: int, dtype: torch.dtype, reps: in
     b = torch.randn(matmul_n, matmul_n, device=ctx.device).to(dtype)
     a @ b
     mm_ms = statistics.median(_timed(ctx, lambda: a @ b, reps))
-    return {"copy_gbps": 2 * copy_mib * MIB / copy_ms / 1e6, "matmul_tflops": 2 * matmul_n ** 3 / mm_ms / 1e9,
-            "copy_mib": copy_mib, "matmul_n": matmul_n}
+    rates = {"copy_gbps": 2 * copy_mib * MIB / copy_ms / 1e6, "matmul_tflops": 2 * matmul_n ** 3 / mm_ms / 1e9,
+             "copy_mib": copy_mib, "matmul_n": matmul_n}
+    if fp8 and ctx.device.type == "cuda":
+        try:
+            a8, one = a.to(torch.float8_e4m3fn), torch.ones((), device=ctx.device)
+            b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major: what cuBLAS's FP8 GEMM takes
+
+            def fp8_mm():
+                return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+            fp8_mm()
+            rates["fp8_matmul_tflops"] = 2 * matmul_n ** 3 / statistics.median(_timed(ctx, fp8_mm, reps)) / 1e9
+        except (RuntimeError, AttributeError):  # no FP8 matmul here: FP8 GEMMs are held to the matmul rate
+            pass
+    return rates
 
 
 def build(ctx, spec: dict, batch: int) -> Model:

@@ -19,8 +19,10 @@ Per step, at T = 1 and ``layers`` MLA layers:
   feed-forward ones at one byte and their scales where kept FP8; of the routed experts the share
   B rows touch when each picks top-k of E uniformly, 1 - (1 - k/E)^B) and every request's KV history.
 
-A prefill step (more rows than requests) is FLOP-bound: its floor is its FLOPs at the matmul rate;
-a decode step's floor is the longer of its bytes at the copy rate and its FLOPs at the matmul rate.
+A prefill step (more rows than requests) is FLOP-bound: its floor is its FLOPs at the matmul rate
+(those through weights kept FP8 at the FP8 matmul rate where the run measured one: counting them at
+the bf16 rate would flatter an FP8 run); a decode step's floor is the longer of its bytes at the copy
+rate and its FLOPs at those rates.
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ class ModelCosts:
     kv_bytes_per_token: float  # over all layers
     heads_x_layers: int
     dims: MLADims
+    fp8_row_flops: float = 0.0  # the part of row_flops through weights kept FP8 (at the FP8 matmul rate)
 
     @classmethod
     def of(cls, profile, layers: int, elem: int, kv_elem: int, ffn_fp8: bool) -> "ModelCosts":
-        params = held = experts = 0.0
+        params = fp8_params = held = experts = 0.0
         e = profile.moe
         pick = e.num_experts_per_tok / e.n_routed_experts if e is not None else 0.0
         for layer in range(layers):
@@ -104,11 +107,12 @@ class ModelCosts:
                 experts, held = (experts + size, held) if routed else (experts, held + size)
                 if len(shape) == 2 and not name.endswith("kv_b_proj.weight"):
                     params += numel * (pick if routed else 1.0)
+                    fp8_params += numel * (pick if routed else 1.0) if ffn else 0.0
         d, V, m = profile.hidden_size, profile.vocab_size, profile.mla
         return cls(row_flops=2.0 * params, head_flops=2.0 * V * d, weight_bytes=held + (V * d + d) * elem,
                    expert_bytes=experts, expert_pick=pick,
                    kv_bytes_per_token=float((m.kv_lora_rank + m.qk_rope_head_dim) * kv_elem * layers),
-                   heads_x_layers=m.heads * layers, dims=MLADims.of(m))
+                   heads_x_layers=m.heads * layers, dims=MLADims.of(m), fp8_row_flops=2.0 * fp8_params)
 
     def step_flops(self, step: Step, form: str) -> float:
         rows, contexts = np.array(step.rows), np.array(step.contexts)
@@ -132,11 +136,18 @@ def deployment_costs(deployment) -> ModelCosts:
 
 def step_floor(costs: ModelCosts, step: Step, form: str, rates: dict) -> dict:
     """One step's FLOPs, bytes (decode steps; 0 for prefill ones) and floor in seconds: FLOPs at the
-    matmul rate, for a decode step the longer of that and its bytes at the copy rate."""
+    matmul rate, those through weights kept FP8 at the FP8 matmul rate where the run measured one
+    (``fp8_matmul_tflops``), for a decode step the longer of that and its bytes at the copy rate."""
     flops = costs.step_flops(step, form)
+    fp8 = sum(step.rows) * costs.fp8_row_flops
     moved = costs.step_bytes(step) if step.decode else 0.0
-    floor = max(moved / (rates["copy_gbps"] * 1e9), flops / (rates["matmul_tflops"] * 1e12))
-    return {"flops": flops, "bytes": moved, "floor_s": floor}
+    compute = (flops - fp8) / (rates["matmul_tflops"] * 1e12) + fp8 / (fp8_rate(rates) * 1e12)
+    return {"flops": flops, "fp8_flops": fp8, "bytes": moved, "floor_s": max(moved / (rates["copy_gbps"] * 1e9), compute)}
+
+
+def fp8_rate(rates: dict) -> float:
+    """The rate FP8 GEMMs are held to: the measured FP8 matmul rate, else the matmul rate."""
+    return rates.get("fp8_matmul_tflops", rates["matmul_tflops"])
 
 
 def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict, step_ms, elapsed_s: float,
@@ -148,14 +159,15 @@ def physical_limit(costs: ModelCosts, steps: list[Step], form: str, rates: dict,
     it (wall time books a host stall inside a step's launch to the step before). ValueError for no
     steps, rates that are not positive or a run time that is not."""
     copy, matmul = rates["copy_gbps"] * 1e9, rates["matmul_tflops"] * 1e12
-    if not steps or not (copy > 0 and matmul > 0) or not elapsed_s > 0:
+    if not steps or not (copy > 0 and matmul > 0 and fp8_rate(rates) > 0) or not elapsed_s > 0:
         raise ValueError(f"no physical limit of {len(steps)} steps at {rates} over {elapsed_s} s")
-    parts = {p: {"steps": 0, "flops": 0.0, "bytes": 0.0, "limit_s": 0.0, "measured_s": 0.0, "device_s": None}
-             for p in ("prefill", "decode")}
+    parts = {p: {"steps": 0, "flops": 0.0, "fp8_flops": 0.0, "bytes": 0.0, "limit_s": 0.0, "measured_s": 0.0,
+                 "device_s": None} for p in ("prefill", "decode")}
     for step in steps:
         part, floor = parts["decode" if step.decode else "prefill"], step_floor(costs, step, form, rates)
         part["steps"] += 1
         part["flops"] += floor["flops"]
+        part["fp8_flops"] += floor["fp8_flops"]
         part["bytes"] += floor["bytes"]
         part["limit_s"] += floor["floor_s"]
     ran = [s.decode for s in steps] if ran_decode is None else list(ran_decode)

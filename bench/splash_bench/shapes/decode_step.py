@@ -50,8 +50,8 @@ SHAPES: dict[str, Shape] = {
     "decode_step": Shape(
         doc="a decode step at T = 1, eager against replayed from its captured graph, beside its roofline",
         summary={"rates": "record", "ffn_weights": "text?", "layers": "counts", "memory": "object", "points": "rows", "skipped": "texts"},
-        rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "copy_mib": "positive",
-                        "matmul_n": "positive"},
+        rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "fp8_matmul_tflops": "nonneg?",
+                        "copy_mib": "positive", "matmul_n": "positive"},
               "points": {"batch": "positive", "context": "positive", "layers": "positive", "eager_ms": "nonneg",
                          "eager_device_ms": "nonneg?", "eager_unfused_ms": "nonneg?",
                          "eager_unfused_device_ms": "nonneg?", "graph_ms": "nonneg", "replay_ms": "nonneg?",

@@ -32,7 +32,8 @@ SHAPES: dict[str, Shape] = {
     "dsa_step": Shape(
         doc="a DSA model's decode step and prefill chunk, dense against sparse per provider, beside its roofline",
         summary={"rates": "record", "points": "rows", "skipped": "texts", "sparse_providers": "object"},
-        rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "copy_mib": "positive",
+        rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "fp8_matmul_tflops": "nonneg?",
+                        "copy_mib": "positive",
                         "matmul_n": "positive"},
               "points": {"cache": "text", "phase": "phase?", "context": "positive", "rows": "positive?",
                          "provider": "text", "finite": "flag?", "ms": "nonneg?", "roofline_ms": "nonneg?",
