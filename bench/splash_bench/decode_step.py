@@ -23,7 +23,7 @@ from splash_core.planning import ownership
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
-from splash_core.runtime.model_config import ModelConfig, RankOps
+from splash_core.runtime.model_config import ModelConfig, RankOps, fp8_kernels_for
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
 
@@ -89,8 +89,7 @@ def build(ctx, spec: dict, batch: int) -> Model:
     config = ModelConfig(profile, layout, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
                          num_layers=spec["layers"][str(batch)],
                          graphs=GraphConfig(mode="static", min_table_pages=spec["min_table_pages"]), fp8_ffn=fp8)
-    # float32 runs dequantize FP8 weights at each use (as the engine does: RankOps.of)
-    fp8_kernels = ctx.backend.fp8_linear_kernels(ctx.device, dtype) if fp8 and dtype != torch.float32 else None
+    fp8_kernels = fp8_kernels_for(ctx.backend, ctx.device, dtype) if fp8 else None
     ops = RankOps(ctx.rank, ctx.world_size, ctx.device, ctx.collectives, kernels_for(ctx, dtype, spec["kernels"]),
                   fused=ctx.backend.fused_kernels(ctx.device, dtype), graph_ops=graph_ops, streams=ctx.streams,
                   fp8_kernels=fp8_kernels)

@@ -144,17 +144,15 @@ class StackedFP8:
 
 
 def stacked_rows(parts: tuple[BlockScaledFP8, ...], dtype: torch.dtype) -> StackedFP8:
-    """``parts`` (e.g. a gate and an up projection, or every expert's) stacked along rows as one
-    slice where they meet on block boundaries (each starts a row block and all but the last fill
-    their last one, all from the same column): one GEMM then computes them all, with one
-    quantization of the activations and no concatenation of the outputs. Otherwise kept apart
-    (a shard starting mid-block). Either way :meth:`StackedFP8.dequantize` is the same tensor."""
+    """2-D ``parts`` (e.g. a gate and an up projection) stacked along rows, :func:`joined` into one
+    slice where they meet on block boundaries (each starts a row block, all but the last fill their
+    last one): one GEMM then computes them all, with one quantization of the activations and no
+    concatenation of the outputs. Otherwise kept apart (a TP shard starting mid-block). Either way
+    :meth:`StackedFP8.dequantize` is the same tensor."""
     first = parts[0]
-    rows = first.block[0]
-    if len(parts) > 1 and all(p.start == (0, first.start[1]) and p.block == first.block for p in parts) and \
-            all(p.codes.shape[-2] % rows == 0 for p in parts[:-1]):
-        parts = (BlockScaledFP8(torch.cat([p.codes for p in parts], dim=-2), torch.cat([p.scales for p in parts], dim=-2),
-                                first.start, first.block),)
+    if len(parts) > 1 and all(p.start[0] == 0 for p in parts) and \
+            all(p.codes.shape[0] % first.block[0] == 0 for p in parts[:-1]):
+        parts = (joined(list(parts), 0),)
     return StackedFP8(tuple(parts), dtype)
 
 

@@ -166,11 +166,11 @@ class RankOps:
                    host_collectives=ctx.host_collectives(),
                    peer_memory=ctx.peer_memory() if transfer.peer_pulls else None,
                    graph_ops=backend.graph_ops(device) if config.graphs is not None else None, streams=ctx.streams,
-                   fp8_kernels=(_fp8_kernels(backend, device, dtype) if config.fp8_ffn or config.fp8_attention
+                   fp8_kernels=(fp8_kernels_for(backend, device, dtype) if config.fp8_ffn or config.fp8_attention
                                 else None))
 
 
-def _fp8_kernels(backend, device, dtype: torch.dtype):
+def fp8_kernels_for(backend, device, dtype: torch.dtype):
     """The backend's W8A8 GEMMs, except for float32 runs: those are the exact ones (checked token for
     token), and quantizing their activations would round them, so they dequantize each weight instead."""
     return None if dtype == torch.float32 else backend.fp8_linear_kernels(device, dtype)
