@@ -58,6 +58,10 @@ def _parts(folder, T, x, kernels, fault=None, layers=None):
     return out
 
 
+# At T > 1 a small step builds every routed pair and drops other ranks' (experts.expert_outputs): their
+# rows of the gate/up output are never written, and quantizing that unset memory before the down
+# projection may divide inf by inf, which numpy warns about in the interpreter; those rows are dropped.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 @pytest.mark.parametrize("T", [1, 2])
 def test_every_ranks_ffn_part_is_within_the_w8a8_tolerance(folders, T):  # noqa: F811
     profile = profile_from_checkpoint(folders[1])
