@@ -46,7 +46,8 @@ def test_limit_parts_add_up_and_bad_input_is_refused():
     assert parts["prefill"]["device_s"] is None and parts["decode"]["device_ratio"] is None  # none measured
     timed = physical_limit(costs, steps, "auto", RATES, [1.0] * len(steps), 0.05, [2.0] * len(steps))["parts"]
     for name, part in timed.items():
-        assert part["device_s"] == pytest.approx(2e-3 * part["steps"]) and part["measured_s"] == parts[name]["measured_s"]
+        assert part["device_s"] == pytest.approx(2e-3 * part["steps"])
+        assert part["measured_s"] == parts[name]["measured_s"]
         assert part["device_ratio"] == pytest.approx(part["limit_s"] / part["device_s"])
     partial = physical_limit(costs, steps, "auto", RATES, [1.0] * len(steps), 0.05, [2.0] + [None] * (len(steps) - 1))
     assert partial["parts"]["decode"]["device_s"] is None  # a step without device time: no device split at all
@@ -60,8 +61,9 @@ def test_limit_parts_add_up_and_bad_input_is_refused():
     assert waves["decode"]["limit_s"] == parts["decode"]["limit_s"]  # the floors stay the replayed schedule's
     absorbed = physical_limit(costs, steps, "absorbed", RATES, [1.0] * len(steps), 0.05)
     assert absorbed["parts"]["prefill"]["flops"] > parts["prefill"]["flops"]  # fresh prompts: expanded is cheaper
-    for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0), (steps, {**RATES, "fp8_matmul_tflops": 0.0}, 1.0),
-                (steps, {**RATES, "matmul_tflops": math.nan}, 1.0), (steps, RATES, math.nan), (steps, RATES, 0.0)):
+    for bad in (([], RATES, 1.0), (steps, {**RATES, "copy_gbps": 0.0}, 1.0),
+                (steps, {**RATES, "fp8_matmul_tflops": 0.0}, 1.0), (steps, {**RATES, "matmul_tflops": math.nan}, 1.0),
+                (steps, RATES, math.nan), (steps, RATES, 0.0)):
         with pytest.raises(ValueError, match="no physical limit"):
             physical_limit(costs, bad[0], "auto", bad[1], [], bad[2])
 

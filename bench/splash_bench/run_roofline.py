@@ -106,8 +106,9 @@ class ModelCosts:
                 routed = ".mlp.experts." in name
                 experts, held = (experts + size, held) if routed else (experts, held + size)
                 if len(shape) == 2 and not name.endswith("kv_b_proj.weight"):
-                    params += numel * (pick if routed else 1.0)
-                    fp8_params += numel * (pick if routed else 1.0) if ffn else 0.0
+                    used = numel * (pick if routed else 1.0)
+                    params += used
+                    fp8_params += used if ffn else 0.0
         d, V, m = profile.hidden_size, profile.vocab_size, profile.mla
         return cls(row_flops=2.0 * params, head_flops=2.0 * V * d, weight_bytes=held + (V * d + d) * elem,
                    expert_bytes=experts, expert_pick=pick,
@@ -142,7 +143,8 @@ def step_floor(costs: ModelCosts, step: Step, form: str, rates: dict) -> dict:
     fp8 = sum(step.rows) * costs.fp8_row_flops
     moved = costs.step_bytes(step) if step.decode else 0.0
     compute = (flops - fp8) / (rates["matmul_tflops"] * 1e12) + fp8 / (fp8_rate(rates) * 1e12)
-    return {"flops": flops, "fp8_flops": fp8, "bytes": moved, "floor_s": max(moved / (rates["copy_gbps"] * 1e9), compute)}
+    floor = max(moved / (rates["copy_gbps"] * 1e9), compute)
+    return {"flops": flops, "fp8_flops": fp8, "bytes": moved, "floor_s": floor}
 
 
 def fp8_rate(rates: dict) -> float:
