@@ -13,7 +13,8 @@ A rank's slice of each tensor follows the runtime's placement rules:
 - head-indexed attention projections (Q-B, KV-B, O; KDA's per-head tensors but its convolution
   taps): head shard r of T in TP and DOP, all heads in DP and CP (:mod:`splash_core.runtime.model`);
 - the rest of attention (Q-A, KV-A, the indexer, norms, KDA's taps): whole on every rank;
-- dense MLPs and shared experts: rows (gate, up) and columns (down) ``even_shard(width, r, T)``;
+- dense MLPs and shared experts: rows (gate, up) and columns (down) ``even_shard(width, r, T)``
+  (shared experts whole where the deployment's MoE layers dispatch by all-to-all);
 - routed experts: whole experts ``even_shard(E, r, T)`` (expert parallel);
 - router weight and bias: whole, in float32 whatever the compute format;
 - embedding: whole; LM head: ``ceil(V / T)`` rows (the last shard padded with zeros).
@@ -151,14 +152,17 @@ def _slice_held(t: StoredTensor, rows: range, cols: range | None, held_bytes: in
     return Held(runtime, elements + 4 * grid)  # e4m3 codes + float32 scales of every block touched
 
 
-def _part_and_slice(name: str, t: StoredTensor, rank: int, T: int, sharded: bool):
-    """(part, rows, cols) of tensor ``name`` on ``rank`` (rows empty: the rank holds none of it)."""
+def _part_and_slice(name: str, t: StoredTensor, rank: int, T: int, sharded: bool, shared_whole: bool = False):
+    """(part, rows, cols) of tensor ``name`` on ``rank`` (rows empty: the rank holds none of it);
+    ``shared_whole``: shared experts whole on every rank (MoE dispatch by all-to-all)."""
     rows_all = range(t.shape[0])
     if name == "model.embed_tokens.weight":
         return "embed/head", rows_all, None
     if name == "lm_head.weight":
         return "embed/head", even_shard(t.shape[0], rank, T), None
     if _ROUTER.fullmatch(name):
+        return "mlp", rows_all, None
+    if _WIDTH.fullmatch(name) and shared_whole and ".shared_experts." in name:
         return "mlp", rows_all, None
     if _WIDTH.fullmatch(name):
         down = name.endswith("down_proj.weight")
@@ -179,8 +183,10 @@ class RankWeights:
     """Every rank's weights by part: built once per model (routed experts summed per expert id,
     so a rank's share is a sum over its experts), asked per layout and rank."""
 
-    def __init__(self, profile: ModelProfile, tensors: dict[str, StoredTensor], T: int, compute_dtype: str):
+    def __init__(self, profile: ModelProfile, tensors: dict[str, StoredTensor], T: int, compute_dtype: str,
+                 shared_whole: bool = False):
         self.profile, self.T, self.compute = profile, T, dtypes.nbytes(compute_dtype)
+        self.shared_whole = shared_whole
         experts = profile.moe.n_routed_experts if profile.moe is not None else 0
         self.per_expert = [Held() for _ in range(experts)]
         self.others: list[tuple[str, StoredTensor]] = []
@@ -199,7 +205,7 @@ class RankWeights:
         for j in even_shard(len(self.per_expert), rank, self.T):
             out["experts"] += self.per_expert[j]
         for name, t in self.others:
-            part, rows, cols = _part_and_slice(name, t, rank, self.T, sharded)
+            part, rows, cols = _part_and_slice(name, t, rank, self.T, sharded, self.shared_whole)
             out[part] += _slice_held(t, rows, cols, 4 if _ROUTER.fullmatch(name) else self.compute)
         if self.head is not None:  # the last shards are padded to ceil(V / T) rows
             v, d = self.head.shape

@@ -89,7 +89,8 @@ def deployment_memory(deployment, layouts=tuple(Layout)) -> DeploymentMemory:
     """The memory plan of ``deployment`` (headers or config.json only: no weight is read)."""
     tensors, source = stored_tensors(deployment.model, deployment.layers, deployment.compute_dtype,
                                      deployment.keeps_fp8)
-    table = RankWeights(deployment.model, tensors, deployment.T, deployment.compute_dtype)
+    table = RankWeights(deployment.model, tensors, deployment.T, deployment.compute_dtype,
+                        shared_whole=deployment.moe_dispatch != "all_reduce")
     graphs = graph_pool_bytes(deployment)
     kept = FFN_PARTS if deployment.ffn_weights == "fp8" else ()  # feed-forward weights held as stored
     attention = deployment.attention_weights == "fp8"

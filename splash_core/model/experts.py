@@ -32,15 +32,26 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     scores = logits.sigmoid() if moe.scoring_func == "sigmoid" else logits.softmax(dim=-1)
     choice = scores + bias.float() if moe.topk_method == "noaux_tc" and bias is not None else scores
     if moe.topk_method != "greedy" and moe.n_group > 1:
-        grouped = choice.view(x.shape[0], moe.n_group, -1)
+        grouped = choice.view(x.shape[0], moe.n_group, moe.n_routed_experts // moe.n_group)
         rank_by = grouped.topk(2, dim=-1).values.sum(-1) if moe.topk_method == "noaux_tc" else grouped.amax(-1)
         keep = torch.zeros_like(rank_by, dtype=torch.bool).scatter_(1, rank_by.topk(moe.topk_group, dim=-1).indices, True)
-        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(x.shape[0], -1)
+        choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(x.shape[0], moe.n_routed_experts)
     experts = choice.topk(moe.num_experts_per_tok, dim=-1).indices
     weights = scores.gather(1, experts)
     if moe.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * moe.routed_scaling_factor, experts
+
+
+def ranks_per_row(moe: MoEConfig, T: int, rows: int = 8192, seed: int = 0) -> float:
+    """The mean number of distinct ranks among a row's experts (expert j on rank j // ceil(E / T), as
+    ``weights.even_shard`` places them) when :func:`route` sees exchangeable scores (independent,
+    identically distributed: a balanced router), from ``rows`` seeded rows."""
+    E = moe.n_routed_experts
+    scores = torch.randn(rows, E, generator=torch.Generator().manual_seed(seed))
+    _, chosen = route(scores, torch.eye(E), torch.zeros(E), moe)
+    per = -(-E // T)
+    return torch.zeros(rows, T, dtype=torch.bool).scatter_(1, chosen // per, True).sum(1).double().mean().item()
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ FORMS = ("auto", "absorbed", "expanded")  # how prefill rows attend (splash_core
 RESIDENCIES = ("transfer", "last_token")  # how long a prompt's KV stays in the prefill pool
 ADMISSIONS = ("continuous", "waves")  # how the prefill group admits queued requests
 WEIGHT_FORMATS = ("compute", "fp8")  # how a rank holds the feed-forward weights and the attention projections
+MOE_DISPATCH = ("all_reduce", "all_to_all", "cheaper")  # how MoE rows reach their experts (planning.moe_dispatch)
 
 
 def _default_overlap():
@@ -147,6 +148,13 @@ class DeploymentProfile:
         "compute_dtype at load) or fp8 (block-scaled e4m3 as an FP8 checkpoint stores them, switches moving them "
         "FP8 with their scales; KV-B also keeps a compute_dtype copy for the absorbed per-head products)",
         default="compute", checks=[one_of(*WEIGHT_FORMATS)])
+    moe_dispatch: str = field(
+        "how MoE layers' rows reach their experts: all_reduce (every rank holds every row after attention and "
+        "one all-reduce sums the experts' outputs), all_to_all (where attention leaves rows with their owners, "
+        "DP, CP and DOP, in eager steps: each owner sends its rows to their experts' ranks and gets their sums "
+        "back, DeepEP-style; every rank then holds the shared experts whole) or cheaper (as all_to_all, but "
+        "only in the steps where the hardware profile's collective rates price it below the all-reduce)",
+        default="all_reduce", checks=[one_of(*MOE_DISPATCH)])
     layers: int | None = field("run only the first N layers (None: the whole model)", default=None)
     collective_timeout_s: float = field("a collective that takes longer fails the group", default=300.0, checks=[positive])
     seed: int = field("seed for generated weights", default=0)
@@ -164,6 +172,9 @@ class DeploymentProfile:
             yield Problem("T", f"must divide the model's {mla.heads} MLA heads", self.T)
         if kda is not None and LayerKind.KDA in self.model.layer_kinds and kda.heads % self.T:
             yield Problem("T", f"must divide the model's {kda.heads} KDA heads", self.T)
+        if self.moe_dispatch != "all_reduce" and self.model.moe is None:
+            yield Problem("moe_dispatch", f"needs a model with routed experts; {self.model.name!r} has none",
+                          self.moe_dispatch)
         if self.page_size & (self.page_size - 1):
             yield Problem("page_size", "must be a power of two", self.page_size)
         if self.layers is not None and not 0 < self.layers <= self.model.num_layers:

@@ -8,6 +8,8 @@ appendix E: "ranks that own no rows in a batch still enter both collectives").
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -55,23 +57,45 @@ def owners_to_rows(step: StepContext, out_own: torch.Tensor) -> torch.Tensor:
     return out.view(-1, h, w)
 
 
+def reduce_to_owners(step: StepContext, partial: torch.Tensor) -> torch.Tensor:
+    """DOP's partial outputs of all rows [N, d] (this rank's heads) -> each owner's rows summed over
+    ranks [N_r, d]: half an all-reduce (a reduce-scatter by owner), in one all-to-all."""
+    T, mine = step.T, step.num_own_rows
+    out = partial.new_empty(T * mine, partial.shape[1])
+    step.collectives.all_to_all(out, partial.contiguous(), [mine] * T, step.owner_splits)
+    return out.view(T, mine, partial.shape[1]).sum(0)
+
+
+def pack_rows(parts) -> torch.Tensor:
+    """Row-aligned tensors of any formats side by side as bytes [n, total bytes], to travel in one collective."""
+    return torch.cat([p.reshape(p.shape[0], math.prod(p.shape[1:])).contiguous().view(torch.uint8) for p in parts],
+                     dim=1)
+
+
+def unpack_rows(packed: torch.Tensor, formats) -> list[torch.Tensor]:
+    """:func:`pack_rows`' parts of ``packed`` [n, bytes], each ``(dtype, width)`` of ``formats`` as
+    [n, width]: read in place (strided views) where its columns start and its rows repeat on a
+    multiple of its format's size, else copied out first."""
+    out, at = [], 0
+    for dtype, width in formats:
+        size = torch.empty((), dtype=dtype).element_size()
+        part = packed[:, at: at + width * size]
+        if at % size or packed.shape[1] % size:
+            part = part.contiguous()
+        out.append(part.view(dtype))
+        at += width * size
+    return out
+
+
 def partials_to_owners(step: StepContext, out: torch.Tensor, lse: torch.Tensor):
     """CP, after attention: every rank's partial (out [N, H, W], lse [N, H] fp32) of every row ->
-    each owner's T partials of its rows (outs [T, N_r, H, W], lses [T, N_r, H]), in one all-to-all.
-
-    ``out`` and ``lse`` travel as bytes side by side so their formats may differ; what arrives is
-    read in place (strided views; the merge takes any strides with a unit channel stride)."""
+    each owner's T partials of its rows (outs [T, N_r, H, W], lses [T, N_r, H]), in one all-to-all,
+    ``out`` and ``lse`` side by side as bytes (so their formats may differ); the merge takes any
+    strides with a unit channel stride."""
     n, heads, w = out.shape
     T, mine = step.T, step.num_own_rows
-    out_bytes = out.reshape(n, heads * w).contiguous().view(torch.uint8)
-    payload = torch.cat([out_bytes, lse.float().contiguous().view(torch.uint8)], dim=1)
+    payload = pack_rows([out, lse.float()])
     recv = payload.new_empty(T * mine, payload.shape[1])
     step.collectives.all_to_all(recv, payload, [mine] * T, step.owner_splits)
-    split = out_bytes.shape[1]
-    parts = recv[:, :split], recv[:, split:]
-    # Each part is viewed in its format in place when its columns start and its rows repeat on
-    # a multiple of that format's size; otherwise it is copied out first.
-    if split % 4 or recv.shape[1] % max(4, out.element_size()):
-        parts = tuple(p.contiguous() for p in parts)
-    return (parts[0].view(out.dtype).view(T, mine, heads, w),
-            parts[1].view(torch.float32).view(T, mine, heads))
+    outs, lses = unpack_rows(recv, [(out.dtype, heads * w), (torch.float32, heads)])
+    return outs.view(T, mine, heads, w), lses.view(T, mine, heads)

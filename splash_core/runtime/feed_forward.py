@@ -19,6 +19,11 @@ and return the block's output for all rows, the same on every rank, after one al
   experts; a small one builds every pair and drops the others' (no read back to the host, the
   shapes a captured decode graph replays).
 
+  With ``shared_whole`` every rank holds the shared experts whole and computes them for its share
+  of the rows, and :meth:`MoE.forward_owned` takes only an owner's rows: they travel by all-to-all
+  to their experts' ranks and their sums come back (:mod:`~splash_core.planning.moe_dispatch` says
+  in which steps).
+
 With ``fp8`` (:attr:`~splash_core.runtime.model_config.ModelConfig.fp8_ffn`) both keep the weights of
 an FP8 block-scaled checkpoint as stored (:class:`~splash_core.model.fp8_blocks.StackedFP8`: e4m3
 codes and the 128 x 128 scale blocks of this rank's slices, TP shards starting mid-block; gate and up
@@ -42,6 +47,7 @@ from ..model.ops import silu_mul as _silu_mul
 from ..model.weights import WeightSource, even_shard, layer_prefix, mlp_shapes, moe_tensor_shapes
 from ..platform.interfaces import FP8LinearKernels
 from ..profiles.model import ModelProfile
+from .expert_exchange import dispatch_and_combine
 
 # Routed pairs from which a step builds only its own experts' (one read of their count to the host):
 # below it the pairs of all ranks cost little, and a decode step keeps its queue of launches.
@@ -131,16 +137,19 @@ class MoE:
 
     def __init__(self, profile: ModelProfile, router: torch.Tensor, bias: torch.Tensor | None, experts: range,
                  gate_up: torch.Tensor | StackedFP8, down: torch.Tensor | StackedFP8, shared: DenseMLP | None,
-                 silu_mul=_silu_mul, fp8_kernels: FP8LinearKernels | None = None):
+                 silu_mul=_silu_mul, fp8_kernels: FP8LinearKernels | None = None, rank: int = 0, T: int = 1,
+                 shared_whole: bool = False):
         self.config = profile.moe
         self.router, self.bias, self.experts = router, bias, experts
         self.gate_up, self.down, self.shared, self.silu_mul = gate_up, down, shared, silu_mul
         self.kernels = fp8_kernels if isinstance(gate_up, StackedFP8) else None
+        self.rank, self.T, self.shared_whole = rank, T, shared_whole
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
              device=None, dtype=None, silu_mul=_silu_mul, fp8: bool = False,
-             fp8_kernels: FP8LinearKernels | None = None) -> "MoE":
+             fp8_kernels: FP8LinearKernels | None = None, shared_whole: bool = False) -> "MoE":
+        """``shared_whole``: the shared experts whole on this rank (for :meth:`forward_owned`), not its shard."""
         e, d = profile.moe, profile.hidden_size
         experts = even_shard(e.n_routed_experts, rank, T)
         shapes = moe_tensor_shapes(profile, layer, experts)
@@ -155,26 +164,42 @@ class MoE:
         bias = get(f"{p}.gate.e_score_correction_bias", torch.float32) if e.topk_method == "noaux_tc" else None
         load_experts = _kept_experts if fp8 else _dequantized_experts
         gate_up, down = load_experts(source, f"{p}.experts", experts, width, d, device, dtype)
-        shared = (DenseMLP.load(source, f"{p}.shared_experts", e.n_shared_experts * width, d, rank, T, device, dtype,
+        shard = (0, 1) if shared_whole else (rank, T)
+        shared = (DenseMLP.load(source, f"{p}.shared_experts", e.n_shared_experts * width, d, *shard, device, dtype,
                                 silu_mul, fp8, fp8_kernels) if e.n_shared_experts else None)
-        return cls(profile, router, bias, experts, gate_up, down, shared, silu_mul, fp8_kernels)
+        return cls(profile, router, bias, experts, gate_up, down, shared, silu_mul, fp8_kernels, rank, T, shared_whole)
+
+    def _routed(self, x, weights, chosen, own: bool) -> torch.Tensor:
+        """Rows ``x``'s sums over their pairs routed to the experts held here."""
+        if self.kernels is not None:
+            return expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down, self.silu_mul,
+                                  own, partial(_by_parts, self.kernels.grouped))
+        return expert_outputs(x, weights, chosen, self.experts.start, _dense(self.gate_up), _dense(self.down),
+                              self.silu_mul, own)
 
     def forward(self, x: torch.Tensor, collectives, host_reads: bool = True) -> torch.Tensor:
         """The layer's output for all rows. ``host_reads``: the step may read a count back to the
         host (not in a captured graph); then, past :data:`OWN_PAIRS_FROM` routed pairs, only
         this rank's experts' pairs are built."""
         weights, chosen = route(x, self.router, self.bias, self.config)
-        own = host_reads and chosen.numel() >= OWN_PAIRS_FROM
-        if self.kernels is not None:
-            out = expert_outputs(x, weights, chosen, self.experts.start, self.gate_up, self.down, self.silu_mul, own,
-                                 partial(_by_parts, self.kernels.grouped))
-        else:
-            out = expert_outputs(x, weights, chosen, self.experts.start, _dense(self.gate_up), _dense(self.down),
-                                 self.silu_mul, own)
-        if self.shared is not None:
+        out = self._routed(x, weights, chosen, host_reads and chosen.numel() >= OWN_PAIRS_FROM)
+        if self.shared is not None and self.shared_whole:  # each rank the shared experts of its share of rows
+            rows = even_shard(x.shape[0], self.rank, self.T)
+            out[rows.start: rows.stop] += self.shared.partial(x[rows.start: rows.stop])
+        elif self.shared is not None:
             out = out + self.shared.partial(x)
         collectives.all_reduce(out)
         return out
+
+    def forward_owned(self, x: torch.Tensor, collectives) -> torch.Tensor:
+        """The layer's output for this rank's own rows ``x``, their pairs dispatched to the experts'
+        ranks and combined by all-to-all (:mod:`~splash_core.runtime.expert_exchange`; eager steps
+        only); the shared experts, held whole, computed here. A collective."""
+        weights, chosen = route(x, self.router, self.bias, self.config)
+        per = -(-self.config.n_routed_experts // self.T)  # as even_shard places them
+        out = dispatch_and_combine(collectives, self.T, x, weights, chosen, per,
+                                   lambda rows, w, e: self._routed(rows, w, e, True))
+        return out + self.shared.partial(x) if self.shared is not None else out
 
     def nbytes(self) -> dict[str, int]:
         """{'experts': the routed experts held here, 'mlp': router and shared-expert shard}."""
@@ -229,14 +254,15 @@ def _kept_experts(source: WeightSource, prefix: str, experts: range, width: int,
 
 def load_feed_forward(source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
                       device=None, dtype=None, silu_mul=None, fp8: bool = False,
-                      fp8_kernels: FP8LinearKernels | None = None) -> DenseMLP | MoE | None:
+                      fp8_kernels: FP8LinearKernels | None = None, shared_whole: bool = False) -> DenseMLP | MoE | None:
     """Layer ``layer``'s feed-forward part on rank ``rank`` (None: the model has none), its
     activation applied by ``silu_mul`` (None: torch's); ``fp8``: its weights kept FP8 as the
     checkpoint stores them (ValueError or CheckpointError for a source or tensor that is not),
-    multiplied by ``fp8_kernels`` (None: dequantized at each use)."""
+    multiplied by ``fp8_kernels`` (None: dequantized at each use); ``shared_whole``: a MoE layer's
+    shared experts whole on every rank (:meth:`MoE.forward_owned` needs them)."""
     silu_mul = silu_mul or _silu_mul
     if profile.runtime_moe_layer(layer):
-        return MoE.load(source, profile, layer, rank, T, device, dtype, silu_mul, fp8, fp8_kernels)
+        return MoE.load(source, profile, layer, rank, T, device, dtype, silu_mul, fp8, fp8_kernels, shared_whole)
     if not profile.intermediate_size:
         return None
     return DenseMLP.load(source, f"{layer_prefix(layer)}.mlp", profile.intermediate_size, profile.hidden_size,

@@ -23,6 +23,10 @@ rows, the same on every rank. In between, per layout:
   sends its partial (out, lse) to the row's owner, which merges them by log-sum-exp, applies
   W_UV and O and all-gathers. A rank holding none of a row's keys returns lse = -inf.
 
+With ``owned`` (a MoE layer dispatching by all-to-all: :mod:`splash_core.planning.moe_dispatch`),
+DP, CP and DOP return their own rows only [N_r, d]: DP and CP without the gather, DOP reducing the
+O partials to the rows' owners (an all-to-all) instead of to every rank.
+
 With DeepSeek Sparse Attention (an ``indexer``) the pages store each token's indexer key as the
 indexer uses it (normalised, rotated), and the rank attending for a row attends over the row's
 top-k keys only (:mod:`~splash_core.runtime.sparse_attention`): in TP, DP and DOP it holds the
@@ -75,8 +79,13 @@ class MLALayer(HeadShardedLayer):
 
     # ---- forward --------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
-        return _FORWARD[self.layout](self, x, step)
+    def forward(self, x: torch.Tensor, step: StepContext, owned: bool = False) -> torch.Tensor:
+        """The attention output of every row [N, d], on every rank; ``owned`` (DP, CP, DOP): of this
+        rank's own rows only [N_r, d], before the gather (or, in DOP, the all-reduce) that would give
+        every rank all of them."""
+        if owned and self.layout is Layout.TP:
+            raise ValueError("a TP layer's rows have no owners to leave them with")
+        return _FORWARD[self.layout](self, x, step, owned)
 
     def _write(self, step: StepContext, kv, rot, keys) -> None:
         """Write the cache entries of KV-A's output ``kv`` (and indexer ``keys``) of exactly the rows
@@ -170,7 +179,7 @@ class MLALayer(HeadShardedLayer):
     def _rotary(self, step: StepContext, own: bool):
         return step.rotary(self.math.d_r, self.math.theta, own, self.math.rope_scaling, rotates=self.math.rotates)
 
-    def _tp(self, x, step):
+    def _tp(self, x, step, owned=False):
         m, w = self.math, self.weights
         rot = self._rotary(step, own=False)
         q_in, kv, keys = m.project(w, x)
@@ -186,14 +195,14 @@ class MLALayer(HeadShardedLayer):
         q_in, kv, keys = self.math.project(self.weights, x[step.own_rows])
         return q_in, rot, kv, keys
 
-    def _dp(self, x, step):
+    def _dp(self, x, step, owned=False):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         self._write(step, kv, rot, keys)
         values, _ = self._attend_values(q_in, rot, step, x[step.own_rows])
-        return exchange.gather_rows(step, m.project_values(w, values))
+        return _rows(step, m.project_values(w, values), owned)
 
-    def _dop(self, x, step):
+    def _dop(self, x, step, owned=False):
         m, w = self.math, self.weights
         q_in, kv, keys = m.project(w, x, kv_rows=step.own_rows)
         q = m.queries(w, q_in, self._rotary(step, own=False))  # [N, H/T, W]: this rank's heads, all rows
@@ -202,10 +211,12 @@ class MLALayer(HeadShardedLayer):
         own = step.own_rows
         out_own, _ = self._attend(exchange.rows_to_owners(step, q), step, self._index(x[own], q_in[own], rot_own))
         o = m.output(w, exchange.owners_to_rows(step, out_own))
+        if owned:
+            return exchange.reduce_to_owners(step, o)
         step.collectives.all_reduce(o)
         return o
 
-    def _cp(self, x, step):
+    def _cp(self, x, step, owned=False):
         m, w = self.math, self.weights
         q_in, rot, kv, keys = self._owner_rows(x, step)
         entries = m.latent(w, kv, rot)
@@ -235,12 +246,17 @@ class MLALayer(HeadShardedLayer):
             out, lse = self._attend(q, step, index)
             outs, lses = exchange.partials_to_owners(step, out, lse)
             merged, _ = step.kernels.merge(outs, lses)
-            return exchange.gather_rows(step, m.output(w, merged))
+            return _rows(step, m.output(w, merged), owned)
         # partials in value space: W_UV is linear, so merging values equals W_UV of merged latents
         values, lse = self._mixed_forms(q, forms, step)
         outs, lses = exchange.partials_to_owners(step, values, lse)
         merged, _ = step.kernels.merge(outs, lses)
-        return exchange.gather_rows(step, m.project_values(w, merged))
+        return _rows(step, m.project_values(w, merged), owned)
+
+
+def _rows(step: StepContext, own: torch.Tensor, owned: bool) -> torch.Tensor:
+    """An owner layout's output of its own rows: as is where ``owned``, else gathered to every rank."""
+    return own if owned else exchange.gather_rows(step, own)
 
 
 def _from_every_rank(step: StepContext, local: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ the same on every rank between blocks. Each attention layer computes in its own 
 rows; the feed-forward part keeps one parallelism whatever the attention layout
 (:mod:`~splash_core.runtime.feed_forward`: tensor-parallel dense MLP, expert-parallel MoE, one
 all-reduce each), so DP/DOP/CP rows are gathered to every rank before it and each owner selects
-its rows again at the next attention layer, as DP-attention engines do.
+its rows again at the next attention layer, as DP-attention engines do (or, in the steps
+:mod:`~splash_core.planning.moe_dispatch` picks, owners run a MoE block on their rows, then gather).
 
 Logits are those of each request's last row (then those of the rows :meth:`Model.scoring` names,
 for prompt logprobs), vocabulary-parallel (each rank computes
@@ -46,6 +47,7 @@ from ..platform.device import to_device
 from ..profiles.graphs import decode_capturable
 from ..profiles.model import LayerKind, ModelProfile
 from ..profiles.transfer import TransferConfig
+from . import exchange
 from .decode_graphs import DecodeGraphs, DecodeOutputs
 from .feed_forward import DenseMLP, MoE, load_feed_forward
 from .kda_layer import KDALayer
@@ -91,7 +93,8 @@ class Model:
                                weights.get(f"{p}.post_attention_layernorm.weight")))
             self.mlps.append(load_feed_forward(source, profile, i, self.rank, self.T, device=ops.device,
                                                dtype=config.dtype, silu_mul=self.fused.silu_mul, fp8=config.fp8_ffn,
-                                               fp8_kernels=ops.fp8_kernels))
+                                               fp8_kernels=ops.fp8_kernels,
+                                               shared_whole=config.moe_dispatch.shared_whole))
         self.final_norm = weights.get("model.norm.weight")
         self.vocab_per_rank = -(-profile.vocab_size // self.T)
         vocab = even_shard(profile.vocab_size, self.rank, self.T)
@@ -230,6 +233,11 @@ class Model:
         for i, (layer, (_, post_norm), mlp) in enumerate(zip(self.layers, self.norms, self.mlps)):
             if before_layer is not None:
                 before_layer(i)
+            if self._dispatches(layer, mlp, step):
+                h = self._owned_block(layer, mlp, normed, h, post_norm, step)
+                if i + 1 < len(self.layers):
+                    normed = fused.add_rms_norm(h, None, self.norms[i + 1][0], eps)[0]
+                continue
             out = layer.forward(normed, step)
             if mlp is not None:
                 x, h = fused.add_rms_norm(out, h, post_norm, eps)
@@ -246,6 +254,18 @@ class Model:
         self.collectives.all_gather_into(out, local.contiguous())
         logits = out.view(self.T, -1, local.shape[1]).transpose(0, 1).reshape(local.shape[0], -1)
         return logits[:, : self.profile.vocab_size].float()
+
+    def _dispatches(self, layer, mlp, step: StepContext) -> bool:
+        """Whether this step's MoE layer after ``layer`` takes the all-to-all path (the same on every rank)."""
+        return (isinstance(mlp, MoE) and isinstance(layer, MLALayer) and step.host_reads
+                and self.config.moe_dispatch.by_all_to_all(layer.layout, step.batch.num_rows))
+
+    def _owned_block(self, layer: MLALayer, mlp: MoE, normed, h, post_norm, step: StepContext) -> torch.Tensor:
+        """The residual stream after this block on every rank, each row computed by its owner (attention
+        left there, the MoE by all-to-all), then gathered, as DP and CP gather attention's output."""
+        x, own = self.fused.add_rms_norm(layer.forward(normed, step, owned=True), h[step.own_rows], post_norm,
+                                         self.profile.rms_norm_eps)
+        return exchange.gather_rows(step, own + mlp.forward_owned(x, self.collectives))
 
     # ---- pages ----------------------------------------------------------------------------
 

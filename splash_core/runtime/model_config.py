@@ -9,10 +9,13 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import dtypes
 from ..dtypes import torch_dtype
 from ..layouts import Layout
 from ..model import ops
+from ..model.experts import ranks_per_row
 from ..model.kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
+from ..planning.moe_dispatch import MoEDispatch, moe_dispatch
 from ..platform.interfaces import Collectives, FP8LinearKernels, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
@@ -47,7 +50,9 @@ class ModelConfig:
     block-scaled as the checkpoint stores them, dequantized at each use (needs an FP8 block-scaled
     checkpoint; the model's outputs are unchanged); False: dequantized to ``dtype`` at load.
     ``fp8_attention``: likewise the MLA layers' head-indexed projections (Q-B, KV-B, O; a switch
-    moves them FP8 with their scales: :class:`~splash_core.model.mla.MLAWeights`)."""
+    moves them FP8 with their scales: :class:`~splash_core.model.mla.MLAWeights`). ``moe_dispatch``: in
+    which steps MoE layers dispatch their owners' rows by all-to-all (:mod:`~splash_core.planning.moe_dispatch`;
+    every rank then holds the shared experts whole)."""
 
     profile: ModelProfile
     layouts: Layout | Sequence[Layout]
@@ -62,6 +67,7 @@ class ModelConfig:
     sparse_attention: bool = False
     fp8_ffn: bool = False
     fp8_attention: bool = False
+    moe_dispatch: MoEDispatch = MoEDispatch()
 
     def __post_init__(self):
         if self.sparse_attention and self.profile.indexer is None:
@@ -78,7 +84,7 @@ class ModelConfig:
     def of(cls, deployment, *, pages_per_layer: int, layouts=None) -> "ModelConfig":
         """A deployment's model: its profile, page size, compute format, layer count, initial
         layout (unless ``layouts`` is given), decode graphs, prefill attention, sparse attention
-        (:func:`attends_sparsely`) and the feed-forward weights' format; the KV pool stores the
+        (:func:`attends_sparsely`), the feed-forward weights' format and MoE dispatch; the KV pool stores the
         model's cache format (one the runtime can store: :func:`~splash_core.model.kv_format.kv_format_problem`)."""
         kv = deployment.model.kv_cache
         problem = kv_format_problem(deployment.model)
@@ -89,7 +95,8 @@ class ModelConfig:
                    dtype=torch_dtype(deployment.compute_dtype), kv_dtype=torch_dtype(kv.latent_dtype),
                    kv_scales=kv.scale_bytes // SCALE_BYTES, num_layers=deployment.layers, graphs=deployment.graphs,
                    attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment),
-                   fp8_ffn=deployment.ffn_weights == "fp8", fp8_attention=deployment.attention_weights == "fp8")
+                   fp8_ffn=deployment.ffn_weights == "fp8", fp8_attention=deployment.attention_weights == "fp8",
+                   moe_dispatch=_moe_dispatch(deployment))
 
     @property
     def layer_count(self) -> int:
@@ -174,6 +181,15 @@ def fp8_kernels_for(backend, device, dtype: torch.dtype):
     """The backend's W8A8 GEMMs, except for float32 runs: those are the exact ones (checked token for
     token), and quantizing their activations would round them, so they dequantize each weight instead."""
     return None if dtype == torch.float32 else backend.fp8_linear_kernels(device, dtype)
+
+
+def _moe_dispatch(deployment) -> MoEDispatch:
+    """The deployment's MoE dispatch rule, priced with its hardware's collective rates."""
+    model, T, mode = deployment.model, deployment.T, deployment.moe_dispatch
+    if mode == "all_reduce" or model.moe is None or T == 1:
+        return MoEDispatch(mode)
+    return moe_dispatch(mode, model, deployment.hardware, T, dtypes.nbytes(deployment.compute_dtype),
+                        ranks_per_row(model.moe, T))
 
 
 def _indexer_format(profile: ModelProfile) -> dict:
