@@ -8,8 +8,8 @@ are those of the all-reduce path within float32's summation error (the sums are 
 order, and the shared expert is whole on every rank, computed on a share of the rows even in TP:
 measured at most 4.6e-7 of the largest logit), the greedy tokens the same, and the all-to-all
 path ran in every owner layout's eager steps and never in TP's; a combine that loses one rank's
-sums is caught. The rule itself: D of plain top-k against its closed form, and the crossing row
-count of ``cheaper`` against the priced seconds.
+sums is caught. The rule itself: D against the router and the closed form of plain top-k, and the
+crossing row count of ``cheaper`` against the priced seconds.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from splash_core.engine import Job, serve
 from splash_core.engine.memory_plan import deployment_memory
 from splash_core.engine.policy import ScriptedPolicy
 from splash_core.engine.requests import GenerationRequest
-from splash_core.layouts import Layout
-from splash_core.model.experts import ranks_per_row
-from splash_core.planning.moe_dispatch import OWNER_LAYOUTS, MoEDispatch, moe_dispatch, path_seconds
+from splash_core.layouts import LAYOUTS, Layout
+from splash_core.model.experts import route
+from splash_core.planning.costmodel import CostModel
+from splash_core.planning.host_overhead import uniform_batch
+from splash_core.planning.moe_dispatch import OWNER_LAYOUTS, DispatchPrices, MoEDispatch, dispatch_rule, ranks_per_row
 from splash_core.profiles import loader
 from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 from splash_core.runtime import expert_exchange, feed_forward
@@ -107,11 +109,21 @@ def test_a_combine_that_loses_a_rank_is_caught(rank_pools):
     assert _mismatch(nan, want) == _mismatch([], want) == _mismatch(want[:-1], want) == float("inf")
 
 
-def test_ranks_per_row_of_plain_top_k_is_the_uniform_expectation():
-    """Plain top-k on exchangeable scores picks k of E experts uniformly: D = sum over ranks of
-    1 - C(E - e_r, k) / C(E, k) (e_r experts on rank r), within sampling error of 8,192 rows. With
-    DeepSeek-V3's group limit (4 of 8 groups; a group per rank at T = 8) the top-8 lean on every
-    chosen group, so D lies between the uniform choice among the chosen groups (3.63) and 4."""
+def test_ranks_per_row_is_what_the_router_does_and_the_closed_form_of_plain_top_k():
+    """D is the cost model's own sampling of DeepSeek's choice rule; the router itself
+    (:func:`~splash_core.model.experts.route`) on random scores touches as many ranks per token
+    (within 2% over 20,000 tokens: DeepSeek-V3's group limit, four of eight groups, where the top-8
+    lean on every chosen group), and plain top-k picks k of E experts uniformly: D = sum over ranks
+    of 1 - C(E - e_r, k) / C(E, k) (e_r experts on rank r)."""
+    v3 = loader.load("model", "deepseek-v3")
+    gen = torch.Generator().manual_seed(0)
+    for T in (2, 3, 8):
+        scores = torch.randn(20_000, v3.moe.n_routed_experts, generator=gen)
+        _, chosen = route(scores, torch.eye(v3.moe.n_routed_experts), torch.zeros(v3.moe.n_routed_experts), v3.moe)
+        per = -(-v3.moe.n_routed_experts // T)
+        touched = torch.zeros(scores.shape[0], T, dtype=torch.bool).scatter_(1, chosen // per, True).sum(1)
+        assert ranks_per_row(v3.moe, T) == pytest.approx(touched.double().mean().item(), rel=0.02), T
+    assert 3.63 < ranks_per_row(v3.moe, 8) <= 4  # above uniform choice within the chosen groups
     glm = loader.load("model", "glm-5.3")  # greedy top-8 of 256
     E, k = glm.moe.n_routed_experts, glm.moe.num_experts_per_tok
     for T in (2, 3, 8):
@@ -119,28 +131,51 @@ def test_ranks_per_row_of_plain_top_k_is_the_uniform_expectation():
         held = [len(range(r * per, min((r + 1) * per, E))) for r in range(T)]
         uniform = sum(1 - comb(E - e, k) / comb(E, k) for e in held)
         assert ranks_per_row(glm.moe, T) == pytest.approx(uniform, rel=0.01), T
-    assert 3.63 < ranks_per_row(loader.load("model", "deepseek-v3").moe, 8) <= 4
 
 
 def test_cheaper_dispatches_from_the_row_count_where_the_all_to_all_is_priced_lower():
     v3, h200 = loader.load("model", "deepseek-v3"), loader.load("hardware", "h200")
-    D = ranks_per_row(v3.moe, 8)
-    rule = moe_dispatch("cheaper", v3, h200, 8, 2, D)
+    prices = DispatchPrices.of(v3, h200, 8, 2)
+    rule = dispatch_rule("cheaper", v3, h200, 8, 2)
     assert rule.shared_whole and rule.from_rows
     for layout in OWNER_LAYOUTS:
         rows = dict(rule.from_rows).get(layout)
         if rows is None:  # never: the all-to-all costs more at every row count
-            assert all(a2a > ar for ar, a2a in (path_seconds(v3.moe, v3.hidden_size, h200, 8, 2, D, layout, n)
-                                                 for n in (1, 10 ** 4, 10 ** 7)))
+            assert all(a2a > ar for ar, a2a in (prices.seconds(layout, n) for n in (1, 10 ** 4, 10 ** 7)))
             continue
-        before, at = (path_seconds(v3.moe, v3.hidden_size, h200, 8, 2, D, layout, n) for n in (rows - 1, rows))
-        assert before[1] >= before[0] and at[1] < at[0]
+        (ar_before, a2a_before), (ar_at, a2a_at) = (prices.seconds(layout, n) for n in (rows - 1, rows))
+        assert a2a_before >= ar_before and a2a_at < ar_at
         assert rule.by_all_to_all(layout, rows) and not rule.by_all_to_all(layout, rows - 1)
+        i = LAYOUTS.index(layout)
+        assert rule.savings(rows)[i] == pytest.approx(ar_at - a2a_at) and rule.savings(rows - 1)[i] == 0
     assert not any(rule.by_all_to_all(Layout.TP, n) for n in (1, 10 ** 9))
-    assert moe_dispatch("all_reduce", v3, h200, 8, 2, D) == MoEDispatch()
-    assert moe_dispatch("cheaper", v3, h200, 1, 2, D).from_rows == ()
+    assert dispatch_rule("all_reduce", v3, h200, 8, 2) == MoEDispatch()
+    assert dispatch_rule("cheaper", v3, h200, 1, 2).from_rows == ()
     with pytest.raises(ValueError, match="moe_dispatch must be one of"):
         MoEDispatch("deepep")
+
+
+def test_the_cost_model_charges_what_the_runtime_runs():
+    """Eq 10's t_ffn: less, by the MoE layers' saving, in the owner layouts of a prefill step the rule
+    dispatches; the same in every layout of a replayed decode step (captured graphs all-reduce) and
+    more in an eager one forced to dispatch; the shared experts read whole on every rank in any step
+    once they are held whole."""
+    v3, h200 = loader.load("model", "deepseek-v3"), loader.load("hardware", "h200")
+    costs = {mode: CostModel(v3, h200, 8, page_size=64, moe_dispatch=mode) for mode in ("all_reduce", "cheaper")}
+    rule = costs["cheaper"].dispatch
+    rows = max(n for _, n in rule.from_rows)
+    prefill = uniform_batch(8, 8192, 8, query_rows=-(-rows // 8))
+    want = costs["cheaper"].ffn.moe_layers * rule.savings(8 * -(-rows // 8))
+    assert want.max() > 0 and want[LAYOUTS.index(Layout.TP)] == 0
+    got = costs["cheaper"].evaluate(prefill).ffn_s
+    np.testing.assert_allclose(got[LAYOUTS.index(Layout.TP)] - got, want, rtol=1e-9, atol=1e-12)
+    decode = uniform_batch(64, 8192, 8)
+    forced = {graphs: CostModel(v3, h200, 8, page_size=64, moe_dispatch="all_to_all", decode_graphs=graphs)
+              for graphs in (True, False)}
+    replayed, eager = (forced[graphs].evaluate(decode).ffn_s for graphs in (True, False))
+    assert forced[True].replays and np.ptp(replayed) == 0  # no owner layout dispatches in a replay
+    assert replayed[0] > costs["all_reduce"].evaluate(decode).ffn_s[0]  # whole shared experts read
+    assert eager[LAYOUTS.index(Layout.DP)] > eager[LAYOUTS.index(Layout.TP)]  # forced on 64 rows: latency
 
 
 TP, DP, CP, DOP = Layout.TP, Layout.DP, Layout.CP, Layout.DOP

@@ -43,17 +43,6 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return weights * moe.routed_scaling_factor, experts
 
 
-def ranks_per_row(moe: MoEConfig, T: int, rows: int = 8192, seed: int = 0) -> float:
-    """The mean number of distinct ranks among a row's experts (expert j on rank j // ceil(E / T), as
-    ``weights.even_shard`` places them) when :func:`route` sees exchangeable scores (independent,
-    identically distributed: a balanced router), from ``rows`` seeded rows."""
-    E = moe.n_routed_experts
-    scores = torch.randn(rows, E, generator=torch.Generator().manual_seed(seed))
-    _, chosen = route(scores, torch.eye(E), torch.zeros(E), moe)
-    per = -(-E // T)
-    return torch.zeros(rows, T, dtype=torch.bool).scatter_(1, chosen // per, True).sum(1).double().mean().item()
-
-
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``x`` [P, in] (rows sorted by group) through ``weight`` [G, out, in]: group g's ``counts[g]``
     rows through ``weight[g]``. Rows past ``counts.sum()`` come back undefined."""

@@ -1,8 +1,7 @@
-"""The stage-wise cost model of appendix B (Eq 10) for steps that mix prefill chunks and
-decode rows; Eq 7's switch time is in :mod:`splash_core.planning.switch_time`, the batch's per-rank
-loads in :mod:`splash_core.planning.batch_loads`, the per-layer constants in
-:mod:`splash_core.planning.layer_costs` and the shared dense/MoE blocks in :mod:`splash_core.planning.ffn_costs`
-(all re-exported here: the cost model's public API).
+"""The stage-wise cost model of appendix B (Eq 10) for steps that mix prefill chunks and decode rows; Eq 7's
+switch time is in :mod:`splash_core.planning.switch_time`, the batch's per-rank loads in
+:mod:`splash_core.planning.batch_loads`, the per-layer constants in :mod:`splash_core.planning.layer_costs` and the
+shared dense/MoE blocks in :mod:`splash_core.planning.ffn_costs` (all re-exported here: the cost model's public API).
 
 For a layout ℓ and the busiest rank's loads (Table 2, exact for any batch), one attention
 layer of each kind costs
@@ -18,9 +17,9 @@ exchange, with the budgeted fraction η of Eq 10); R_c carries attention's outpu
 blocks (the O reduction, the rows' gather) and waits for it, so it never hides.
 
 and a step costs t_ℓ = t0 + Σ_layers t_layer + t_ffn, where t_ffn (the dense/MoE blocks,
-:mod:`~splash_core.planning.ffn_costs`) is the same in every layout: it leaves Eq 8's argmin alone but
-keeps throughput ratios honest; t0 holds the embedding and LM head. θ comes from a hardware profile, η from the
-deployment's ``scheduler.overlap``.
+:mod:`~splash_core.planning.ffn_costs`) is the same in every layout but where MoE rows go by all-to-all
+(:mod:`~splash_core.planning.moe_dispatch`); t0 holds the embedding and LM head. θ comes from a hardware
+profile, η from the deployment's ``scheduler.overlap``.
 
 What each layout computes (rows N of the step; N_r those rank r owns; heads H):
 
@@ -38,27 +37,24 @@ What each layout computes (rows N of the step; N_r those rank r owns; heads H):
   :mod:`~splash_core.planning.cp_exchange`'s; prefill rows' hidden states are all-gathered like DP's.
 
 A prefill row that attends expanded (:mod:`~splash_core.planning.attention_forms`, the runtime's
-``prefill_attention``) costs its form's work: the absorbed attention time of TP, DP and CP is
-scaled by the step's expanded-over-absorbed work (DOP and sparse attention stay absorbed).
+``prefill_attention``) costs its form's work: the absorbed attention time of TP, DP and CP is scaled by the step's
+expanded-over-absorbed work (DOP and sparse attention stay absorbed).
 
-With sparse attention (the model's indexer, top-k) a row attends to at most k keys and reads
-their latents, after the indexer has scored every visible key (TP scores every row on every
-rank: the indexer is not among the head-sharded projections). KDA layers follow the same
-rules with their own widths, except that CP computes KDA like DP at the owner, which holds
-the state (SPLASH's runtime), or, with ``cp_recurrent="positions"`` (a chunked scan, as the
-paper's DCU sweeps imply), where a chunk's positions live, handing the state over T − 1 hops.
+With sparse attention (the model's indexer, top-k) a row attends to at most k keys and reads their latents, after
+the indexer has scored every visible key (TP scores every row on every rank: the indexer is not among the
+head-sharded projections). KDA layers follow the same rules with their own widths, except that CP computes KDA like
+DP at the owner, which holds the state (SPLASH's runtime), or, with ``cp_recurrent="positions"`` (a chunked scan, as
+the paper's DCU sweeps imply), where a chunk's positions live, handing the state over T − 1 hops.
 
-The host term belongs with t0 and δ: what a real runtime spends per layer outside the
-modelled stages, measured per layout by ``splash calibrate``; a profile without it (the
-paper's, a datasheet's) gives Eq 10 as printed. A runtime that replays captured graphs for
-pure decode steps spends no host time per layer there: such a step is charged the profile's
-replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the
-gaps between the graph's kernels, added to t_dev) where the profile has them and the cost
-model is told decode steps replay (``decode_graphs``) and the model's decode can be captured at
-all (:func:`~splash_core.profiles.graphs.decode_capturable`, the rule the runtime obeys: not with
-KDA layers; sparse attention captures); prefill and
-mixed steps run eagerly. Where the profile also holds the backend's capture terms, Eq 6's A counts the graphs each
-layout holds and Eq 7 the re-capture a switch that moves weights needs
+The host term belongs with t0 and δ: what a real runtime spends per layer outside the modelled stages, measured per
+layout by ``splash calibrate``; a profile without it (the paper's, a datasheet's) gives Eq 10 as printed. A runtime
+that replays captured graphs for pure decode steps spends no host time per layer there: such a step is charged the
+profile's replayed t0 and time per layer (``graph_step_overhead_us``, ``graph_layer_overhead_us``: the gaps between
+the graph's kernels, added to t_dev) where the profile has them and the cost model is told decode steps replay
+(``decode_graphs``) and the model's decode can be captured at all
+(:func:`~splash_core.profiles.graphs.decode_capturable`, the rule the runtime obeys: not with KDA layers; sparse
+attention captures); prefill and mixed steps run eagerly. Where the profile also holds the backend's capture terms,
+Eq 6's A counts the graphs each layout holds and Eq 7 the re-capture a switch that moves weights needs
 (:mod:`~splash_core.planning.graph_costs`).
 """
 
@@ -80,6 +76,7 @@ from .dop_exchange import dop_exchange_bytes, eq4_volume
 from .ffn_costs import ffn_costs, ffn_time
 from .graph_costs import GraphCosts, decode_bucket
 from .layer_costs import KindCosts, kind_costs
+from .moe_dispatch import dispatch_rule
 from .ownership import layer_indices
 from .step_estimates import Estimates, StepTime
 from .switch_time import SwitchCost, TransferLaw, exposed_switch_time, layer_transfer_times, switch_cost
@@ -105,9 +102,10 @@ class CostModel:
                  compute_dtype: str = "bf16", overlap: Mapping[Layout, float] | None = None,
                  layers: Sequence[int] | None = None, sparse: bool | None = None, decode_graphs: bool = True,
                  graph_buckets: Sequence[int] = GraphConfig().buckets, attention_form: str = "auto",
-                 cp_recurrent: str = "owner"):
-        """``attention_form``: how the runtime's prefill rows attend (:mod:`~splash_core.planning.attention_forms`);
-        ``cp_recurrent``: where CP computes a chunk's KDA rows, ``owner`` or ``positions``."""
+                 cp_recurrent: str = "owner", moe_dispatch: str = "all_reduce"):
+        """``attention_form``: how prefill rows attend (:mod:`~splash_core.planning.attention_forms`); ``cp_recurrent``:
+        where CP computes a chunk's KDA rows, ``owner`` or ``positions``; ``moe_dispatch``: how MoE rows reach
+        their experts (:mod:`~splash_core.planning.moe_dispatch`)."""
         if cp_recurrent not in CP_RECURRENT:
             raise ValueError(f"cp_recurrent must be one of {', '.join(CP_RECURRENT)} (got {cp_recurrent!r})")
         self.cp_kda_at_positions = cp_recurrent == "positions"
@@ -118,6 +116,8 @@ class CostModel:
         covered = layer_indices(model, layers)
         self._set_layer_costs(covered, attention_form)
         self._set_hardware_rates(hardware)
+        self.dispatch = dispatch_rule(moe_dispatch, model, hardware, T, self.act_bytes)
+        self.ffn = ffn_costs(model, covered, self.act_bytes, self.dispatch.shared_whole)
         kda = any(model.layer_kinds[i] is LayerKind.KDA for i in covered)
         self.decode_capturable = decode_capturable(kda=kda)
         self._set_graph_terms(hardware, len(covered), decode_graphs and self.decode_capturable, graph_buckets)
@@ -140,7 +140,6 @@ class CostModel:
         # sparse attention runs absorbed (as the sparse kernels do); DOP always does
         self.forms = (None if self.sparse or model.mla is None or attention_form == "absorbed"
                       else (attention_form, MLADims.of(model.mla)))
-        self.ffn = ffn_costs(model, covered, self.act_bytes)
 
     def _set_hardware_rates(self, h: HardwareProfile) -> None:
         self.flops, self.att_flops = h.matmul_tflops.value * 1e12, h.attention_flops
@@ -175,7 +174,7 @@ class CostModel:
                    compute_dtype=deployment.compute_dtype, overlap=deployment.scheduler.overlap, layers=layers,
                    sparse=deployment.sparse_attention, decode_graphs=deployment.graphs.mode != "off",
                    graph_buckets=deployment.graphs.buckets, attention_form=deployment.prefill_attention,
-                   cp_recurrent=cp_recurrent)
+                   cp_recurrent=cp_recurrent, moe_dispatch=deployment.moe_dispatch)
 
     def loads(self, x: BatchArrays) -> RankLoads:
         return rank_loads(x, self.T, self.page_size, self.topk)
@@ -214,7 +213,8 @@ class CostModel:
             scratch = kind_scratch if scratch is None else np.maximum(scratch, kind_scratch)
         if self.graph_costs is not None:  # the graphs each layout holds, on every rank
             scratch = scratch + self.graph_costs.held_bytes(x)[:, None]
-        ffn = ffn_time(self.ffn, rows, self.T, self.flops, self.weight_bw, self.bw["all_reduce"], self.latency)
+        ffn = (ffn_time(self.ffn, rows, self.T, self.flops, self.weight_bw, self.bw["all_reduce"], self.latency)
+               - self.ffn.moe_layers * self.dispatch.savings(0.0 if replayed else rows))  # replays all-reduce
         memory = (self.weights_bytes[:, None] + ld.reserved_pages * (self.page_size * self.kv_bytes_token)
                   + ld.state_requests * self.state_bytes_request + scratch)
         proj, att, lat, comm, exposed, host, total = sums

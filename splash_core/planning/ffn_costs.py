@@ -45,14 +45,17 @@ class FFNCosts:
     experts_per_row: int  # k
     shared_experts: int
     hidden_bytes_row: float  # one row's hidden state in the activation format
+    shared_whole: bool = False  # every rank holds (and reads) the shared experts whole
 
     @property
     def layers(self) -> int:
         return self.dense_layers + self.moe_layers
 
 
-def ffn_costs(model: ModelProfile, layers=None, act_bytes: int = 2) -> FFNCosts:
-    """The shared blocks of the layers ``layers`` covers (all by default)."""
+def ffn_costs(model: ModelProfile, layers=None, act_bytes: int = 2, shared_whole: bool = False) -> FFNCosts:
+    """The shared blocks of the layers ``layers`` covers (all by default); ``shared_whole``: the shared
+    experts held whole on every rank (:mod:`~splash_core.planning.moe_dispatch`), each rank computing
+    them for its share of the rows."""
     d, w = model.hidden_size, dtypes.nbytes(model.weight_dtype)
     covered = layer_indices(model, layers)
     moe = model.moe
@@ -62,7 +65,7 @@ def ffn_costs(model: ModelProfile, layers=None, act_bytes: int = 2) -> FFNCosts:
     dense = 3 * d * model.intermediate_size
     return FFNCosts(dense_layers, moe_layers, 2.0 * dense, float(dense * w), 2.0 * expert, float(expert * w),
                     moe.n_routed_experts if moe else 0, moe.num_experts_per_tok if moe else 0,
-                    moe.n_shared_experts if moe else 0, float(d * act_bytes))
+                    moe.n_shared_experts if moe else 0, float(d * act_bytes), shared_whole)
 
 
 def ffn_time(c: FFNCosts, rows: float, T: int, flops: float, weight_bw: float, reduce_bw: float,
@@ -79,6 +82,6 @@ def ffn_time(c: FFNCosts, rows: float, T: int, flops: float, weight_bw: float, r
     if c.moe_layers:
         touched = c.experts / T * (1.0 - (1.0 - c.experts_per_row / c.experts) ** rows)
         compute = rows * (c.experts_per_row + c.shared_experts) * c.expert_flops_row / (T * flops)
-        read = (touched + c.shared_experts / T) * c.expert_bytes / weight_bw
+        read = (touched + c.shared_experts / (1 if c.shared_whole else T)) * c.expert_bytes / weight_bw
         total += c.moe_layers * (max(compute, read) + reduce)
     return total

@@ -76,7 +76,7 @@ def layer_point(cost: CostModel, layout: Layout, layers: int, batch: int, contex
     """One timed step of ``layers`` layers (``rows`` query rows per request: 1 in decode) reduced
     to one layer, beside Eq 10's device time."""
     x = uniform_batch(batch, context, cost.T, query_rows=rows)
-    shared = cost.evaluate(x).ffn_s
+    shared = cost.evaluate(x).step_time(layout).ffn_s
     return LayerPoint(layout, context, (seconds - t0_s - shared) / layers, device_layer_time(cost, x, layout))
 
 

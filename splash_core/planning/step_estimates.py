@@ -25,7 +25,7 @@ class StepTime:
     comm_s: float  # R before overlap
     exposed_comm_s: float  # [R − η t_att]+
     host_s: float  # [h_ℓ − η_h t_dev]+: host overhead not hidden behind the device
-    ffn_s: float  # dense/MoE blocks, the same in every layout
+    ffn_s: float  # dense/MoE blocks (the same in every layout but where a MoE dispatches by all-to-all)
     layer_s: Mapping[LayerKind, float]  # one attention layer of each kind, host included (Eq 7's compute)
     bounds: Mapping[str, str]  # "proj"/"att" -> "compute" or "memory" (the costliest layer kind's)
 
@@ -42,7 +42,7 @@ class Estimates:
     comm_s: np.ndarray
     exposed_comm_s: np.ndarray
     host_s: np.ndarray
-    ffn_s: float
+    ffn_s: np.ndarray
     layer_s: Mapping[LayerKind, np.ndarray]
     proj_compute_bound: np.ndarray  # of the costliest layer kind
     att_compute_bound: np.ndarray
@@ -54,5 +54,5 @@ class Estimates:
         bound = {True: "compute", False: "memory"}
         return StepTime(layout, float(self.total_s[i]), self.overhead_s, float(self.proj_s[i]), float(self.att_s[i]),
                         float(self.latency_s[i]), float(self.comm_s[i]), float(self.exposed_comm_s[i]),
-                        float(self.host_s[i]), self.ffn_s, {k: float(v[i]) for k, v in self.layer_s.items()},
+                        float(self.host_s[i]), float(self.ffn_s[i]), {k: float(v[i]) for k, v in self.layer_s.items()},
                         {"proj": bound[bool(self.proj_compute_bound[i])], "att": bound[bool(self.att_compute_bound[i])]})

@@ -13,9 +13,8 @@ from .. import dtypes
 from ..dtypes import torch_dtype
 from ..layouts import Layout
 from ..model import ops
-from ..model.experts import ranks_per_row
 from ..model.kv_format import SCALE_BYTES, ScaledFP8, indexer_layout, kv_format_problem
-from ..planning.moe_dispatch import MoEDispatch, moe_dispatch
+from ..planning.moe_dispatch import MoEDispatch, dispatch_rule
 from ..platform.interfaces import Collectives, FP8LinearKernels, FusedKernels, GraphOps, KDAKernels, StreamOps
 from ..profiles.graphs import GraphConfig
 from ..profiles.model import LayerKind, ModelProfile
@@ -96,7 +95,8 @@ class ModelConfig:
                    kv_scales=kv.scale_bytes // SCALE_BYTES, num_layers=deployment.layers, graphs=deployment.graphs,
                    attention_form=deployment.prefill_attention, sparse_attention=attends_sparsely(deployment),
                    fp8_ffn=deployment.ffn_weights == "fp8", fp8_attention=deployment.attention_weights == "fp8",
-                   moe_dispatch=_moe_dispatch(deployment))
+                   moe_dispatch=dispatch_rule(deployment.moe_dispatch, deployment.model, deployment.hardware,
+                                             deployment.T, dtypes.nbytes(deployment.compute_dtype)))
 
     @property
     def layer_count(self) -> int:
@@ -181,15 +181,6 @@ def fp8_kernels_for(backend, device, dtype: torch.dtype):
     """The backend's W8A8 GEMMs, except for float32 runs: those are the exact ones (checked token for
     token), and quantizing their activations would round them, so they dequantize each weight instead."""
     return None if dtype == torch.float32 else backend.fp8_linear_kernels(device, dtype)
-
-
-def _moe_dispatch(deployment) -> MoEDispatch:
-    """The deployment's MoE dispatch rule, priced with its hardware's collective rates."""
-    model, T, mode = deployment.model, deployment.T, deployment.moe_dispatch
-    if mode == "all_reduce" or model.moe is None or T == 1:
-        return MoEDispatch(mode)
-    return moe_dispatch(mode, model, deployment.hardware, T, dtypes.nbytes(deployment.compute_dtype),
-                        ranks_per_row(model.moe, T))
 
 
 def _indexer_format(profile: ModelProfile) -> dict:

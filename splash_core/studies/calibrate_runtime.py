@@ -181,7 +181,7 @@ def _fit_replayed(replayed: list[StepSample], cost_model, spec: RuntimeSpec, whe
     for s in replayed:
         cost, layout = cost_model(s.layers), Layout(s.layout)
         x = host_overhead.uniform_batch(s.batch, s.context, cost.T)
-        device = s.layers * host_overhead.device_layer_time(cost, x, layout) + cost.evaluate(x).ffn_s
+        device = s.layers * host_overhead.device_layer_time(cost, x, layout) + cost.evaluate(x).step_time(layout).ffn_s
         points.append(host_overhead.ReplayPoint(layout, s.layers, s.seconds - device))
     fit = host_overhead.fit_replayed(points)
     caveats = "".join(f"; {note}" for note in fit.notes)
