@@ -302,7 +302,7 @@ def test_fit_theta_tells_replayed_decode_from_eager_prefill():
             cost = CostModel(model, hw, 1, page_size=spec.page_size, layers=range(layers), sparse=False)
             for context in spec.contexts:
                 x = host_overhead.uniform_batch(spec.batch, context, 1, rows)
-                d, ffn = host_overhead.device_layer_time(cost, x, layout), cost.evaluate(x).ffn_s
+                d, ffn = host_overhead.device_layer_time(cost, x, layout), cost.evaluate(x).step_time(layout).ffn_s
                 seconds = ((t0_g + layers * (d + gap[layout])) if replay
                            else (t0 + layers * (d + max(0.0, host[layout] - eta * d)))) + ffn
                 samples.append({"layout": str(layout), "layers": layers, "batch": spec.batch, "context": context,

@@ -172,7 +172,7 @@ def _attention_tflops(device, dtype, sizes: Sizes, streams, kernels) -> tuple[fl
             sizes.kv_requests * context * pair_flops / decode_s / 1e12)
 
 
-def _collective_samples(collectives, device, sizes: Sizes, streams) -> list[dict]:
+def collective_samples(collectives, device, sizes: Sizes, streams) -> list[dict]:
     """Per op and size, the slowest rank's median time (a collective ends on its last rank)."""
     size = collectives.size
     samples = []
@@ -232,7 +232,7 @@ def measure(collectives, device, streams, kernels, options: dict) -> dict:
     theta["attention_tflops"], theta["decode_attention_tflops"] = _attention_tflops(device, dtype, sizes, streams,
                                                                                     kernels)
     if collectives.size > 1:
-        samples = _collective_samples(collectives, device, sizes, streams)
+        samples = collective_samples(collectives, device, sizes, streams)
         theta.update(fit_collectives(samples))
         theta["collective_samples"] = samples
     theta["methods"] = describe(sizes, dtype)
