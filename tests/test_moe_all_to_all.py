@@ -209,7 +209,10 @@ def test_served_through_every_switch_the_tokens_pass_the_reference_check(rank_po
 
 def test_a_model_without_routed_experts_refuses_all_to_all_by_name():
     bad = {**_deployment(2, "all_to_all"), "model": "tiny-mla"}
-    with pytest.raises(loader.ProfileError, match="moe_dispatch.*needs a model with routed experts"):
+    with pytest.raises(loader.ProfileError, match="moe_dispatch.*needs a model with routed experts.* has none"):
         loader.load("deployment", bad)
+    stand_in = {**bad, "model": "deepseek-v3.2", "hardware": "h200", "T": 8}  # dense MLPs in the runtime
+    with pytest.raises(loader.ProfileError, match="moe_dispatch.*runs a dense stand-in"):
+        loader.load("deployment", stand_in)
     with pytest.raises(loader.ProfileError, match="moe_dispatch"):
         loader.load("deployment", {**_deployment(2, "deepep")})

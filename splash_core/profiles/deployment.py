@@ -172,8 +172,9 @@ class DeploymentProfile:
             yield Problem("T", f"must divide the model's {mla.heads} MLA heads", self.T)
         if kda is not None and LayerKind.KDA in self.model.layer_kinds and kda.heads % self.T:
             yield Problem("T", f"must divide the model's {kda.heads} KDA heads", self.T)
-        if self.moe_dispatch != "all_reduce" and self.model.moe is None:
-            yield Problem("moe_dispatch", f"needs a model with routed experts; {self.model.name!r} has none",
+        if self.moe_dispatch != "all_reduce" and not (self.model.moe and self.model.runtime_experts):
+            why = "has none" if self.model.moe is None else "runs a dense stand-in (runtime_experts: false)"
+            yield Problem("moe_dispatch", f"needs a model with routed experts; {self.model.name!r} {why}",
                           self.moe_dispatch)
         if self.page_size & (self.page_size - 1):
             yield Problem("page_size", "must be a power of two", self.page_size)
