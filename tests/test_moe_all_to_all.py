@@ -27,6 +27,7 @@ from splash_core.engine import Job, serve
 from splash_core.engine.memory_plan import deployment_memory
 from splash_core.engine.policy import ScriptedPolicy
 from splash_core.engine.requests import GenerationRequest
+from splash_core.engine.summary import render
 from splash_core.layouts import LAYOUTS, Layout
 from splash_core.model.experts import route
 from splash_core.planning.costmodel import CostModel
@@ -201,6 +202,8 @@ def test_served_through_every_switch_the_tokens_pass_the_reference_check(rank_po
     assert len({(s.src, s.dst) for s in run.switches if not s.refused}) == 12
     assert [o["token_ids"] for o in run.outputs] == [o["token_ids"] for o in runs["all_reduce"].outputs]
     assert run.check["passed"] and run.check["tokens"] == len(PROMPTS) * 14
+    assert run.load["moe_dispatch"]["all_to_all_layer_steps"] > 0 and "moe_dispatch" not in runs["all_reduce"].load
+    assert "MoE dispatch all_to_all: all-to-all DP from 1 rows" in render(run)
     for mode, served in runs.items():
         plan = deployment_memory(loader.load("deployment", _deployment(T, mode)))
         assert plan.of(TP).parts["mlp"] == served.load["memory"]["mlp"] > 0, mode

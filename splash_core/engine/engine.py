@@ -132,6 +132,7 @@ def serve(ctx, job: Job, on_step: Callable | None = None) -> RunSummary | None:
             hooks.close()
     elapsed = time.perf_counter() - start
     _note_captures_while_serving(group)
+    _note_moe_dispatch(group)
     everyone = ctx.collectives.all_gather_object((reports, group.load_report))
     if not lead:
         return None
@@ -152,6 +153,19 @@ def _note_captures_while_serving(group) -> None:
     later = graphs.captures[len(started["start_up"]):]
     started["while_serving"] = {"captures": len(later), "seconds": float(sum(c["seconds"] for c in later)),
                                 "why": sorted({c["why"] for c in later})}
+
+
+def _note_moe_dispatch(group) -> None:
+    """Add to the load report, where MoE layers may dispatch by all-to-all, the rule and how many of
+    their layer-steps did (rank 0's count: every rank takes the same path)."""
+    rule = group.model.config.moe_dispatch
+    if rule.mode == "all_reduce":
+        return
+    steps = sum(getattr(mlp, "dispatched", 0) for mlp in group.model.mlps)
+    starts = ", ".join(f"{l} from {n:,} rows" for l, n in rule.from_rows) or "never"
+    group.load_report["moe_dispatch"] = {
+        "mode": rule.mode, "from_rows": {str(l): n for l, n in rule.from_rows}, "all_to_all_layer_steps": steps,
+        "line": f"MoE dispatch {rule.mode}: all-to-all {starts}; {steps:,} MoE layer-steps dispatched so"}
 
 
 def _reference_check(job: Job, deployment, controller: Controller, device) -> dict:

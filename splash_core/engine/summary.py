@@ -155,6 +155,8 @@ def render(s: RunSummary) -> str:
         lines.append(load_line(s.load))
         if s.load.get("graphs"):
             lines.append(s.load["graphs"]["line"])
+        if s.load.get("moe_dispatch"):
+            lines.append(s.load["moe_dispatch"]["line"])
     lines.append("")
     lines += table(_overview_rows(s), ["", ""], align="ll").splitlines()[2:]
     lines += _switch_lines(s)

@@ -144,6 +144,7 @@ class MoE:
         self.gate_up, self.down, self.shared, self.silu_mul = gate_up, down, shared, silu_mul
         self.kernels = fp8_kernels if isinstance(gate_up, StackedFP8) else None
         self.rank, self.T, self.shared_whole = rank, T, shared_whole
+        self.dispatched = 0  # steps this layer dispatched by all-to-all
 
     @classmethod
     def load(cls, source: WeightSource, profile: ModelProfile, layer: int, rank: int, T: int,
@@ -195,6 +196,7 @@ class MoE:
         """The layer's output for this rank's own rows ``x``, their pairs dispatched to the experts'
         ranks and combined by all-to-all (:mod:`~splash_core.runtime.expert_exchange`; eager steps
         only); the shared experts, held whole, computed here. A collective."""
+        self.dispatched += 1
         weights, chosen = route(x, self.router, self.bias, self.config)
         per = -(-self.config.n_routed_experts // self.T)  # as even_shard places them
         out = dispatch_and_combine(collectives, self.T, x, weights, chosen, per,
