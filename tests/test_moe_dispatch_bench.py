@@ -4,6 +4,7 @@ floors from rates measured in the same run, and a comparison that fails turns th
 
 from __future__ import annotations
 
+import pytest
 from bench_scripts import load_bench
 
 from splash_core import results
@@ -30,3 +31,12 @@ def test_a_failed_comparison_fails_the_run(rank_pools, tmp_path):
     args = bench.parse_args(["--smoke", "--out", str(tmp_path), "--tolerance", "-1"])  # nothing is within it
     assert bench.run(args, rank_pools(2)) == 1
     assert all(p["mismatch"] for p in results.read_result(tmp_path / "cpu" / "moe_dispatch.json")["summary"]["points"])
+
+
+def test_a_point_that_is_not_its_slowest_rank_is_refused(rank_pools, tmp_path):
+    bench = load_bench("moe_dispatch")
+    assert bench.run(bench.parse_args(["--smoke", "--out", str(tmp_path)]), rank_pools(2)) == 0
+    data = results.read_result(tmp_path / "cpu" / "moe_dispatch.json").data
+    data["summary"]["points"][0]["all_to_all_ms"] /= 2  # not the slowest rank's time
+    with pytest.raises(results.ResultError, match="all_to_all_ms.*slowest rank"):
+        results.validate(data, "planted")
