@@ -7,8 +7,8 @@ T = 2 and 3 (3 ranks hold 3, 3 and 2 experts), the logits of every step of chunk
 are those of the all-reduce path within float32's summation error (the sums are taken in another
 order, and the shared expert is whole on every rank, computed on a share of the rows even in TP:
 measured at most 4.6e-7 of the largest logit), the greedy tokens the same, and the all-to-all
-path ran in every owner layout's eager steps and never in TP's; a combine that loses one rank's
-sums is caught. The rule itself: D against the router and the closed form of plain top-k, and the
+path ran in every owner layout's eager steps and never in TP's (experts kept FP8 alike); a combine
+that loses one rank's sums is caught. The rule itself: D against the router and the closed form of plain top-k, and the
 crossing row count of ``cheaper`` against the priced seconds.
 """
 
@@ -19,6 +19,7 @@ from math import comb
 import numpy as np
 import pytest
 import torch
+from test_fp8_ffn_weights import folders  # noqa: F401  (the FP8 checkpoint fixture)
 
 from splash_bench.driver import Prompt, generate
 from splash_core.checkpoint.source import CheckpointWeights
@@ -42,7 +43,7 @@ PROMPTS = ([3, 17, 5, 99, 23, 8, 41, 2, 77, 120, 15, 64, 33], [88, 4, 131, 27, 6
 TOL = 1e-5  # of the largest |logit|: float32 sums in another order (measured at most 4.6e-7)
 
 
-def _run(ctx, folder: str, layout: Layout, mode: str, lose_last_rank: bool = False):
+def _run(ctx, folder: str, layout: Layout, mode: str, lose_last_rank: bool = False, **config):
     """Every step's logits and the greedy tokens, and how many MoE layers dispatched by all-to-all."""
     calls = []
     original = expert_exchange.dispatch_and_combine
@@ -62,7 +63,7 @@ def _run(ctx, folder: str, layout: Layout, mode: str, lose_last_rank: bool = Fal
         profile = profile_from_checkpoint(folder)
         rule = MoEDispatch(mode, tuple((l, 1) for l in OWNER_LAYOUTS) if mode != "all_reduce" else ())
         model = Model.from_context(ctx, profile, CheckpointWeights(folder, profile), layout, pages_per_layer=16,
-                                   page_size=8, dtype=torch.float32, moe_dispatch=rule)
+                                   page_size=8, dtype=torch.float32, moe_dispatch=rule, **config)
         prompts = [Prompt(i, i % ctx.world_size, tuple(p)) for i, p in enumerate(PROMPTS)]
         got = generate(model.step, prompts, T=ctx.world_size, page_size=8, chunk=8, new_tokens=5,
                        release=model.release)
@@ -97,6 +98,16 @@ def test_all_to_all_gives_the_all_reduce_logits_in_every_owner_layout(rank_pools
             assert _mismatch(logits, ref_logits) <= TOL, (layout, rank)
             assert tokens == ref_tokens and all(len(t) == 5 for t in tokens.values())
             assert (calls > 0) == (layout in OWNER_LAYOUTS), (layout, calls)
+
+
+def test_experts_kept_fp8_dispatch_alike(rank_pools, folders):  # noqa: F811
+    """An FP8 block-scaled checkpoint with its experts kept FP8 (32 x 32 blocks: the whole shared
+    expert and the TP shards it replaces start at different blocks) dispatches as the bf16 one does."""
+    pool = rank_pools(2)
+    want = pool.run(_run, str(folders[1]), Layout.DP, "all_reduce", fp8_ffn=True)
+    got = pool.run(_run, str(folders[1]), Layout.DP, "all_to_all", fp8_ffn=True)
+    for (logits, tokens, calls), (ref_logits, ref_tokens, _) in zip(got, want):
+        assert _mismatch(logits, ref_logits) <= TOL and tokens == ref_tokens and calls > 0
 
 
 def test_a_combine_that_loses_a_rank_is_caught(rank_pools):
