@@ -2,7 +2,7 @@
 dispatch and combine from the rows' owners (DeepEP's path for DP-attention), priced per layout and
 row count so that the cheaper one runs (a pure rule; the runtime compares a step's rows with it).
 
-Today's path (``all_reduce``): every rank holds every row after attention (DP's and CP's owners
+The all-reduce path (``all_reduce``): every rank holds every row after attention (DP's and CP's owners
 gather theirs, TP's and DOP's partial outputs are all-reduced), computes its experts' pairs and its
 shard of the shared experts for all rows, and one all-reduce of N·d sums them.
 
@@ -22,7 +22,7 @@ cancels. Both paths compute the same pairs and the same shared-expert rows; the 
 reads each step's counts back to the host, so only eager steps take it (captured decode replays the
 all-reduce).
 
-DeepSeek-V3 at T = 8 (a group per rank, four groups): D = 3.97 of at most 4, where uniform
+DeepSeek-V3 at T = 8 (a group per rank, four groups): D = 3.96 of at most 4, where uniform
 routing over the chosen groups would give 3.63 and no group limit 5.3.
 
 What the whole shared experts cost is not priced here, since it does not depend on the step: the
