@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from ..results import Result
 from . import (capacity, costmodel_check, crossovers, decode_step, device_checks, expanded, graph_memory, host_time,
-               page_runs, peer_kernels, prefill_forms, primitives, real_widths, rollout, roofline, served, sparse_step,
-               steps, sweeps, switch_trace, switching, timings, transport, tuning)
+               moe_dispatch, page_runs, peer_kernels, prefill_forms, primitives, real_widths, rollout, roofline, served,
+               sparse_step, steps, sweeps, switch_trace, switching, timings, transport, tuning)
 from .context import Context
 
 
@@ -67,6 +67,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("dsa_step", "DeepSeek Sparse Attention: a decode step and a prefill chunk, dense and sparse", "",
             sparse_step.render_dsa),
     Section("fp8_gemm", "Block-scaled FP8 GEMMs beside bf16 and row-wise FP8", "", sparse_step.render_fp8_gemm),
+    Section("moe_dispatch", "MoE layers reaching their experts: all-reduce vs all-to-all", "", moe_dispatch.render),
     Section("costmodel_check", "Cost model vs runtime step times", "", costmodel_check.render, produced_by="model"),
     Section("runtime_host_profile", "Runtime host time per layer", "", host_time.render_runtime, group=HOST),
     Section("switch_host_profile", "Host work of a live switch", "", host_time.render_switch, group=HOST),
