@@ -26,6 +26,16 @@ def test_smoke_run_times_both_paths_beside_their_floors(rank_pools, tmp_path):
     assert all(0 <= s["error"] <= args.tolerance and s["sent_rows"] >= 0 for s in data["samples"])
 
 
+def test_a_bf16_run_passes_at_its_default_tolerance(rank_pools, tmp_path):
+    """The two paths in bf16 differ by the format's rounding (0.005-0.007 of the largest value here),
+    well inside the default 0.02; a NaN or a lost rank's sums would not be (tests/test_moe_all_to_all.py)."""
+    bench = load_bench("moe_dispatch")
+    args = bench.parse_args(["--smoke", "--dtype", "bf16", "--out", str(tmp_path)])
+    assert args.tolerance == 0.02 and bench.run(args, rank_pools(2)) == 0
+    errors = [s["error"] for s in results.read_result(tmp_path / "cpu" / "moe_dispatch.json")["samples"]]
+    assert all(0 < e < 0.02 for e in errors), errors
+
+
 def test_a_failed_comparison_fails_the_run(rank_pools, tmp_path):
     bench = load_bench("moe_dispatch")
     args = bench.parse_args(["--smoke", "--out", str(tmp_path), "--tolerance", "-1"])  # nothing is within it

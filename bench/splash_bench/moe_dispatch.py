@@ -15,9 +15,9 @@ from splash_core.model.weights import SeededWeights
 from splash_core.profiles.checkpoint_config import profile_from_checkpoint
 from splash_core.profiles.loader import load
 from splash_core.runtime.feed_forward import MoE
-from splash_core.studies.calibrate import Sizes, collective_samples, fit_collectives
+from splash_core.studies.calibrate import Sizes, collective_samples, fit_collectives, timed
 
-from .decode_step import _timed, device_rates
+from .decode_step import device_rates
 
 
 def model_profile(args):
@@ -57,7 +57,7 @@ def measure(ctx, args) -> dict:
 
         got, want = all_to_all_path(), all_reduce_path()
         mismatch, error = gemm_mismatch(got, want, args.tolerance), relative_error(got, want)
-        times = {name: statistics.median(_timed(ctx, fn, args.reps))
+        times = {name: 1e3 * statistics.median(timed(fn, ctx.streams, args.reps, before=coll.barrier))
                  for name, fn in (("all_reduce", all_reduce_path), ("all_to_all", all_to_all_path))}
         _, chosen = route(x, mlp.router, mlp.bias, profile.moe)
         per = -(-profile.moe.n_routed_experts // T)

@@ -133,8 +133,10 @@ class MoEDispatch:
         """[layouts, as ``LAYOUTS``]: seconds one MoE layer of an eager step of ``rows`` rows saves by
         the rule's choice."""
         out = np.zeros(len(LAYOUTS))
+        if self.prices is None or not self.from_rows:  # the scheduler asks every step: nothing to price
+            return out
         for i, layout in enumerate(LAYOUTS):
-            if self.prices is not None and self.by_all_to_all(layout, int(rows)):
+            if self.by_all_to_all(layout, int(rows)):
                 all_reduce, all_to_all = self.prices.seconds(layout, rows)
                 out[i] = all_reduce - all_to_all
         return out

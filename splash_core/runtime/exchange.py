@@ -78,7 +78,7 @@ def unpack_rows(packed: torch.Tensor, formats) -> list[torch.Tensor]:
     multiple of its format's size, else copied out first."""
     out, at = [], 0
     for dtype, width in formats:
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         part = packed[:, at: at + width * size]
         if at % size or packed.shape[1] % size:
             part = part.contiguous()
