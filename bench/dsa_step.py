@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     step_bench.add_one_device_options(p)
     p.add_argument("--model", default="deepseek-v3.2")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--ffn-weights", choices=("compute", "fp8"), default="compute",
+                   help="feed-forward weights in the compute format or kept FP8 (block-scaled e4m3)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--contexts", default="32768,131072", help="comma-separated history lengths")
@@ -126,7 +128,8 @@ def _profile_line(s: dict) -> str:
     p, where = s["profile"], f"{s['cache']} {s['phase']} ctx={s['context']} {s['provider']}"
     if "error" in p:
         return f"   profile {where}: none ({p['error']})"
-    shares = ", ".join(f"{name} {c['share']:.0%}" for name, c in p["classes"].items() if c["share"] >= 0.01)
+    shares = ", ".join(f"{name} {c['share']:.0%}" + (f" (x{c['over_floor']:.2f} floor)" if c.get("over_floor") else "")
+                       for name, c in p["classes"].items() if c["share"] >= 0.01)
     top = "; ".join(f"{k['name'][:48]} {k['us'] / 1e3:.1f} ms x{k['calls']}" for k in p["top"][:3])
     return f"   profile {where}: {p['span_us'] / 1e3:.1f} ms span, idle {p['idle_share']:.0%}: {shares} | {top}"
 
@@ -149,7 +152,7 @@ def run(args, pool) -> int:
                 providers=[p for p in args.providers.split(",") if p], page_size=args.page_size, kernels=args.kernels,
                 seed=args.seed, reps=args.reps, prefill_reps=args.prefill_reps, copy_mib=args.copy_mib,
                 matmul_n=args.matmul_n, deadline=start + args.budget_s, profile=args.profile,
-                graphs=args.graphs == "on")
+                graphs=args.graphs == "on", ffn_weights=args.ffn_weights)
     got = pool.run(rank_side.measure, spec)[0]
     points = summarize(got["samples"])
     for row in points:
@@ -158,15 +161,17 @@ def run(args, pool) -> int:
         if "profile" in s:
             print(_profile_line(s), flush=True)
     choice = sparse_choice([p for p in points if "error" not in p])
-    summary = {"rates": got["rates"], "points": points, "skipped": got["skipped"], "sparse_providers": choice}
+    summary = {"rates": got["rates"], "ffn_weights": args.ffn_weights, "points": points, "skipped": got["skipped"],
+               "sparse_providers": choice}
     data = results.make_result(
         benchmark="dsa_step", platform=platform, backend=info["backend"], model=args.model, T=1, dtype=args.dtype,
         samples=got["samples"], summary=summary,
         notes=(f"{args.layers} layers, TP, B = {args.batch}, prefill chunk {args.chunk_rows} rows per request; "
-               f"seeded weights (dense MLP), synthetic histories; wall = host time to the device done (decode "
+               f"seeded weights (dense MLP, feed-forward {args.ffn_weights}), synthetic histories; wall = host time to the device done (decode "
                f"{'replayed from captured graphs where the backend captures' if args.graphs == 'on' else 'eager'}); "
-               f"roofline = max(bytes / copy bandwidth, FLOPs / matmul rate), both "
-               f"measured in this run (copy bandwidth counts bytes read + written)"))
+               f"roofline = max(bytes / copy bandwidth, FLOPs / matmul rate, those through FP8-kept weights at the "
+               f"FP8 rate where measured), the rates measured in this run (copy bandwidth counts bytes read + "
+               f"written); a profile's classes carry their own floors (class_costs)"))
     print("wrote", results.write_result(data, args.out, name=args.name), f"({time.time() - start:.0f} s)", flush=True)
     if args.write_providers:
         write_providers(args.write_providers, choice, " ".join(sys.argv), f"{host.node()} {info['device']}")

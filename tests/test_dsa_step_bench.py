@@ -25,6 +25,29 @@ def test_smoke_run_writes_valid_results(rank_pools, tmp_path):
     assert profiles and all(p["span_us"] > 0 and p["top"] and p["top"][0]["us"] >= p["top"][-1]["us"] for p in profiles)
 
 
+def test_smoke_run_with_fp8_feed_forward_weights_profiles_each_class_against_its_floor(rank_pools, tmp_path):
+    """--ffn-weights fp8: the MLP kept FP8, its FLOPs counted apart (at the FP8 rate on a device that
+    has one), fewer weight bytes than the same run in the compute dtype; the prefill chunk's LM head
+    counted on each request's last row only; each profiled class beside its own floor."""
+    bench = load_bench("dsa_step")
+    got = {}
+    for ffn in ("compute", "fp8"):
+        args = bench.parse_args(["--smoke", "--profile", "--ffn-weights", ffn, "--name", f"dsa-{ffn}",
+                                 "--out", str(tmp_path)])
+        assert bench.run(args, rank_pools(1)) == 0
+        got[ffn] = results.read_result(tmp_path / "cpu" / f"dsa-{ffn}.json")
+    plain, kept = got["compute"], got["fp8"]
+    assert kept["summary"]["ffn_weights"] == "fp8" and all(p["finite"] for p in kept["summary"]["points"])
+    first = [r["samples"][0] for r in (plain, kept)]
+    assert first[0]["fp8_flops"] == 0 < first[1]["fp8_flops"] and 0 < first[1]["weight_bytes"] < first[0]["weight_bytes"]
+    for s in kept["samples"]:
+        costs, classes = s["class_costs"], s["profile"]["classes"]
+        assert costs["gemm"]["fp8_flops"] == s["fp8_flops"] > 0 and classes["gemm"]["floor_us"] > 0
+        assert classes["attention"]["floor_us"] > 0  # (on the CPU no operator is named as attention)
+    head = [s["class_costs"]["lm_head"] for s in kept["samples"] if s["phase"] in ("decode", "prefill")]
+    assert len({h["flops"] for h in head}) == 1  # B last rows in a decode step and a prefill chunk alike
+
+
 def test_flashmla_is_chosen_only_where_it_wins_every_point_with_the_same_tokens(tmp_path):
     bench = load_bench("dsa_step")
     point = {"cache": "bf16", "phase": "decode", "context": 1}

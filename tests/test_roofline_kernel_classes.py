@@ -93,6 +93,12 @@ def test_breakdown_shares_the_step_and_names_its_idle_gap():
     assert costed["classes"]["lm_head"]["floor_us"] == pytest.approx(40.0)  # 4 MB at 100 GB/s
     assert costed["classes"]["lm_head"]["over_floor"] == pytest.approx(2.0)
     assert "floor_us" not in split["classes"]["lm_head"]  # the split it was given is left as it was
+    # FLOPs through FP8-kept weights count at the FP8 rate where one was measured, else at the matmul rate
+    gemm = {"gemm": {"flops": 60e6, "fp8_flops": 120e6}}
+    rates = {"copy_gbps": 100.0, "matmul_tflops": 1.0}
+    assert with_costs(split, gemm, rates)["classes"]["gemm"]["floor_us"] == pytest.approx(180.0)
+    fp8 = with_costs(split, gemm, {**rates, "fp8_matmul_tflops": 2.0})["classes"]["gemm"]
+    assert fp8["floor_us"] == pytest.approx(60.0 + 60.0) and fp8["over_floor"] == pytest.approx(1.0)
 
 
 def test_overlapping_kernels_count_once_and_bad_input_is_refused():

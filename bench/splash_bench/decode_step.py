@@ -110,25 +110,36 @@ def _use_unfused(model: Model, unfused: bool, backend_fused) -> None:
             mlp.silu_mul = fused.silu_mul
 
 
+def weight_parts(model: Model) -> dict:
+    """The weights a step reads once (all but the embedding, of which it reads a few rows): their
+    ``bytes``, their parameters held in the compute dtype (``compute_params``) and kept FP8
+    (``fp8_params``, about one byte each with their block scales), and the LM head's share of them
+    (``head_params``, ``head_bytes``)."""
+    held = model.nbytes()
+    size = model.embed.element_size()
+    weight_bytes = held["weights"] + held["mlp"] + held["experts"] + held["other"] - model.embed.numel() * size
+    kept_fp8 = held["mlp"] + held["experts"] if model.config.fp8_ffn else 0
+    head = model.lm_head.numel()
+    return {"bytes": int(weight_bytes), "compute_params": int((weight_bytes - kept_fp8) // size),
+            "fp8_params": int(kept_fp8), "head_params": int(head), "head_bytes": int(head * model.lm_head.element_size())}
+
+
 def roofline(model: Model, batch: int, context: int, rates: dict) -> dict:
     """What the step must move and compute: every weight it reads once (all but the embedding,
     of which it reads B rows) and every request's KV history in every layer, at the measured
     copy bandwidth; the projections' and attention's FLOPs at the measured matmul rate."""
-    held = model.nbytes()
-    embed = model.embed.numel() * model.embed.element_size()
-    weight_bytes = held["weights"] + held["mlp"] + held["experts"] + held["other"] - embed
+    weights = weight_parts(model)
+    weight_bytes = weights["bytes"]
     m = model.math
     heads = model.profile.mla.heads
     layers = len(model.paged_layers)
     kv_bytes = batch * context * m.kv_width * model.paged_layers[0].kv.kv.element_size() * layers
     attention_flops = 2 * batch * heads * context * (m.kv_width + m.d_c) * layers  # scores, then values
-    kept_fp8 = held["mlp"] + held["experts"] if model.config.fp8_ffn else 0  # about one byte a parameter
-    params = (weight_bytes - kept_fp8) // model.embed.element_size() + kept_fp8
-    projection_flops = 2 * batch * params
+    projection_flops = 2 * batch * (weights["compute_params"] + weights["fp8_params"])
     memory_ms = (weight_bytes + kv_bytes) / (rates["copy_gbps"] * 1e6)
     compute_ms = (attention_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
-    head = model.lm_head.numel()  # its GEMM is the profile's lm_head class, the other weights' its gemm class
-    head_bytes, head_flops = head * model.lm_head.element_size(), 2 * batch * head
+    head = weights["head_params"]  # its GEMM is the profile's lm_head class, the other weights' its gemm class
+    head_bytes, head_flops = weights["head_bytes"], 2 * batch * head
     costs = {"attention": {"bytes": int(kv_bytes), "flops": int(attention_flops)},
              "gemm": {"bytes": int(weight_bytes - head_bytes), "flops": int(projection_flops - head_flops)},
              "lm_head": {"bytes": int(head_bytes), "flops": int(head_flops)}}

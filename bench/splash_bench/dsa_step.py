@@ -19,17 +19,18 @@ import torch
 from splash_core import dtypes
 from splash_core.layouts import Layout
 from splash_core.model.fp8_cache import quantize
+from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights
 from splash_core.model.weights import SeededWeights
 from splash_core.planning import ownership
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
-from splash_core.runtime.model_config import ModelConfig, RankOps
+from splash_core.runtime.model_config import ModelConfig, RankOps, fp8_kernels_for
 from splash_core.runtime.step_batch import StepBatch, StepRequest
 from splash_core.runtime.step_timing import fill_histories, past_deadline, release_cached_memory
 
-from .decode_step import device_rates
-from .kernel_classes import breakdown, top_kernels
+from .decode_step import device_rates, weight_parts
+from .kernel_classes import breakdown, top_kernels, with_costs
 from .kernels import kernels_for
 from .replay_profile import profiled_kernels
 
@@ -66,18 +67,21 @@ def providers(ctx, dtype: torch.dtype, which: str, asked: list[str] = ()) -> dic
 
 def build(ctx, spec: dict, cache: str, sparse: bool, context: int, kernels) -> Model:
     """``spec['layers']`` layers of the model in TP at T = 1 with pages for ``spec['batch']``
-    requests at ``context``, seeded weights and synthetic unit-scale histories (indexer keys too)."""
+    requests at ``context``, seeded weights (the feed-forward ones kept FP8 where
+    ``spec['ffn_weights']`` says so) and synthetic unit-scale histories (indexer keys too)."""
     profile, dtype = load("model", spec["model"]), dtypes.torch_dtype(spec["dtype"])
     batch = ownership.Batch.balanced(spec["batch"], context, 1)
     pages = int(ownership.kv_pages_per_rank(Layout.TP, batch, 1, spec["page_size"]).max())
     kv_dtype, scales = CACHE_FORMATS[cache]
     graphs = GraphConfig() if spec.get("graphs") else None
+    fp8 = spec.get("ffn_weights") == "fp8"
     config = ModelConfig(profile, Layout.TP, pages_per_layer=pages, page_size=spec["page_size"], dtype=dtype,
                          kv_dtype=kv_dtype, kv_scales=scales, num_layers=spec["layers"], sparse_attention=sparse,
-                         attention_form=spec["prefill_form"], graphs=graphs)
+                         attention_form=spec["prefill_form"], graphs=graphs, fp8_ffn=fp8)
     ops = RankOps(ctx.rank, 1, ctx.device, ctx.collectives, kernels, fused=ctx.backend.fused_kernels(ctx.device, dtype),
-                  streams=ctx.streams, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs else None)
-    model = Model(config, ops, SeededWeights(spec["seed"]))
+                  streams=ctx.streams, graph_ops=ctx.backend.graph_ops(ctx.device) if graphs else None,
+                  fp8_kernels=fp8_kernels_for(ctx.backend, ctx.device, dtype) if fp8 else None)
+    model = Model(config, ops, (SeededFP8Weights if fp8 else SeededWeights)(spec["seed"]))
     gen = torch.Generator(device=ctx.device)
     gen.manual_seed(spec["seed"])
     for layer in model.paged_layers:
@@ -105,10 +109,12 @@ def _fill(pages: torch.Tensor, layout, gen, chunk: int = 1 << 18) -> None:
 def roofline(model: Model, rows: int, batch: int, context: int, sparse: bool, rates: dict) -> dict:
     """Bytes and FLOPs the step must touch: weights once (the embedding's rows only), each
     request's cache entries it attends to (all ``context``, or the indexer's top-k) and, sparse,
-    every indexer key; projections, indexer scores and attention FLOPs."""
-    held = model.nbytes()
-    embed = model.embed.numel() * model.embed.element_size()
-    weight_bytes = sum(held[k] for k in ("weights", "mlp", "experts", "other")) - embed
+    every indexer key; projections (every row through the layers' weights, the LM head on each
+    request's last row; those through FP8-kept weights at the measured FP8 rate where there is
+    one), indexer scores and attention FLOPs; and the same per profiled kernel class
+    (``class_costs``: attention, gemm, lm_head)."""
+    weights = weight_parts(model)
+    weight_bytes, head = weights["bytes"], weights["head_params"]
     layers, profile, m = len(model.paged_layers), model.profile, model.math
     kv = model.paged_layers[0].kv
     entry_bytes = kv.kv.shape[2] * kv.kv.element_size()
@@ -118,13 +124,21 @@ def roofline(model: Model, rows: int, batch: int, context: int, sparse: bool, ra
     heads, idx = profile.mla.heads, profile.indexer
     attention_flops = 2 * rows * heads * attended * (m.kv_width + m.d_c) * layers
     index_flops = 2 * rows * idx.heads * idx.head_dim * context * layers if sparse else 0
-    projection_flops = 2 * rows * weight_bytes // dtypes.torch_dtype("bf16").itemsize
+    head_flops = 2 * batch * head
+    gemm_flops = 2 * rows * (weights["compute_params"] - head)
+    fp8_flops = 2 * rows * weights["fp8_params"]
     memory_ms = (weight_bytes + kv_bytes + index_bytes) / (rates["copy_gbps"] * 1e6)
-    compute_ms = (attention_flops + index_flops + projection_flops) / (rates["matmul_tflops"] * 1e9)
+    compute_ms = ((attention_flops + index_flops + gemm_flops + head_flops) / (rates["matmul_tflops"] * 1e9)
+                  + fp8_flops / ((rates.get("fp8_matmul_tflops") or rates["matmul_tflops"]) * 1e9))
+    costs = {"attention": {"bytes": int(kv_bytes + index_bytes), "flops": int(attention_flops + index_flops)},
+             "gemm": {"bytes": int(weight_bytes - weights["head_bytes"]), "flops": int(gemm_flops),
+                      "fp8_flops": int(fp8_flops)},
+             "lm_head": {"bytes": weights["head_bytes"], "flops": int(head_flops)}}
     return {"weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "index_bytes": int(index_bytes),
             "attention_flops": int(attention_flops), "index_flops": int(index_flops),
-            "projection_flops": int(projection_flops), "memory_ms": memory_ms, "compute_ms": compute_ms,
-            "roofline_ms": max(memory_ms, compute_ms)}
+            "projection_flops": int(gemm_flops + head_flops + fp8_flops), "fp8_flops": int(fp8_flops),
+            "memory_ms": memory_ms, "compute_ms": compute_ms, "roofline_ms": max(memory_ms, compute_ms),
+            "class_costs": costs}
 
 
 def _steps(spec: dict, context: int) -> dict:
@@ -172,18 +186,19 @@ def time_model(ctx, model: Model, spec: dict, context: int, variant: dict, rates
         if model.graphs is not None and phase == "decode":
             out[-1]["replayed"] = model.graphs.key(step) in model.graphs.graphs
         if spec.get("profile"):
-            out[-1]["profile"] = profile_step(ctx, model, step, tokens, history)
+            out[-1]["profile"] = profile_step(ctx, model, step, tokens, history, out[-1]["class_costs"], rates)
     return out
 
 
-def profile_step(ctx, model: Model, step: StepBatch, tokens, history: int) -> dict:
-    """One more call of the step under the profiler: its kernels by class and the longest-running
-    names (``{"error"}`` where no profile can be taken here)."""
+def profile_step(ctx, model: Model, step: StepBatch, tokens, history: int, costs: dict, rates: dict) -> dict:
+    """One more call of the step under the profiler: its kernels by class, each beside its floor
+    from ``costs`` (:func:`roofline`'s class costs), and the longest-running names (``{"error"}``
+    where no profile can be taken here)."""
     fill_histories(model, step, history)
     ctx.streams.synchronize()
     try:
         kernels = profiled_kernels(ctx, lambda: model.step(step, tokens))
-        return {**breakdown(kernels), "top": top_kernels(kernels)}
+        return {**with_costs(breakdown(kernels), costs, rates), "top": top_kernels(kernels)}
     except (ValueError, RuntimeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -206,7 +221,7 @@ def measure(ctx, spec: dict) -> dict:
     deadline: the device's rates, then the samples (one model per cache format, context and mode)."""
     dtype = dtypes.torch_dtype(spec["dtype"])
     torch.set_float32_matmul_precision("high")
-    rates = device_rates(ctx, spec["copy_mib"], spec["matmul_n"], dtype)
+    rates = device_rates(ctx, spec["copy_mib"], spec["matmul_n"], dtype, fp8=spec.get("ffn_weights") == "fp8")
     found = providers(ctx, dtype, spec["kernels"], spec["providers"])
     first = next(iter(found))  # the backend's own: built into every model, and what the others are compared with
     variants = {name: k for name, k in found.items() if name == first or not spec["providers"] or name in spec["providers"]}

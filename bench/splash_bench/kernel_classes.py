@@ -104,16 +104,21 @@ def breakdown(kernels: list[Kernel], step_us: float | None = None) -> dict:
 
 
 def with_costs(split: dict, costs: dict, rates: dict) -> dict:
-    """``split`` (:func:`breakdown`) with, for each class in ``costs`` ({class: {"bytes", "flops"}}),
-    its bytes and FLOPs, its floor (the longer of bytes at the measured copy rate and FLOPs at the
-    measured matmul rate, as the step's roofline counts them) and its time over that floor."""
+    """``split`` (:func:`breakdown`) with, for each class in ``costs`` ({class: {"bytes", "flops",
+    "fp8_flops"}}), its bytes and FLOPs, its floor (the longer of bytes at the measured copy rate and
+    FLOPs at the measured matmul rate, those through FP8-kept weights, ``fp8_flops``, at the measured
+    FP8 rate where there is one, as the run's physical limit counts them) and its time over that floor."""
     out = {**split, "classes": {k: dict(v) for k, v in split["classes"].items()}}
+    fp8_tflops = rates.get("fp8_matmul_tflops") or rates["matmul_tflops"]
     for cls, cost in costs.items():
         entry = out["classes"][cls]
         floor_us = max(cost.get("bytes", 0) / (rates["copy_gbps"] * 1e3),
-                       cost.get("flops", 0) / (rates["matmul_tflops"] * 1e6))
+                       cost.get("flops", 0) / (rates["matmul_tflops"] * 1e6)
+                       + cost.get("fp8_flops", 0) / (fp8_tflops * 1e6))
         entry.update(bytes=int(cost.get("bytes", 0)), flops=int(cost.get("flops", 0)), floor_us=floor_us,
                      over_floor=entry["us"] / floor_us if floor_us > 0 else None)
+        if cost.get("fp8_flops"):
+            entry["fp8_flops"] = int(cost["fp8_flops"])
     return out
 
 

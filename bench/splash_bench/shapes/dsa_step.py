@@ -31,7 +31,8 @@ def _points_are_their_samples(summary: dict, samples: list, where: str) -> str |
 SHAPES: dict[str, Shape] = {
     "dsa_step": Shape(
         doc="a DSA model's decode step and prefill chunk, dense against sparse per provider, beside its roofline",
-        summary={"rates": "record", "points": "rows", "skipped": "texts", "sparse_providers": "object"},
+        summary={"rates": "record", "ffn_weights": "text?", "points": "rows", "skipped": "texts",
+                 "sparse_providers": "object"},
         rows={"rates": {"copy_gbps": "nonneg", "matmul_tflops": "nonneg", "fp8_matmul_tflops": "nonneg?",
                         "copy_mib": "positive", "matmul_n": "positive"},
               "points": {"cache": "text", "phase": "phase?", "context": "positive", "rows": "positive?",
