@@ -198,7 +198,7 @@ def profile_step(ctx, model: Model, step: StepBatch, tokens, history: int, costs
     ctx.streams.synchronize()
     try:
         kernels = profiled_kernels(ctx, lambda: model.step(step, tokens))
-        return {**with_costs(breakdown(kernels), costs, rates), "top": top_kernels(kernels)}
+        return {**with_costs(breakdown(kernels), costs, rates), "top": top_kernels(kernels, 32)}
     except (ValueError, RuntimeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
 

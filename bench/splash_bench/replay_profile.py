@@ -45,7 +45,7 @@ def profile_replays(ctx, fn, reps: int, replay_ms: float, costs: dict, rates: di
     spans = [s["span_us"] for s in splits]
     middle = sorted(range(len(splits)), key=lambda i: splits[i]["span_us"])[len(splits) // 2]
     out = with_costs(splits[middle], costs, rates)
-    out["top"] = top_kernels(calls[middle], 16)
+    out["top"] = top_kernels(calls[middle], 32)  # every kernel of a layer, not only the longest
     out.update(spans_us=spans, span_us_median=statistics.median(spans), replay_event_us=replay_ms * 1e3,
                outside_span_us=replay_ms * 1e3 - splits[middle]["span_us"], device=ctx.device.type != "cpu")
     return out
