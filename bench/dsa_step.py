@@ -167,7 +167,8 @@ def run(args, pool) -> int:
         benchmark="dsa_step", platform=platform, backend=info["backend"], model=args.model, T=1, dtype=args.dtype,
         samples=got["samples"], summary=summary,
         notes=(f"{args.layers} layers, TP, B = {args.batch}, prefill chunk {args.chunk_rows} rows per request; "
-               f"seeded weights (dense MLP, feed-forward {args.ffn_weights}), synthetic histories; wall = host time to the device done (decode "
+               f"seeded weights (dense MLP, feed-forward {args.ffn_weights}), synthetic histories; wall = host time "
+               f"to the device done (decode "
                f"{'replayed from captured graphs where the backend captures' if args.graphs == 'on' else 'eager'}); "
                f"roofline = max(bytes / copy bandwidth, FLOPs / matmul rate, those through FP8-kept weights at the "
                f"FP8 rate where measured), the rates measured in this run (copy bandwidth counts bytes read + "

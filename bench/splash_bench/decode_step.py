@@ -121,7 +121,8 @@ def weight_parts(model: Model) -> dict:
     kept_fp8 = held["mlp"] + held["experts"] if model.config.fp8_ffn else 0
     head = model.lm_head.numel()
     return {"bytes": int(weight_bytes), "compute_params": int((weight_bytes - kept_fp8) // size),
-            "fp8_params": int(kept_fp8), "head_params": int(head), "head_bytes": int(head * model.lm_head.element_size())}
+            "fp8_params": int(kept_fp8), "head_params": int(head),
+            "head_bytes": int(head * model.lm_head.element_size())}
 
 
 def roofline(model: Model, batch: int, context: int, rates: dict) -> dict:

@@ -14,14 +14,16 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from splash_core import dtypes
+from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights
 from splash_core.layouts import Layout
 from splash_core.model.fp8_cache import quantize
-from splash_core.checkpoint.seeded_fp8 import SeededFP8Weights
 from splash_core.model.weights import SeededWeights
 from splash_core.planning import ownership
+from splash_core.planning.attention_forms import MLADims, expanded_requests, pair_flops
 from splash_core.profiles.graphs import GraphConfig
 from splash_core.profiles.loader import load
 from splash_core.runtime.model import Model
@@ -109,10 +111,10 @@ def _fill(pages: torch.Tensor, layout, gen, chunk: int = 1 << 18) -> None:
 def roofline(model: Model, rows: int, batch: int, context: int, sparse: bool, rates: dict) -> dict:
     """Bytes and FLOPs the step must touch: weights once (the embedding's rows only), each
     request's cache entries it attends to (all ``context``, or the indexer's top-k) and, sparse,
-    every indexer key; projections (every row through the layers' weights, the LM head on each
-    request's last row; those through FP8-kept weights at the measured FP8 rate where there is
-    one), indexer scores and attention FLOPs; and the same per profiled kernel class
-    (``class_costs``: attention, gemm, lm_head)."""
+    every indexer key; projections (every row through the layers' weights, kv_b's included, the LM
+    head on each request's last row; those through FP8-kept weights at the measured FP8 rate where
+    there is one), indexer scores and attention FLOPs (dense: causal pairs in the form the rows
+    attend in); and the same per profiled kernel class (``class_costs``: attention, gemm, lm_head)."""
     weights = weight_parts(model)
     weight_bytes, head = weights["bytes"], weights["head_params"]
     layers, profile, m = len(model.paged_layers), model.profile, model.math
@@ -122,7 +124,14 @@ def roofline(model: Model, rows: int, batch: int, context: int, sparse: bool, ra
     kv_bytes = batch * attended * entry_bytes * layers
     index_bytes = (batch * context * kv.indexer.shape[2] * kv.indexer.element_size() * layers) if sparse else 0
     heads, idx = profile.mla.heads, profile.indexer
-    attention_flops = 2 * rows * heads * attended * (m.kv_width + m.d_c) * layers
+    if sparse:  # each row over its selected keys, absorbed
+        attention_flops = 2 * rows * heads * attended * (m.kv_width + m.d_c) * layers
+    else:  # causal, in the form the rows attend in (kv_b's work is the gemm class's: per row, through the weights)
+        dims = MLADims.of(profile.mla)
+        per_request = [rows // batch] * batch, [context] * batch
+        absorbed, expanded = pair_flops(dims, *per_request)
+        form = np.where(expanded_requests(model.config.attention_form, dims, *per_request), expanded, absorbed)
+        attention_flops = int(form.sum()) * heads * layers
     index_flops = 2 * rows * idx.heads * idx.head_dim * context * layers if sparse else 0
     head_flops = 2 * batch * head
     gemm_flops = 2 * rows * (weights["compute_params"] - head)

@@ -35,17 +35,23 @@ class MLADims:
         return cls(mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim)
 
 
-def form_flops(dims: MLADims, rows: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(absorbed, expanded) FLOPs per head of each request's attention: ``rows`` query rows at the end
-    of a history of ``contexts`` tokens (this step's rows included), every row seeing the keys up
-    to its own position."""
+def pair_flops(dims: MLADims, rows: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(absorbed, expanded) FLOPs per head of each request's query-key pairs alone (scores and
+    values, what an attention kernel computes): ``rows`` query rows at the end of a history of
+    ``contexts`` tokens (this step's rows included), every row seeing the keys up to its own position."""
     rows = np.asarray(rows, dtype=np.float64)
     contexts = np.asarray(contexts, dtype=np.float64)
     pairs = rows * (contexts - (rows - 1) / 2)  # causal: row i of the chunk sees contexts - rows + i + 1 keys
+    return pairs * 2 * (2 * dims.d_c + dims.d_r), pairs * 2 * (dims.d_n + dims.d_r + dims.d_v)
+
+
+def form_flops(dims: MLADims, rows: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(absorbed, expanded) FLOPs per head of each request's attention: :func:`pair_flops` plus kv_b's
+    work, absorbing each query row (absorbed) or expanding each visible key (expanded)."""
+    absorbed, expanded = pair_flops(dims, rows, contexts)
     through_kv_b = 2.0 * dims.d_c * (dims.d_n + dims.d_v)
-    absorbed = pairs * 2 * (2 * dims.d_c + dims.d_r) + rows * through_kv_b
-    expanded = pairs * 2 * (dims.d_n + dims.d_r + dims.d_v) + contexts * through_kv_b
-    return absorbed, expanded
+    return (absorbed + np.asarray(rows, dtype=np.float64) * through_kv_b,
+            expanded + np.asarray(contexts, dtype=np.float64) * through_kv_b)
 
 
 def expanded_requests(form: str, dims: MLADims, rows, contexts) -> np.ndarray:
