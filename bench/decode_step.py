@@ -145,7 +145,8 @@ def _profile_line(p: dict) -> str:
     parts = [f"{name} {c['share']:.0%}" + (f" ({c['over_floor']:.2f}x floor)" if c.get("over_floor") else "")
              for name, c in p["classes"].items() if c["kernels"]]
     return (f"profile over {p['span_us'] / 1e3:.2f} ms of kernels: " + ", ".join(parts)
-            + f"; idle {p['idle_share']:.0%}; outside the span {p['outside_span_us'] / 1e3:.2f} ms")
+            + f"; idle {p['idle_share']:.0%}; outside the span {p['outside_span_us'] / 1e3:.2f} ms"
+            + (f"; {p['over_serial_floor']:.2f}x the classes' floors in series" if p.get("over_serial_floor") else ""))
 
 
 def run(args, pool) -> int:

@@ -131,7 +131,8 @@ def _profile_line(s: dict) -> str:
     shares = ", ".join(f"{name} {c['share']:.0%}" + (f" (x{c['over_floor']:.2f} floor)" if c.get("over_floor") else "")
                        for name, c in p["classes"].items() if c["share"] >= 0.01)
     top = "; ".join(f"{k['name'][:48]} {k['us'] / 1e3:.1f} ms x{k['calls']}" for k in p["top"][:3])
-    return f"   profile {where}: {p['span_us'] / 1e3:.1f} ms span, idle {p['idle_share']:.0%}: {shares} | {top}"
+    series = f", x{p['over_serial_floor']:.2f} the floors in series" if p.get("over_serial_floor") else ""
+    return f"   profile {where}: {p['span_us'] / 1e3:.1f} ms span, idle {p['idle_share']:.0%}{series}: {shares} | {top}"
 
 
 def _line(r: dict) -> str:

@@ -99,6 +99,10 @@ def test_breakdown_shares_the_step_and_names_its_idle_gap():
     assert with_costs(split, gemm, rates)["classes"]["gemm"]["floor_us"] == pytest.approx(180.0)
     fp8 = with_costs(split, gemm, {**rates, "fp8_matmul_tflops": 2.0})["classes"]["gemm"]
     assert fp8["floor_us"] == pytest.approx(60.0 + 60.0) and fp8["over_floor"] == pytest.approx(1.0)
+    # in series: each class at its own floor, summed (a compute-bound class is not hidden by the others' bytes)
+    both = with_costs(split, {**gemm, "lm_head": {"bytes": 4e6}}, rates)
+    assert both["serial_floor_us"] == pytest.approx(180.0 + 40.0)
+    assert both["over_serial_floor"] == pytest.approx(split["step_us"] / 220.0)
 
 
 def test_overlapping_kernels_count_once_and_bad_input_is_refused():

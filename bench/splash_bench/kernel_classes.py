@@ -107,7 +107,9 @@ def with_costs(split: dict, costs: dict, rates: dict) -> dict:
     """``split`` (:func:`breakdown`) with, for each class in ``costs`` ({class: {"bytes", "flops",
     "fp8_flops"}}), its bytes and FLOPs, its floor (the longer of bytes at the measured copy rate and
     FLOPs at the measured matmul rate, those through FP8-kept weights, ``fp8_flops``, at the measured
-    FP8 rate where there is one, as the run's physical limit counts them) and its time over that floor."""
+    FP8 rate where there is one, as the run's physical limit counts them) and its time over that floor;
+    and the step's ``serial_floor_us``, the sum of those floors (its kernels run one after another, so
+    no class's FLOPs hide behind another's bytes), with ``over_serial_floor``, the step's time over it."""
     out = {**split, "classes": {k: dict(v) for k, v in split["classes"].items()}}
     fp8_tflops = rates.get("fp8_matmul_tflops") or rates["matmul_tflops"]
     for cls, cost in costs.items():
@@ -119,6 +121,10 @@ def with_costs(split: dict, costs: dict, rates: dict) -> dict:
                      over_floor=entry["us"] / floor_us if floor_us > 0 else None)
         if cost.get("fp8_flops"):
             entry["fp8_flops"] = int(cost["fp8_flops"])
+    # one kernel after another: each class at its own floor, the compute-bound ones (attention at
+    # 128 heads on a fast memory) no longer hidden behind the others' bytes as the step's roofline hides them
+    out["serial_floor_us"] = sum(out["classes"][cls]["floor_us"] for cls in costs)
+    out["over_serial_floor"] = out["step_us"] / out["serial_floor_us"] if out["serial_floor_us"] > 0 else None
     return out
 
 
