@@ -12,7 +12,7 @@ import pytest
 from splash_bench.driver import Prompt, generate
 from splash_core.layouts import Layout
 from splash_core.model.weights import SeededWeights
-from splash_core.planning.attention_forms import MLADims, expanded_requests, form_flops
+from splash_core.planning.attention_forms import MLADims, expanded_requests, form_flops, pair_flops
 from splash_core.profiles.loader import load
 from splash_core.runtime import expanded_attention
 from splash_core.runtime.model import Model
@@ -35,6 +35,9 @@ def test_rule_prefers_expanded_for_long_chunks_only():
     assert expanded_requests("auto", V3, [8192], [131072])[0]
     absorbed, expanded = form_flops(V3, np.array([1]), np.array([1]))
     assert absorbed[0] == 2 * (2 * 512 + 64) + 2 * 512 * 256 and expanded[0] == 2 * 320 + 2 * 512 * 256
+    # the pairs alone (what an attention kernel computes), causal: a fresh 8K chunk has 8192 * 4096.5 of them
+    absorbed, expanded = pair_flops(V3, np.array([8192]), np.array([8192]))
+    assert absorbed[0] == 8192 * 4096.5 * 2176 and expanded[0] == 8192 * 4096.5 * 640
     rows, contexts = [4, 0, 1], [10, 10, 10]
     assert expanded_requests("expanded", V3, rows, contexts).tolist() == [True, False, True]
     assert not expanded_requests("absorbed", V3, rows, contexts).any()
