@@ -106,6 +106,9 @@ class ReplayFit:
     notes: tuple[str, ...] = ()
 
 
+ROUNDING_S = 1e-9  # a fitted time closer to 0 than this is 0 (least squares' rounding, not a finding)
+
+
 def fit_replayed(points: Sequence[ReplayPoint]) -> ReplayFit:
     """t0 and g_ℓ of residual = t0 + L·g_ℓ by least squares over ``points`` (a replayed graph
     spends no host time per layer, so what Eq 10 leaves out adds: no overlap term). Needs two
@@ -120,13 +123,14 @@ def fit_replayed(points: Sequence[ReplayPoint]) -> ReplayFit:
     y = np.array([p.residual_s for p in points])
     coef = np.linalg.lstsq(a, y, rcond=None)[0]
     notes = []
-    if coef[0] < 0:  # the shortest steps ran faster than Eq 10 says: no negative t0
+    if coef[0] < -ROUNDING_S:  # the shortest steps ran faster than Eq 10 says: no negative t0
         notes.append(f"t0 fitted below 0 ({coef[0] * 1e6:.0f} us): 0, time per layer refitted")
         coef = np.concatenate([[0.0], [max(0.0, statistics.fmean(p.residual_s / p.layers for p in by_layout[l]))
                                        for l in LAYOUTS]])
     layer_s = {}
+    coef[0] = max(0.0, coef[0])  # a t0 within rounding of 0 (least squares may land a hair below it)
     for layout, g in zip(LAYOUTS, coef[1:]):
-        if g < -1e-9:  # beyond rounding
+        if g < -ROUNDING_S:
             notes.append(f"{layout}: 0 us per layer (Eq 10 alone over-predicts its replayed steps)")
         layer_s[layout] = max(0.0, float(g))
     return ReplayFit(float(coef[0]), layer_s, tuple(notes))
