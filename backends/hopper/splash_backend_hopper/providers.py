@@ -3,12 +3,10 @@ an H200 (``tuned/providers.json``, written by that benchmark's ``--write-provide
 
 Per measured head count the table holds the fewest KV tokens of a call (batch x context) from
 which FlashMLA was faster at every measured point (``flashmla_from_kv_tokens``; absent: Triton
-was faster somewhere at every size). When the committed table was measured (2026-12-01) FlashMLA
-planned its splits on every call, about 0.25 ms however small the call, so small calls stayed on
-Triton; the adapter now plans once a step for all its layers (:mod:`.flashmla`), which that table
-does not know: at 128 heads a 16-request decode over 4K keys runs Triton's kernel at 4.4x its floor
-on an H200 (docs/measurements.md, 2026-12-07); re-measure with ``bench/peer_kernels.py
---write-providers``. Heads between measured
+was faster somewhere at every size). The committed table was measured while FlashMLA planned its
+splits on every call (about 0.25 ms however small the call), which kept small calls on Triton; the
+adapter now plans once a step for all its layers (:mod:`.flashmla`), so re-measure it with
+``bench/peer_kernels.py --write-providers`` (docs/measurements.md says why). Heads between measured
 counts take the row of the nearest measured count below (above, for fewer heads than any
 measured); with no measurement, or without the FlashMLA wheel, Triton serves every call. Calls
 on a scaled-fp8 cache go by their own table (``decode_fp8``, from the benchmark's fp8 points):
